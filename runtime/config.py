@@ -1,0 +1,333 @@
+"""The run configuration: typed msgspec Structs, loaded from YAML plus dotted overrides.
+
+Importing this module needs neither torch nor vLLM. Every field has a default and a
+description (`Annotated[..., Meta(description=...)]`); `docs/config.md` is generated
+from them (`tandem config-docs`). `load_config` fails before anything starts, with a
+one-line `ConfigError` naming the key and, where there are any, the valid choices.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Doc = Meta
+
+_STRUCT = dict(kw_only=True, forbid_unknown_fields=True, omit_defaults=False)
+
+
+class TinyModelConfig(msgspec.Struct, **_STRUCT):
+    """Shape of the random-initialised model made on the fly when `model.path` is empty."""
+
+    hidden_size: Annotated[int, Doc(description="Hidden size (head size = hidden/heads, 32 or more for vLLM-CPU).")] = (
+        128
+    )
+    num_layers: Annotated[int, Doc(description="Decoder layers.")] = 2
+    num_heads: Annotated[int, Doc(description="Attention heads.")] = 4
+    num_kv_heads: Annotated[int, Doc(description="Key/value heads (GQA).")] = 2
+    intermediate_size: Annotated[int, Doc(description="MLP width.")] = 256
+    max_position_embeddings: Annotated[int, Doc(description="Longest position.")] = 1024
+    tie_word_embeddings: Annotated[bool, Doc(description="Share input and output embeddings.")] = True
+    seed: Annotated[int, Doc(description="Initialisation seed.")] = 0
+
+
+class ModelConfig(msgspec.Struct, **_STRUCT):
+    path: Annotated[
+        str, Doc(description="HF model directory. Empty: make the tiny model (below) under the run directory.")
+    ] = ""
+    tiny: Annotated[TinyModelConfig, Doc(description="The tiny model's shape (used when `path` is empty).")] = (
+        msgspec.field(default_factory=TinyModelConfig)
+    )
+    dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"],
+        Doc(description="Parameter dtype of the rollout engine and the exported weights."),
+    ] = "bfloat16"
+
+
+class DataConfig(msgspec.Struct, **_STRUCT):
+    source: Annotated[
+        Literal["synthetic", "file"],
+        Doc(description="`synthetic`: the built-in copy task; `file`: JSONL or Parquet at `path`."),
+    ] = "synthetic"
+    path: Annotated[str, Doc(description="Prompt file (JSONL or Parquet) when `source: file`.")] = ""
+    prompt_key: Annotated[str, Doc(description="Field holding the prompt text (or a list of chat messages).")] = (
+        "prompt"
+    )
+    answer_key: Annotated[str, Doc(description="Field holding the reference answer given to reward functions.")] = (
+        "answer"
+    )
+    chat_template: Annotated[bool, Doc(description="Apply the tokenizer's chat template when it has one.")] = True
+    system_prompt: Annotated[
+        str, Doc(description="Optional system message put before each prompt (chat template only).")
+    ] = ""
+    max_prompt_tokens: Annotated[int, Doc(description="Prompts longer than this are skipped (counted in metrics).")] = (
+        512
+    )
+    shuffle: Annotated[bool, Doc(description="Shuffle the dataset each epoch (seeded by `seed`).")] = True
+    synthetic_num_prompts: Annotated[int, Doc(description="Size of the synthetic dataset.")] = 4096
+    synthetic_prompt_len: Annotated[int, Doc(description="Letters per synthetic prompt.")] = 8
+
+
+class EngineConfig(msgspec.Struct, **_STRUCT):
+    """vLLM engine options of each rollout role."""
+
+    dtype: Annotated[Literal["auto", "bfloat16", "float16", "float32"], Doc(description="vLLM dtype.")] = "bfloat16"
+    max_model_len: Annotated[int, Doc(description="Longest prompt + response the engine accepts.")] = 512
+    gpu_memory_utilization: Annotated[
+        float, Doc(description="Fraction of GPU memory vLLM may take (GPU only).", ge=0.05, le=0.99)
+    ] = 0.5
+    tensor_parallel_size: Annotated[int, Doc(description="vLLM tensor parallel size of one rollout role.", ge=1)] = 1
+    enforce_eager: Annotated[bool, Doc(description="Disable CUDA graphs / torch.compile (faster start).")] = True
+    seed: Annotated[int, Doc(description="Engine seed.")] = 0
+    max_num_seqs: Annotated[int, Doc(description="Most sequences batched at once.", ge=1)] = 256
+    cpu_kvcache_gb: Annotated[int, Doc(description="KV cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE).", ge=1)] = 1
+    enable_prefix_caching: Annotated[
+        bool, Doc(description="Reuse KV of shared prompt prefixes (salted per policy version).")
+    ] = True
+
+
+class RolloutConfig(msgspec.Struct, **_STRUCT):
+    max_staleness: Annotated[
+        int, Doc(description="Most policy versions a trained sample may lag the trainer; 0 = synchronous PPO.", ge=0)
+    ] = 1
+    n: Annotated[int, Doc(description="Completions per prompt (the GRPO group size).", ge=1)] = 8
+    temperature: Annotated[float, Doc(description="Sampling temperature.", ge=0.0)] = 1.0
+    top_p: Annotated[float, Doc(description="Nucleus sampling mass.", gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Doc(description="Top-k sampling; 0 = off.", ge=0)] = 0
+    max_tokens: Annotated[int, Doc(description="Longest response in tokens.", ge=1)] = 16
+    ignore_eos: Annotated[bool, Doc(description="Generate exactly max_tokens (benchmarks).")] = False
+    stop_token_ids: Annotated[list[int], Doc(description="Extra token ids that end a response.")] = []
+    engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
+        default_factory=EngineConfig
+    )
+    request_timeout_s: Annotated[
+        float, Doc(description="A generate request not finished in this time is an error.", gt=0)
+    ] = 600.0
+    drain_timeout_s: Annotated[
+        float, Doc(description="On shutdown, wait this long for in-flight requests, then abort them.", ge=0)
+    ] = 5.0
+    stats_interval_s: Annotated[float, Doc(description="Seconds between engine metric log lines.", gt=0)] = 5.0
+
+
+class MixedPrecisionConfig(msgspec.Struct, **_STRUCT):
+    param_dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"],
+        Doc(description="Dtype of the all-gathered params used in forward/backward."),
+    ] = "bfloat16"
+    reduce_dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"], Doc(description="Dtype of gradient reduce-scatter / all-reduce.")
+    ] = "float32"
+
+
+ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+BackwardPrefetch = Literal["BACKWARD_PRE", "BACKWARD_POST", "none"]
+
+
+class FSDPConfig(msgspec.Struct, **_STRUCT):
+    """verl-style FSDP settings, mapped onto FSDP2 (`fully_shard`); see docs/fsdp.md."""
+
+    use_fsdp: Annotated[
+        bool, Doc(description="Shard with FSDP2; false = plain data parallel (gradients all-reduced).")
+    ] = True
+    sharding_strategy: Annotated[
+        ShardingStrategy, Doc(description="FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD.")
+    ] = "FULL_SHARD"
+    cpu_offload: Annotated[
+        bool, Doc(description="Keep sharded params and optimizer state on CPU (needs an accelerator).")
+    ] = False
+    mixed_precision: Annotated[
+        MixedPrecisionConfig | None, Doc(description="Mixed precision policy; null = train in the params' dtype.")
+    ] = None
+    backward_prefetch: Annotated[BackwardPrefetch, Doc(description="BACKWARD_PRE, BACKWARD_POST or none.")] = (
+        "BACKWARD_PRE"
+    )
+    ignored_modules: Annotated[
+        list[str], Doc(description="Module names (fnmatch patterns) whose params stay unsharded.")
+    ] = []
+    hybrid_shard_size: Annotated[
+        int, Doc(description="HYBRID_SHARD: ranks per shard group; 0 = ranks per node.", ge=0)
+    ] = 0
+    param_dtype: Annotated[
+        Literal["bfloat16", "float16", "float32"], Doc(description="Dtype the trainer keeps master params in.")
+    ] = "float32"
+
+
+class OptimConfig(msgspec.Struct, **_STRUCT):
+    lr: Annotated[float, Doc(description="AdamW learning rate.", gt=0)] = 1e-5
+    betas: Annotated[list[float], Doc(description="AdamW betas.")] = msgspec.field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: Annotated[float, Doc(description="AdamW weight decay.", ge=0)] = 0.0
+    eps: Annotated[float, Doc(description="AdamW epsilon.", gt=0)] = 1e-8
+    warmup_steps: Annotated[int, Doc(description="Linear learning-rate warm-up steps.", ge=0)] = 0
+    grad_clip: Annotated[float, Doc(description="Clip the global gradient norm to this; 0 = off.", ge=0)] = 1.0
+
+
+class LossConfig(msgspec.Struct, **_STRUCT):
+    clip_low: Annotated[float, Doc(description="PPO ratio clip below 1 (ratio >= 1 - clip_low).", ge=0)] = 0.2
+    clip_high: Annotated[float, Doc(description="PPO ratio clip above 1 (ratio <= 1 + clip_high).", ge=0)] = 0.2
+    importance_cap: Annotated[
+        float, Doc(description="Cap of the behaviour importance weight prox/behaviour (decoupled PPO).", gt=0)
+    ] = 5.0
+    entropy_coef: Annotated[float, Doc(description="Entropy bonus coefficient.", ge=0)] = 0.0
+    agg: Annotated[Literal["token-mean", "seq-mean"], Doc(description="Loss aggregation over tokens.")] = "token-mean"
+
+
+class KLConfig(msgspec.Struct, **_STRUCT):
+    """KL to a frozen reference policy (the initial weights), held by the trainer."""
+
+    enabled: Annotated[bool, Doc(description="Keep a frozen reference model and compute KL to it.")] = False
+    estimator: Annotated[Literal["k1", "k2", "k3"], Doc(description="Per-token KL estimator.")] = "k3"
+    use: Annotated[
+        Literal["loss", "reward"],
+        Doc(description="`loss`: add coef*KL to the loss; `reward`: subtract it from token rewards."),
+    ] = "loss"
+    coef: Annotated[float, Doc(description="Initial KL coefficient.", ge=0)] = 0.001
+    adaptive: Annotated[bool, Doc(description="Adapt the coefficient towards `target` (PPO adaptive KL).")] = False
+    target: Annotated[float, Doc(description="Adaptive KL target.", gt=0)] = 0.01
+    horizon: Annotated[int, Doc(description="Adaptive KL horizon in samples.", gt=0)] = 10000
+
+
+class MegatronConfig(msgspec.Struct, **_STRUCT):
+    tensor_model_parallel_size: Annotated[int, Doc(description="Megatron TP size.", ge=1)] = 1
+    pipeline_model_parallel_size: Annotated[int, Doc(description="Megatron PP size.", ge=1)] = 1
+    use_distributed_optimizer: Annotated[bool, Doc(description="Shard optimizer state across data-parallel ranks.")] = (
+        False
+    )
+    micro_batch_size: Annotated[int, Doc(description="Sequences per pipeline micro-batch.", ge=1)] = 1
+
+
+class TrainerConfig(msgspec.Struct, **_STRUCT):
+    backend: Annotated[Literal["fsdp", "megatron"], Doc(description="Training engine.")] = "fsdp"
+    total_steps: Annotated[int, Doc(description="Training steps (policy versions) of the run.", ge=1)] = 20
+    prompts_per_step: Annotated[
+        int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)
+    ] = 8
+    micro_batch_tokens: Annotated[int, Doc(description="Token budget of one micro-batch (padded tokens).", ge=1)] = 4096
+    optim: Annotated[OptimConfig, Doc(description="Optimizer.")] = msgspec.field(default_factory=OptimConfig)
+    loss: Annotated[LossConfig, Doc(description="Policy loss.")] = msgspec.field(default_factory=LossConfig)
+    megatron: Annotated[MegatronConfig, Doc(description="Megatron-core options (backend: megatron).")] = msgspec.field(
+        default_factory=MegatronConfig
+    )
+    gradient_checkpointing: Annotated[bool, Doc(description="Recompute activations in backward.")] = False
+    device: Annotated[
+        Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
+    ] = "auto"
+    seed: Annotated[int, Doc(description="Trainer seed.")] = 0
+
+
+class CriticConfig(msgspec.Struct, **_STRUCT):
+    model_path: Annotated[
+        str, Doc(description="Initialise the value model from this HF directory; empty = from the actor's.")
+    ] = ""
+    optim: Annotated[OptimConfig, Doc(description="Critic optimizer.")] = msgspec.field(
+        default_factory=lambda: OptimConfig(lr=1e-4)
+    )
+    value_clip: Annotated[float, Doc(description="Clip of the value update around the old value; 0 = off.", ge=0)] = 0.2
+    micro_batch_tokens: Annotated[int, Doc(description="Token budget of one critic micro-batch.", ge=1)] = 4096
+    warmup_steps: Annotated[
+        int, Doc(description="Critic-only steps before the actor trains on GAE advantages.", ge=0)
+    ] = 0
+
+
+class AlgorithmConfig(msgspec.Struct, **_STRUCT):
+    advantage: Annotated[Literal["grpo", "rloo", "reinforce_pp", "gae"], Doc(description="Advantage estimator.")] = (
+        "grpo"
+    )
+    norm_by_std: Annotated[
+        bool, Doc(description="GRPO: divide by the group's reward std (false = Dr. GRPO style).")
+    ] = True
+    gamma: Annotated[float, Doc(description="GAE discount.", ge=0, le=1)] = 1.0
+    lam: Annotated[float, Doc(description="GAE lambda.", ge=0, le=1)] = 0.95
+    whiten_advantages: Annotated[bool, Doc(description="GAE: whiten advantages over the batch.")] = True
+    kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)
+
+
+class RewardConfig(msgspec.Struct, **_STRUCT):
+    functions: Annotated[
+        list[str], Doc(description="Reward functions as `module:function`; the sample's reward is their sum.")
+    ] = msgspec.field(default_factory=lambda: ["roles.reward.builtin:copy_task"])
+    timeout_s: Annotated[
+        float, Doc(description="Per-call timeout; a call that times out or raises scores 0.", gt=0)
+    ] = 10.0
+    concurrency: Annotated[int, Doc(description="Reward calls running at once per reward role.", ge=1)] = 16
+
+
+class WeightSyncConfig(msgspec.Struct, **_STRUCT):
+    backend: Annotated[
+        Literal["zmq", "nccl"], Doc(description="`zmq`: bucketed bytes (CPU, any host); `nccl`: GPU broadcast.")
+    ] = "zmq"
+    bucket_mb: Annotated[int, Doc(description="Size of one weight bucket in MiB.", ge=1)] = 64
+    timeout_s: Annotated[float, Doc(description="Bound on each phase of a weight update.", gt=0)] = 60.0
+
+
+class CheckpointConfig(msgspec.Struct, **_STRUCT):
+    every: Annotated[int, Doc(description="Checkpoint every this many steps; 0 = never.", ge=0)] = 0
+    keep: Annotated[int, Doc(description="Keep this many newest checkpoints; 0 = all.", ge=0)] = 3
+    export_hf: Annotated[bool, Doc(description="Also write an HF safetensors directory of the policy.")] = True
+
+
+class PlacementEntry(msgspec.Struct, **_STRUCT):
+    role: Annotated[Literal["controller", "rollout", "trainer", "reward", "critic"], Doc(description="Role kind.")]
+    count: Annotated[int, Doc(description="Processes of this role (trainer: ranks).", ge=0)] = 1
+    devices: Annotated[list[int], Doc(description="GPU indices; one per process, or shared when fewer.")] = []
+    env: Annotated[dict[str, str], Doc(description="Extra environment variables.")] = {}
+    node: Annotated[int, Doc(description="Node rank that runs these processes.", ge=0)] = 0
+
+
+class TransportConfig(msgspec.Struct, **_STRUCT):
+    bind_host: Annotated[str, Doc(description="Address TCP sockets bind to; loopback unless cross-host.")] = "127.0.0.1"
+    use_ipc: Annotated[bool, Doc(description="Single node: use ipc:// sockets instead of TCP.")] = True
+    heartbeat_s: Annotated[float, Doc(description="Heartbeat interval.", gt=0)] = 1.0
+    peer_timeout_s: Annotated[float, Doc(description="A peer silent this long is lost.", gt=0)] = 10.0
+    max_message_mb: Annotated[int, Doc(description="Largest accepted message in MiB.", ge=1)] = 1024
+    hwm: Annotated[int, Doc(description="ZeroMQ high-water mark (messages).", ge=1)] = 1000
+    curve: Annotated[bool, Doc(description="Authenticate and encrypt with CurveZMQ (required across hosts).")] = False
+    keys_dir: Annotated[str, Doc(description="CurveZMQ keys directory; empty = RUN_DIR/keys.")] = ""
+
+
+class MetricsConfig(msgspec.Struct, **_STRUCT):
+    tensorboard: Annotated[bool, Doc(description="Also write TensorBoard scalars under RUN_DIR/tb.")] = False
+    wandb: Annotated[bool, Doc(description="Also log to Weights & Biases.")] = False
+    wandb_project: Annotated[str, Doc(description="wandb project.")] = "tandem"
+
+
+class RunConfig(msgspec.Struct, **_STRUCT):
+    name: Annotated[str, Doc(description="Run name; the default run directory is runs/<name>.")] = "run"
+    run_dir: Annotated[str, Doc(description="Run directory; empty = runs/<name>.")] = ""
+    seed: Annotated[int, Doc(description="Global seed.")] = 0
+    resume: Annotated[
+        Literal["never", "auto"], Doc(description="`auto`: continue from the newest complete checkpoint.")
+    ] = "never"
+    startup_timeout_s: Annotated[float, Doc(description="Every role must be ready within this time.", gt=0)] = 300.0
+    shutdown_timeout_s: Annotated[
+        float, Doc(description="Bound on a role's drain at shutdown before it is killed.", gt=0)
+    ] = 10.0
+    model: Annotated[ModelConfig, Doc(description="Policy model.")] = msgspec.field(default_factory=ModelConfig)
+    data: Annotated[DataConfig, Doc(description="Prompt dataset.")] = msgspec.field(default_factory=DataConfig)
+    rollout: Annotated[RolloutConfig, Doc(description="Generation.")] = msgspec.field(default_factory=RolloutConfig)
+    trainer: Annotated[TrainerConfig, Doc(description="Actor trainer.")] = msgspec.field(default_factory=TrainerConfig)
+    fsdp: Annotated[FSDPConfig, Doc(description="FSDP2 settings of trainer and critic (alias: trainer.fsdp).")] = (
+        msgspec.field(default_factory=FSDPConfig)
+    )
+    critic: Annotated[CriticConfig, Doc(description="Value model (algorithm.advantage: gae).")] = msgspec.field(
+        default_factory=CriticConfig
+    )
+    algorithm: Annotated[AlgorithmConfig, Doc(description="Advantages and KL.")] = msgspec.field(
+        default_factory=AlgorithmConfig
+    )
+    reward: Annotated[RewardConfig, Doc(description="Reward functions.")] = msgspec.field(default_factory=RewardConfig)
+    weight_sync: Annotated[WeightSyncConfig, Doc(description="Trainer → rollout weight updates.")] = msgspec.field(
+        default_factory=WeightSyncConfig
+    )
+    checkpoint: Annotated[CheckpointConfig, Doc(description="Checkpoints.")] = msgspec.field(
+        default_factory=CheckpointConfig
+    )
+    placement: Annotated[list[PlacementEntry], Doc(description="Which processes run where.")] = []
+    transport: Annotated[TransportConfig, Doc(description="Sockets.")] = msgspec.field(default_factory=TransportConfig)
+    metrics: Annotated[MetricsConfig, Doc(description="Metric sinks beside metrics.jsonl.")] = msgspec.field(
+        default_factory=MetricsConfig
+    )
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], Doc(description="Least level written to role logs.")
+    ] = "info"

@@ -1,0 +1,275 @@
+"""Loading a `RunConfig`: YAML recipe (optionally layered with `base:`) + dotted overrides.
+
+    load_config("configs/tiny_cpu.yaml", ["rollout.max_staleness=2", "fsdp.cpu_offload=false"])
+
+Override values are parsed as YAML scalars (`true`, `2`, `0.5`, `[1, 2]`, `null`).
+`trainer.fsdp.X` is accepted as an alias of `fsdp.X`. Every failure is a `ConfigError`
+whose message is one line naming the key and, for closed sets, the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import msgspec
+import yaml
+
+from runtime.config import RunConfig
+
+ALIASES = {"trainer.fsdp.": "fsdp."}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the key."""
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
+    """Read `path` (or start from defaults), apply `overrides`, validate, return the config."""
+    data: dict[str, Any] = _read_layers(Path(path)) if path else {}
+    if path and "name" not in data:
+        data["name"] = Path(path).stem
+    _check_keys(data, RunConfig, "")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_key(data, key, value)
+    cfg = _convert(data)
+    if not cfg.run_dir:
+        cfg.run_dir = str(Path("runs") / cfg.name)
+    return cfg
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=c` → ("a.b", yaml-parsed c), with aliases resolved."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override '{item}' is not key=value")
+    for alias, target in ALIASES.items():
+        if key.startswith(alias):
+            key = target + key[len(alias) :]
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in the nested dict, after checking every segment is a field."""
+    parts = key.split(".")
+    typ: Any = RunConfig
+    node = data
+    for i, part in enumerate(parts):
+        fields = _struct_fields(typ)
+        if fields is None or part not in fields:
+            _unknown(".".join(parts[: i + 1]), typ, full=key)
+        if i == len(parts) - 1:
+            node[part] = value
+            return
+        typ = _unwrap(fields[part])
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML (what is written to RUN_DIR/config.yaml)."""
+    return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+
+
+def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
+    if depth > 8:
+        raise ConfigError(f"config '{path}': `base:` chain deeper than 8")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    merged = _read_layers((path.parent / base).resolve(), depth + 1)
+    merged.pop("name", None)
+    return _deep_merge(merged, data)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_keys(data: Any, typ: Any, prefix: str) -> None:
+    """Unknown keys anywhere in a YAML tree fail with the key's dotted name."""
+    fields = _struct_fields(typ)
+    if fields is None or not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            _unknown(path, typ)
+        sub = _unwrap(fields[key])
+        if get_origin(sub) is list and isinstance(value, list):
+            for i, item in enumerate(value):
+                _check_keys(item, _unwrap(get_args(sub)[0]), f"{path}.{i}.")
+        else:
+            _check_keys(value, sub, f"{path}.")
+
+
+def _unknown(path: str, parent: Any, full: str = "") -> typing.NoReturn:
+    fields = _struct_fields(parent) or {}
+    where = path.rpartition(".")[0] or "the top level"
+    name = f"'{full}' ('{path}' is not a key)" if full and full != path else f"'{path}'"
+    raise ConfigError(f"unknown config key {name}; valid keys under {where}: {', '.join(fields)}")
+
+
+def _convert(data: dict[str, Any]) -> RunConfig:
+    try:
+        return msgspec.convert(data, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc), data)) from None
+
+
+def _explain(message: str, data: dict[str, Any]) -> str:
+    """Rewrite msgspec's message as: bad value for 'a.b' (got X): reason; valid choices."""
+    m = re.search(r" - at `\$\.?(.*)`$", message)
+    path = m.group(1) if m else ""
+    reason = message[: m.start()] if m else message
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    got = _lookup(data, dotted)
+    choices = _choices(dotted)
+    text = f"bad value for config key '{dotted}'"
+    if got is not _MISSING:
+        text += f" (got {got!r})"
+    text += f": {reason}"
+    if choices:
+        text += f"; valid choices: {', '.join(map(str, choices))}"
+    return text
+
+
+_MISSING = object()
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    node = data
+    for part in dotted.split(".") if dotted else []:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _choices(dotted: str) -> list[Any]:
+    typ: Any = RunConfig
+    for part in dotted.split(".") if dotted else []:
+        if part.isdigit() and get_origin(typ) is list:
+            typ = _unwrap(get_args(typ)[0])
+            continue
+        fields = _struct_fields(typ)
+        if not fields or part not in fields:
+            return []
+        typ = _unwrap(fields[part])
+    if get_origin(typ) is Literal:
+        return list(get_args(typ))
+    if get_origin(typ) in (typing.Union, types.UnionType):
+        return [c for a in get_args(typ) if get_origin(a) is Literal for c in get_args(a)]
+    return []
+
+
+def _struct_fields(typ: Any) -> dict[str, Any] | None:
+    if isinstance(typ, type) and issubclass(typ, msgspec.Struct):
+        hints = typing.get_type_hints(typ, include_extras=True)
+        return {name: hints[name] for name in typ.__struct_fields__}
+    return None
+
+
+def _unwrap(typ: Any) -> Any:
+    """Strip Annotated and Optional so the walker sees the struct or container type."""
+    if get_origin(typ) is typing.Annotated:
+        typ = get_args(typ)[0]
+    if get_origin(typ) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(typ) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+    return typ
+
+
+@dataclasses.dataclass
+class KeyDoc:
+    key: str
+    type: str
+    default: str
+    description: str
+
+
+def describe_keys() -> list[KeyDoc]:
+    """Every leaf key of the schema with its type, default and description."""
+    out: list[KeyDoc] = []
+    _describe(RunConfig, RunConfig(), "", out)
+    return out
+
+
+def _describe(typ: Any, default: Any, prefix: str, out: list[KeyDoc]) -> None:
+    hints = typing.get_type_hints(typ, include_extras=True)
+    for name in typ.__struct_fields__:
+        hint = hints[name]
+        desc = ""
+        if get_origin(hint) is typing.Annotated:
+            for meta in get_args(hint)[1:]:
+                if isinstance(meta, msgspec.Meta) and meta.description:
+                    desc = meta.description
+        inner = _unwrap(hint)
+        value = getattr(default, name)
+        if _struct_fields(inner) is not None and value is not None:
+            _describe(inner, value, f"{prefix}{name}.", out)
+            continue
+        out.append(KeyDoc(f"{prefix}{name}", _type_name(inner, hint), _fmt(value), desc))
+
+
+def _type_name(inner: Any, hint: Any) -> str:
+    if get_origin(inner) is Literal:
+        return " \\| ".join(str(a) for a in get_args(inner))
+    if isinstance(inner, type):
+        return inner.__name__
+    text = str(_unwrap(hint) if get_origin(hint) is typing.Annotated else hint)
+    return text.replace("runtime.config.", "").replace("typing.", "").replace("|", "\\|")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, msgspec.Struct):
+        return "(see below)"
+    return (
+        "`"
+        + (yaml.safe_dump(msgspec.to_builtins(value), default_flow_style=True).strip().removesuffix("...").strip())
+        + "`"
+    )
+
+
+def config_docs() -> str:
+    """Markdown reference of every config key (docs/config.md is this text)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `runtime/config.py` by `tandem config-docs`; a test checks it is current.",
+        "Set any key in a YAML recipe or on the command line as `key=value` (dotted).",
+        "",
+        "| key | type | default | description |",
+        "| --- | --- | --- | --- |",
+    ]
+    for doc in describe_keys():
+        lines.append(f"| `{doc.key}` | {doc.type} | {doc.default} | {doc.description} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""A tiny random-initialised Qwen2 model and byte-level tokenizer, made on the fly.
+
+`make_tiny_model(path, ...)` writes a complete HF model directory (config, safetensors
+weights, tokenizer.json with a chat template) that transformers and vLLM load with no
+network access. The same arguments and seed always give the same weights, and a
+directory that already holds a model made with the same arguments is reused as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_STAMP = "tandem_tiny.json"
+
+
+def byte_vocab() -> dict[str, int]:
+    """The byte-level vocabulary: the 256 GPT-2 byte symbols, then the special tokens."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_of)
+    vocab = {sym: i for i, sym in enumerate(alphabet)}
+    for tok in SPECIAL_TOKENS:
+        vocab[tok] = len(vocab)
+    return vocab
+
+
+def _byte_of(symbol: str) -> int:
+    """Order GPT-2 byte symbols by the byte they stand for, so id == byte value."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table[symbol]
+
+
+def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """A byte-level tokenizer (no merges): token id == byte value for ids < 256."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(vocab=byte_vocab(), merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_tiny_model(
+    path: str | os.PathLike[str],
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 1024,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Write a random-initialised Qwen2 model with the byte tokenizer into `path`.
+
+    Returns the directory. Re-running with the same arguments on an existing
+    directory does nothing; different arguments rebuild it. Writes go to a temporary
+    sibling that is renamed into place, so a reader never sees half a model.
+    """
+    spec = dict(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        seed=seed,
+    )
+    out = Path(path)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    stamp = out / _STAMP
+    if stamp.exists() and json.loads(stamp.read_text()).get("digest") == digest:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _write_model(tmp, spec)
+    (tmp / _STAMP).write_text(json.dumps({"digest": digest, "spec": spec}))
+    if out.exists():
+        _remove_tree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def _write_model(directory: Path, spec: dict) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_layers"],
+        num_attention_heads=spec["num_heads"],
+        num_key_value_heads=spec["num_kv_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=spec["tie_word_embeddings"],
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(spec["seed"])
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,104 @@
+"""CurveZMQ authentication for cross-host runs.
+
+A run has one key pair shared by its roles (`generate_keys` writes it, `tandem keys
+RUN_DIR` calls that). Servers accept only clients whose public key is listed in
+`CurveKeys.allowed_clients`; the ZAP handler installed by `start_authenticator` refuses
+everyone else and logs each refusal with the peer's address and reason. A plaintext
+peer cannot complete the handshake with a Curve socket at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import zmq
+import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+
+log = structlog.get_logger("transport")
+
+PUBLIC_FILE = "tandem.key"
+SECRET_FILE = "tandem.key_secret"
+ZAP_DOMAIN = "tandem"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """Z85-encoded keys: this process's pair, the server's public key, allowed clients."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+    allowed_clients: tuple[bytes, ...] = ()
+
+
+def generate_keys(directory: str | Path) -> Path:
+    """Write a new key pair into `directory` (created 0700, secret file 0600)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    public, secret = zmq.curve_keypair()
+    (d / PUBLIC_FILE).write_bytes(public + b"\n")
+    secret_path = d / SECRET_FILE
+    secret_path.write_bytes(public + b"\n" + secret + b"\n")
+    secret_path.chmod(0o600)
+    return d
+
+
+def load_keys(directory: str | Path) -> CurveKeys:
+    """The run's keys from `directory`; a clear error names a missing or bad file."""
+    d = Path(directory)
+    try:
+        lines = (d / SECRET_FILE).read_bytes().split()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no CurveZMQ keys in {d} (run `tandem keys RUN_DIR`)") from None
+    if len(lines) != 2 or any(len(k) != 40 for k in lines):
+        raise ValueError(f"{d / SECRET_FILE}: expected a Z85 public and secret key (40 chars each)")
+    public, secret = lines
+    return CurveKeys(public=public, secret=secret, server_public=public, allowed_clients=(public,))
+
+
+def apply_curve(sock: zmq.Socket, keys: CurveKeys, *, server: bool) -> None:
+    """Turn on CurveZMQ for `sock` as a server (authenticating) or a client."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    if server:
+        sock.curve_server = True
+        sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    else:
+        sock.curve_serverkey = keys.server_public
+
+
+class _LoggingAuthenticator(AsyncioAuthenticator):
+    """ZAP handler that logs every refused peer and counts refusals."""
+
+    refused = 0
+
+    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            type(self).refused += 1
+            log.warning("peer_refused", mechanism="CURVE", reason=reason.decode(errors="replace"))
+        return allowed, reason
+
+
+def start_authenticator(ctx: zmq.asyncio.Context, keys: CurveKeys) -> AsyncioAuthenticator:
+    """Start the ZAP handler of `ctx`: only `keys.allowed_clients` may connect."""
+    auth = _LoggingAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Allowed(keys.allowed_clients))
+    return auth
+
+
+class _Allowed:
+    def __init__(self, keys: tuple[bytes, ...]) -> None:
+        self.keys = set(keys)
+
+    def callback(self, domain: str, z85_key: bytes) -> bool:
+        return z85_key in self.keys
+
+
+def refused_count() -> int:
+    return _LoggingAuthenticator.refused

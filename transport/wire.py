@@ -1,0 +1,384 @@
+"""The wire schema: every message that crosses a process boundary.
+
+Each message is a `msgspec.Struct` in the single tagged union `Message`; the tag is the
+message's `MsgType` code. A message travels as frames:
+
+    [header][payload][tensor frame 0][tensor frame 1]...
+
+`header` (see `Header`) holds the schema version, the type code and a correlation id,
+so a receiver can refuse a message without decoding it. `payload` is msgpack. Tensors
+and numpy arrays above a small size are not in the payload: each is its own frame.
+
+Compatibility rule: a change that is not backwards compatible bumps `SCHEMA_VERSION`;
+messages of another version are dropped and counted by the receiver.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+SCHEMA_VERSION = 1
+
+_HEADER = struct.Struct("<BBBxQ")
+
+
+class MsgType(IntEnum):
+    """One-byte type codes; the first header field after the schema version."""
+
+    REGISTER = 1
+    REGISTERED = 2
+    HEARTBEAT = 3
+    DEAD = 4
+    SHUTDOWN = 5
+    ERROR = 6
+    ACK = 7
+    PEERS = 8
+    GENERATE = 10
+    COMPLETION = 11
+    ABORT = 12
+    ROLLOUT_STATS = 13
+    WEIGHT_BUCKET = 20
+    WEIGHTS_APPLIED = 21
+    SYNC_WEIGHTS = 22
+    REWARD_REQUEST = 30
+    REWARD_RESULT = 31
+    TRAIN_BATCH = 40
+    TRAIN_RESULT = 41
+    SAVE_CHECKPOINT = 42
+    CHECKPOINT_SAVED = 43
+    VALUE_REQUEST = 50
+    VALUE_RESULT = 51
+    TENSOR_BATCH = 90
+
+
+class Flag(IntEnum):
+    """Header flag bits."""
+
+    NONE = 0
+    REPLY = 1
+
+
+class ErrorCode(IntEnum):
+    """Compact error classes carried by `Error`."""
+
+    INTERNAL = 1
+    BAD_REQUEST = 2
+    TIMEOUT = 3
+    REFUSED = 4
+    UNAVAILABLE = 5
+
+
+class FinishReason(IntEnum):
+    """Why a completion ended."""
+
+    LENGTH = 1
+    STOP = 2
+    ABORT = 3
+    ERROR = 4
+
+
+class Header(msgspec.Struct, frozen=True, gc=False):
+    """Fixed-size first frame: schema version, type code, flags, correlation id."""
+
+    schema: int
+    type: int
+    flags: int
+    corr: int
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(self.schema, self.type, self.flags, self.corr)
+
+    @staticmethod
+    def unpack(frame: bytes | memoryview) -> Header:
+        """Parse a header frame; raises ValueError when it is not exactly one header."""
+        if len(frame) != _HEADER.size:
+            raise ValueError(f"header frame is {len(frame)} bytes, expected {_HEADER.size}")
+        return Header(*_HEADER.unpack(frame))
+
+
+def _msg(tag: MsgType) -> dict[str, Any]:
+    return dict(tag=int(tag), array_like=True, omit_defaults=True, gc=False)
+
+
+# --- lifecycle -------------------------------------------------------------------------
+
+
+class PeerInfo(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A registered role: who it is and where its own server (if any) listens."""
+
+    role: str
+    rank: int
+    node: int = 0
+    address: str = ""
+    version: int = 0
+    capabilities: dict[str, Any] = {}
+
+
+class Register(msgspec.Struct, **_msg(MsgType.REGISTER)):
+    """A role introduces itself to the controller; answered by `Registered`."""
+
+    peer: PeerInfo
+    pid: int = 0
+
+
+class Registered(msgspec.Struct, **_msg(MsgType.REGISTERED)):
+    """The controller's answer to `Register`: the run id and the peers known so far."""
+
+    run_id: str
+    peers: list[PeerInfo] = []
+    policy_version: int = 0
+
+
+class Peers(msgspec.Struct, **_msg(MsgType.PEERS)):
+    """The current set of peers of one role kind (sent when it changes)."""
+
+    role: str
+    peers: list[PeerInfo] = []
+
+
+class Heartbeat(msgspec.Struct, **_msg(MsgType.HEARTBEAT)):
+    sent_at: float = 0.0
+
+
+class Dead(msgspec.Struct, **_msg(MsgType.DEAD)):
+    """Sent by a role that is about to exit because of a fatal error."""
+
+    role: str
+    rank: int
+    cause: str
+
+
+class Shutdown(msgspec.Struct, **_msg(MsgType.SHUTDOWN)):
+    reason: str = ""
+
+
+class Error(msgspec.Struct, **_msg(MsgType.ERROR)):
+    """A failed request: the reply carries the class and a one-line reason."""
+
+    code: ErrorCode
+    message: str
+
+
+class Ack(msgspec.Struct, **_msg(MsgType.ACK)):
+    info: str = ""
+
+
+# --- rollout ---------------------------------------------------------------------------
+
+
+class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Sampling parameters of one generate request (vLLM's meaning for each field)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+class Generate(msgspec.Struct, **_msg(MsgType.GENERATE)):
+    """Generate `sampling.n` completions of one prompt; each returns as a `Completion`."""
+
+    request_id: str
+    group_id: int
+    prompt_ids: list[int]
+    sampling: SamplingSpec = msgspec.field(default_factory=SamplingSpec)
+
+
+class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
+    """One finished sample: tokens, behaviour logprobs and the policy version per token."""
+
+    request_id: str
+    group_id: int
+    sample_index: int
+    token_ids: torch.Tensor  # int64 [T]
+    logprobs: torch.Tensor  # float32 [T], logprob of each sampled token
+    versions: torch.Tensor  # int32 [T], policy version that produced each token
+    finish_reason: FinishReason
+    prompt_len: int = 0
+    gen_s: float = 0.0
+    error: str = ""
+
+
+class Abort(msgspec.Struct, **_msg(MsgType.ABORT)):
+    """Abort the named requests; their completions return with the tokens so far."""
+
+    request_ids: list[str]
+
+
+class RolloutStats(msgspec.Struct, **_msg(MsgType.ROLLOUT_STATS)):
+    """Periodic rollout engine figures."""
+
+    version: int
+    tokens_per_s: float
+    running: int
+    waiting: int
+    kv_cache_usage: float
+
+
+# --- weights ---------------------------------------------------------------------------
+
+
+class WeightBucket(msgspec.Struct, **_msg(MsgType.WEIGHT_BUCKET)):
+    """Part of a policy version: named tensors (HF parameter names)."""
+
+    version: int
+    index: int
+    last: bool
+    tensors: dict[str, torch.Tensor]
+
+
+class WeightsApplied(msgspec.Struct, **_msg(MsgType.WEIGHTS_APPLIED)):
+    """A rollout now generates with `version`; times of each phase in seconds."""
+
+    version: int
+    receive_s: float = 0.0
+    load_s: float = 0.0
+    total_s: float = 0.0
+    num_tensors: int = 0
+    num_bytes: int = 0
+    rollout: str = ""
+
+
+class SyncWeights(msgspec.Struct, **_msg(MsgType.SYNC_WEIGHTS)):
+    """Controller → trainer: bring the named rollouts to the current version."""
+
+    rollouts: list[PeerInfo]
+
+
+# --- reward ----------------------------------------------------------------------------
+
+
+class RewardItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    sample_id: int
+    prompt: str
+    completion: str
+    prompt_ids: list[int] = []
+    completion_ids: list[int] = []
+    answer: Any = None
+    metadata: dict[str, Any] = {}
+
+
+class RewardRequest(msgspec.Struct, **_msg(MsgType.REWARD_REQUEST)):
+    items: list[RewardItem]
+
+
+class RewardScore(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    sample_id: int
+    reward: float
+    error: str = ""
+
+
+class RewardResult(msgspec.Struct, **_msg(MsgType.REWARD_RESULT)):
+    scores: list[RewardScore]
+
+
+# --- training --------------------------------------------------------------------------
+
+
+class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
+    """One trainer rank's shard of a training step, as packed sequences.
+
+    Every per-token tensor has `cu_seqlens[-1]` entries: sequence i occupies
+    `[cu_seqlens[i], cu_seqlens[i+1])`, prompt tokens first. `loss_mask` is 1 on response
+    tokens. `global_num_tokens` / `global_num_seqs` count the whole step (all shards),
+    so each rank can normalise its loss the same way.
+    """
+
+    step: int
+    input_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    loss_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    global_num_tokens: int
+    global_num_seqs: int
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+
+class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):
+    """A finished step: the new policy version and the step's metrics."""
+
+    step: int
+    version: int
+    metrics: dict[str, float] = {}
+
+
+class SaveCheckpoint(msgspec.Struct, **_msg(MsgType.SAVE_CHECKPOINT)):
+    step: int
+    directory: str
+
+
+class CheckpointSaved(msgspec.Struct, **_msg(MsgType.CHECKPOINT_SAVED)):
+    step: int
+    directory: str
+
+
+class ValueRequest(msgspec.Struct, **_msg(MsgType.VALUE_REQUEST)):
+    """Values for packed sequences (layout as in `TrainBatch`)."""
+
+    input_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
+    values: torch.Tensor  # float32 [total_tokens]
+    version: int = 0
+
+
+class TensorBatch(msgspec.Struct, **_msg(MsgType.TENSOR_BATCH)):
+    """A generic batch of named tensors and arrays (demos, tests, benchmarks)."""
+
+    seq: int
+    tensors: dict[str, torch.Tensor] = {}
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, Any] = {}
+
+
+Message = (
+    Register
+    | Registered
+    | Peers
+    | Heartbeat
+    | Dead
+    | Shutdown
+    | Error
+    | Ack
+    | Generate
+    | Completion
+    | Abort
+    | RolloutStats
+    | WeightBucket
+    | WeightsApplied
+    | SyncWeights
+    | RewardRequest
+    | RewardResult
+    | TrainBatch
+    | TrainResult
+    | SaveCheckpoint
+    | CheckpointSaved
+    | ValueRequest
+    | ValueResult
+    | TensorBatch
+)
+
+MESSAGE_TYPES: dict[int, type] = {
+    cls.__struct_config__.tag: cls  # type: ignore[attr-defined]
+    for cls in Message.__args__  # type: ignore[attr-defined]
+}
+
+
+def type_code(msg: Any) -> int:
+    """The `MsgType` code of a message instance."""
+    return type(msg).__struct_config__.tag  # type: ignore[no-any-return]
