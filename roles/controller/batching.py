@@ -1,0 +1,113 @@
+"""Training batches from rewarded groups: advantages, packing, and sharding over ranks.
+
+`build_train_batches` returns one `TrainBatch` per trainer rank. Sequences are packed
+(prompt then response, `cu_seqlens` offsets); per-token tensors are 0 on prompt
+positions. Shards are balanced by token count (longest first, to the lightest rank).
+`global_num_tokens` / `global_num_seqs` count the whole step, so each rank can
+normalise its loss to the global mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from roles.algo import compute_advantages
+from roles.controller.groups import Group, SampleRec
+from transport.wire import TrainBatch
+
+
+@dataclass
+class BatchStats:
+    num_samples: int
+    num_response_tokens: int
+    reward_mean: float
+    reward_std: float
+    response_len_mean: float
+
+
+def sample_advantages(groups: list[Group], advantage: str, norm_by_std: bool) -> list[torch.Tensor]:
+    """Per-token advantages of every sample, in group then sample order."""
+    samples = [s for g in groups for s in g.ordered()]
+    if advantage == "gae":
+        return [_require(s.advantages, "advantages") for s in samples]
+    rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
+    gids = torch.tensor([g.gid for g in groups for _ in g.ordered()], dtype=torch.int64)
+    adv_S = compute_advantages(advantage, rewards, gids, norm_by_std=norm_by_std)
+    return [adv_S[i].expand(s.length).clone() for i, s in enumerate(samples)]
+
+
+def build_train_batches(
+    groups: list[Group], *, step: int, advantage: str, norm_by_std: bool, num_shards: int
+) -> tuple[list[TrainBatch], BatchStats]:
+    pairs = [(g, s) for g in groups for s in g.ordered()]
+    advs = sample_advantages(groups, advantage, norm_by_std)
+    lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
+    shards = assign_shards(lengths, num_shards)
+    num_tokens = sum(s.length for _, s in pairs)
+    batches = [_pack([pairs[i] for i in idx], [advs[i] for i in idx], step, num_tokens, len(pairs)) for idx in shards]
+    return batches, _stats(pairs, num_tokens)
+
+
+def assign_shards(lengths: list[int], num_shards: int) -> list[list[int]]:
+    """Indices per shard: longest first onto the shard with the fewest tokens so far."""
+    loads = [0] * num_shards
+    shards: list[list[int]] = [[] for _ in range(num_shards)]
+    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        j = min(range(num_shards), key=lambda k: (loads[k], len(shards[k])))
+        shards[j].append(i)
+        loads[j] += lengths[i]
+    return [sorted(s) for s in shards]
+
+
+def _pack(
+    pairs: list[tuple[Group, SampleRec]], advs: list[torch.Tensor], step: int, num_tokens: int, num_seqs: int
+) -> TrainBatch:
+    ids, mask, behav, adv, rets, vals = [], [], [], [], [], []
+    cu = [0]
+    gae = bool(pairs) and pairs[0][1].returns is not None
+    for (g, s), a in zip(pairs, advs, strict=True):
+        p = torch.tensor(g.prompt.prompt_ids, dtype=torch.int64)
+        zeros = torch.zeros(len(p), dtype=torch.float32)
+        ids.append(torch.cat([p, s.token_ids.to(torch.int64)]))
+        mask.append(torch.cat([zeros, torch.ones(s.length)]))
+        behav.append(torch.cat([zeros, s.logprobs.float()]))
+        adv.append(torch.cat([zeros, a.float()]))
+        if gae:
+            rets.append(torch.cat([zeros, _require(s.returns, "returns")]))
+            vals.append(torch.cat([zeros, _require(s.values, "values")]))
+        cu.append(cu[-1] + len(p) + s.length)
+    return TrainBatch(
+        step=step,
+        input_ids=_cat(ids, torch.int64),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int64),
+        loss_mask=_cat(mask, torch.float32),
+        behaviour_logprobs=_cat(behav, torch.float32),
+        advantages=_cat(adv, torch.float32),
+        global_num_tokens=num_tokens,
+        global_num_seqs=num_seqs,
+        returns=_cat(rets, torch.float32) if gae else None,
+        old_values=_cat(vals, torch.float32) if gae else None,
+    )
+
+
+def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
+
+
+def _require(t: torch.Tensor | None, what: str) -> torch.Tensor:
+    if t is None:
+        raise ValueError(f"sample has no {what} (GAE needs critic values)")
+    return t.float()
+
+
+def _stats(pairs: list[tuple[Group, SampleRec]], num_tokens: int) -> BatchStats:
+    rewards = torch.tensor([float(s.reward or 0.0) for _, s in pairs]) if pairs else torch.zeros(1)
+    return BatchStats(
+        num_samples=len(pairs),
+        num_response_tokens=num_tokens,
+        reward_mean=float(rewards.mean()),
+        reward_std=float(rewards.std(unbiased=False)),
+        response_len_mean=num_tokens / max(1, len(pairs)),
+    )

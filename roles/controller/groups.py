@@ -1,0 +1,70 @@
+"""Prompt groups (n completions of one prompt) from dispatch to training.
+
+A group is admitted once, then moves through: dispatched → complete (all n samples
+back) → rewarded → ready (queued for training) → trained or dropped. The controller
+keeps every group in exactly one of its containers, which is what makes the
+"trained or dropped exactly once" accounting checkable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from roles.controller.dataset import Prompt
+from transport.wire import FinishReason
+
+
+@dataclass
+class SampleRec:
+    index: int
+    token_ids: torch.Tensor  # int64 [R]
+    logprobs: torch.Tensor  # float32 [R]
+    versions: torch.Tensor  # int32 [R]
+    finish_reason: FinishReason
+    error: str = ""
+    reward: float | None = None
+    token_rewards: torch.Tensor | None = None  # float32 [R] (GAE: reward + KL penalty per token)
+    values: torch.Tensor | None = None  # float32 [R] critic values of response tokens
+    advantages: torch.Tensor | None = None  # float32 [R] token advantages (GAE)
+    returns: torch.Tensor | None = None  # float32 [R]
+
+    @property
+    def length(self) -> int:
+        return int(self.token_ids.numel())
+
+
+@dataclass
+class Group:
+    gid: int
+    prompt: Prompt
+    n: int
+    request_id: str
+    admitted_version: int
+    rollout: bytes = b""
+    dispatched_at: float = field(default_factory=time.monotonic)
+    samples: dict[int, SampleRec] = field(default_factory=dict)
+    attempts: int = 1
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples) == self.n
+
+    @property
+    def rewarded(self) -> bool:
+        return self.complete and all(s.reward is not None for s in self.samples.values())
+
+    @property
+    def error(self) -> str:
+        return next((s.error for s in self.samples.values() if s.error), "")
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version of any token in the group (its staleness anchor)."""
+        mins = [int(s.versions.min()) for s in self.samples.values() if s.versions.numel()]
+        return min(mins) if mins else self.admitted_version
+
+    def ordered(self) -> list[SampleRec]:
+        return [self.samples[i] for i in sorted(self.samples)]

@@ -1,0 +1,57 @@
+"""Per-step metrics: one JSON object per trainer step appended to RUN_DIR/metrics.jsonl,
+and optionally mirrored to TensorBoard and wandb (both off by default)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runtime.config import MetricsConfig
+from runtime.logs import get_logger
+
+log = get_logger("metrics")
+
+REQUIRED_KEYS = (
+    "step", "policy_version", "reward_mean", "reward_std", "response_len_mean", "staleness_mean",
+    "staleness_max", "dropped_stale", "samples_per_s", "tokens_per_s", "gen_busy_s", "train_busy_s",
+    "rollout_idle_ratio", "trainer_idle_ratio", "weight_sync_s", "loss", "kl_behaviour_proximal",
+    "importance_weight_max", "clip_fraction", "entropy", "grad_norm",
+)  # fmt: skip
+
+
+class MetricsSink:
+    def __init__(self, path: Path, cfg: MetricsConfig, run_dir: Path, run_name: str) -> None:
+        self.path = path
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the controller)
+        self._tb: Any = None
+        self._wandb: Any = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tb"))
+        if cfg.wandb:
+            import wandb
+
+            self._wandb = wandb.init(project=cfg.wandb_project, name=run_name, dir=str(run_dir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        if missing:
+            raise KeyError(f"step metrics lack {missing}")
+        self._file.write(json.dumps(record) + "\n")
+        log.info("step", **record)
+        step = int(record["step"])
+        numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

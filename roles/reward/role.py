@@ -1,0 +1,47 @@
+"""The reward role: scores completions with the configured functions (see runner.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from roles.reward.runner import RewardRunner
+from runtime.logs import get_logger
+from runtime.role import Role
+from transport import wire
+from transport.channels import Envelope
+
+log = get_logger("reward")
+
+
+class RewardRole(Role):
+    kind = "reward"
+
+    async def setup(self) -> None:
+        r = self.cfg.reward
+        self.runner = RewardRunner(r.functions, timeout_s=r.timeout_s, concurrency=r.concurrency)
+        log.info("reward_functions", functions=r.functions, timeout_s=r.timeout_s)
+
+    async def handle(self, env: Envelope) -> wire.Message | None:
+        msg = env.msg
+        if isinstance(msg, wire.RewardRequest):
+            results = await asyncio.gather(*[self.runner.score(_as_dict(it)) for it in msg.items])
+            scores = [
+                wire.RewardScore(sample_id=it.sample_id, reward=value, error=error)
+                for it, (value, error) in zip(msg.items, results, strict=True)
+            ]
+            return wire.RewardResult(scores=scores)
+        if isinstance(msg, wire.Shutdown):
+            self.request_stop(msg.reason or "controller shutdown")
+            return None
+        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"reward does not serve {type(msg).__name__}")
+
+
+def _as_dict(item: wire.RewardItem) -> dict[str, object]:
+    return {
+        "prompt": item.prompt,
+        "completion": item.completion,
+        "answer": item.answer,
+        "metadata": item.metadata,
+        "prompt_ids": item.prompt_ids,
+        "completion_ids": item.completion_ids,
+    }

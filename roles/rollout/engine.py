@@ -1,0 +1,291 @@
+"""A thin wrapper over vLLM's `AsyncLLM` for RL rollouts.
+
+What a caller may rely on:
+* `generate` returns one sample with its token ids, the logprob of every sampled token
+  (the behaviour policy's, as vLLM computed it) and the policy version that produced
+  every token. Versions come from vLLM's own per-step weight-version labels where the
+  vLLM build has them (0.32+): the label is set while the engine is paused, so each
+  token is attributed to the weights of the step that sampled it. Older builds fall
+  back to marking the token count of every in-flight request at resume time.
+* `apply_weights` pauses scheduling with in-flight requests kept, loads a staged
+  version in place, switches the prefix-cache salt to the new version (no KV computed
+  by older weights is reused for new requests), and resumes. Versions only go up.
+* Bad requests (prompt too long, bad sampling values) come back as samples with
+  `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
+  A dead engine raises `EngineDead` from every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config import EngineConfig
+from runtime.logs import get_logger
+from transport.wire import FinishReason, SamplingSpec
+
+log = get_logger("rollout")
+WORKER_EXTENSION = "roles.rollout.worker_ext.TandemWorkerExtension"
+_FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
+
+
+class EngineDead(RuntimeError):
+    """vLLM's engine died; the message carries its error."""
+
+
+class StaleUpdate(ValueError):
+    """A weight update for an older version than the engine's."""
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    prompt_len: int
+    gen_s: float
+    error: str = ""
+
+
+@dataclass
+class _Active:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    marks: list[tuple[int, int]] = field(default_factory=list)
+
+
+class RolloutEngine:
+    """One `AsyncLLM` engine plus version bookkeeping; create, then `await start()`."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str, *, version: int = 0, prefix_salt: bool = True) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.version = version
+        self.prefix_salt = prefix_salt and cfg.enable_prefix_caching
+        self.engine: Any = None
+        self.native_versions = False
+        self._active: dict[str, _Active] = {}
+        self._by_request: dict[str, set[str]] = {}
+        self._update_lock = asyncio.Lock()
+        self.tokens_generated = 0
+        self.scheduler_stats: Any = None
+
+    async def start(self) -> None:
+        if not os.path.isdir(self.model_path):
+            raise FileNotFoundError(f"model.path '{self.model_path}' is not a directory")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.cpu_kvcache_gb))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            skip_tokenizer_init=True,
+            dtype=self.cfg.dtype,
+            max_model_len=self.cfg.max_model_len,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
+            enforce_eager=self.cfg.enforce_eager,
+            seed=self.cfg.seed,
+            max_num_seqs=self.cfg.max_num_seqs,
+            enable_prefix_caching=self.cfg.enable_prefix_caching,
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=False,
+        )
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_factory(self)])
+        core = self.engine.engine_core
+        self.native_versions = hasattr(core, "set_weight_version_async")
+        if self.native_versions:
+            await core.set_weight_version_async(str(self.version))
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
+        """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
+        self._check_alive()
+        started = time.perf_counter()
+        vid = f"{request_id}#{index}"
+        try:
+            params = _sampling_params(spec, index)
+        except Exception as exc:
+            return _error_sample(prompt_ids, started, f"bad sampling params: {_one_line(exc)}")
+        state = _Active(marks=[(0, self.version)])
+        self._active[vid] = state
+        self._by_request.setdefault(request_id, set()).add(vid)
+        prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
+        if self.prefix_salt:
+            prompt["cache_salt"] = f"v{self.version}"
+        last = None
+        try:
+            async for out in self.engine.generate(prompt, params, request_id=vid):
+                last = out
+                self._take(state, out.outputs[0])
+        except Exception as exc:
+            self._check_alive(exc)
+            return _error_sample(prompt_ids, started, _one_line(exc), state)
+        finally:
+            self._active.pop(vid, None)
+            ids = self._by_request.get(request_id)
+            if ids is not None:
+                ids.discard(vid)
+                if not ids:
+                    self._by_request.pop(request_id, None)
+        return self._finish(state, last, len(prompt_ids), started)
+
+    def _take(self, state: _Active, comp: Any) -> None:
+        new = list(comp.token_ids)
+        state.tokens.extend(new)
+        for tok, entry in zip(new, comp.logprobs or [], strict=False):
+            state.logprobs.append(float(entry[tok].logprob))
+        self.tokens_generated += len(new)
+
+    def _finish(self, state: _Active, last: Any, prompt_len: int, started: float) -> Sample:
+        comp = last.outputs[0] if last is not None else None
+        reason = _FINISH.get(getattr(comp, "finish_reason", None) or "abort", FinishReason.STOP)
+        versions = _versions(len(state.tokens), state.marks)
+        spans = getattr(comp, "weight_versions", None)
+        if self.native_versions and spans:
+            versions = _versions_from_spans(len(state.tokens), spans, versions)
+        return Sample(state.tokens, state.logprobs, versions, reason, prompt_len, time.perf_counter() - started)
+
+    async def abort(self, request_ids: list[str]) -> int:
+        """Abort every sample of the named requests; each returns with its tokens so far."""
+        vids = [v for r in request_ids for v in self._by_request.get(r, ())]
+        if vids:
+            await self.engine.abort(vids)
+        return len(vids)
+
+    async def abort_all(self) -> int:
+        vids = list(self._active)
+        if vids:
+            await self.engine.abort(vids)
+        return len(vids)
+
+    async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
+        """Pause (keeping requests), load the staged `version`, resume. Returns phase times."""
+        async with self._update_lock:
+            if version < self.version:
+                raise StaleUpdate(f"update to version {version} refused: rollout is at version {self.version}")
+            self._check_alive()
+            t0 = time.perf_counter()
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            t_paused = time.perf_counter()
+            try:
+                results = await asyncio.wait_for(
+                    self.engine.collective_rpc("tandem_load_weights", args=(manifest,)), timeout_s
+                )
+                self._switch_version(version)
+                if self.native_versions:
+                    await self.engine.engine_core.set_weight_version_async(str(version))
+            finally:
+                await self.engine.resume_generation()
+            if not self._active:
+                await self.engine.reset_prefix_cache()
+            total = time.perf_counter() - t0
+            load = max(r["load_s"] for r in results)
+            return {"pause_s": t_paused - t0, "load_s": load, "total_s": total}
+
+    def _switch_version(self, version: int) -> None:
+        self.version = version
+        for state in self._active.values():
+            state.marks.append((len(state.tokens), version))
+
+    async def checksum(self) -> float:
+        results = await self.engine.collective_rpc("tandem_checksum")
+        return float(results[0])
+
+    def _check_alive(self, cause: BaseException | None = None) -> None:
+        if self.engine is not None and self.engine.errored:
+            raise EngineDead(f"vLLM engine died: {_one_line(cause or self.engine.dead_error)}")
+
+    def stats(self) -> dict[str, Any]:
+        s = self.scheduler_stats
+        return {
+            "running": getattr(s, "num_running_reqs", len(self._active)),
+            "waiting": getattr(s, "num_waiting_reqs", 0),
+            "kv_cache_usage": round(float(getattr(s, "kv_cache_usage", 0.0)), 4),
+        }
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+def _sampling_params(spec: SamplingSpec, index: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k if spec.top_k > 0 else -1,
+        max_tokens=spec.max_tokens,
+        stop_token_ids=list(spec.stop_token_ids),
+        ignore_eos=spec.ignore_eos,
+        seed=None if spec.seed is None else spec.seed + index,
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _versions(n: int, marks: list[tuple[int, int]]) -> list[int]:
+    out = [0] * n
+    for start, version in marks:
+        for i in range(start, n):
+            out[i] = version
+    return out
+
+
+def _versions_from_spans(n: int, spans: list[Any], fallback: list[int]) -> list[int]:
+    out = list(fallback)
+    for span in spans:
+        for i in range(max(0, span.start), min(n, span.end)):
+            out[i] = int(span.version)
+    return out
+
+
+def _error_sample(prompt_ids: list[int], started: float, error: str, state: _Active | None = None) -> Sample:
+    state = state or _Active()
+    n = len(state.tokens)
+    versions = _versions(n, state.marks)
+    return Sample(
+        state.tokens,
+        state.logprobs[:n],
+        versions,
+        FinishReason.ERROR,
+        len(prompt_ids),
+        time.perf_counter() - started,
+        error,
+    )
+
+
+def _one_line(exc: BaseException | None) -> str:
+    text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
+    return " ".join(text.split())[:500]
+
+
+def _stats_factory(owner: RolloutEngine) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class TandemStats(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            if scheduler_stats is not None:
+                owner.scheduler_stats = scheduler_stats
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return TandemStats

@@ -1,0 +1,184 @@
+"""The rollout role: serves generate requests from the controller on one vLLM engine and
+applies weight updates from the trainer in place.
+
+Channels:
+* controller (DEALER): `Generate` in; one `Completion` out per sample, as soon as that
+  sample finishes; `Abort`; `Shutdown`. After each applied update a `WeightsApplied`
+  goes to the controller too, so it always knows this rollout's version.
+* weights (ROUTER, address advertised at registration): `WeightBucket` in order; each is
+  acknowledged, the last one only after the version is loaded (`WeightsApplied`). An
+  update older than the current version is refused with `Error(REFUSED)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import torch
+
+from runtime import addresses
+from runtime.logs import get_logger, set_policy_version
+from runtime.paths import model_dir
+from runtime.role import Role
+from transport import wire
+from transport.channels import Envelope, RpcEndpoint, bind_router
+
+from .engine import EngineDead, RolloutEngine, Sample, StaleUpdate
+from .staging import WeightStager
+
+log = get_logger("rollout")
+
+
+class RolloutRole(Role):
+    kind = "rollout"
+
+    async def setup(self) -> None:
+        cfg = self.cfg
+        self.engine = RolloutEngine(cfg.rollout.engine, str(model_dir(cfg)))
+        started = time.perf_counter()
+        await self.engine.start()
+        log.info(
+            "engine_started",
+            seconds=round(time.perf_counter() - started, 2),
+            native_versions=self.engine.native_versions,
+        )
+        set_policy_version(self.engine.version)
+        opts = addresses.channel_options(cfg, self.ctx.run_dir)
+        bind = addresses.server_bind_address(cfg, self.ctx.run_dir, f"{self.ctx.name}-weights")
+        self.weights: RpcEndpoint = bind_router(self.zmq, bind, name="weights", options=opts)
+        self.weights.start(self._on_weights)
+        self.stager = WeightStager(self.ctx.name)
+        self.samples: set[asyncio.Task[Any]] = set()
+        self.spawn("engine-watch", self._watch_engine())
+        self.spawn("engine-stats", self._log_stats())
+
+    def peer_info(self) -> wire.PeerInfo:
+        info = super().peer_info()
+        info.address = addresses.advertised(self.weights.address)
+        info.version = self.engine.version
+        info.capabilities["max_num_seqs"] = self.cfg.rollout.engine.max_num_seqs
+        return info
+
+    async def handle(self, env: Envelope) -> wire.Message | None:
+        msg = env.msg
+        if isinstance(msg, wire.Generate):
+            for i in range(max(1, msg.sampling.n)):
+                task = asyncio.create_task(self._sample(msg, i), name=f"sample-{msg.request_id}-{i}")
+                self.samples.add(task)
+                task.add_done_callback(self.samples.discard)
+            return None
+        if isinstance(msg, wire.Abort):
+            n = await self.engine.abort(msg.request_ids)
+            return wire.Ack(info=f"aborted {n}")
+        if isinstance(msg, wire.Shutdown):
+            self.request_stop(msg.reason or "controller shutdown")
+            return wire.Ack()
+        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"rollout does not serve {type(msg).__name__}")
+
+    async def _sample(self, req: wire.Generate, index: int) -> None:
+        try:
+            sample = await self.engine.generate(req.request_id, req.prompt_ids, req.sampling, index)
+        except EngineDead as exc:
+            self.fail(str(exc))
+            return
+        if sample.error:
+            log.warning("request_failed", request_id=req.request_id, sample=index, error=sample.error)
+        assert self.controller is not None
+        await self.controller.send(_completion(req, index, sample))
+
+    async def _on_weights(self, env: Envelope) -> wire.Message | None:
+        msg = env.msg
+        if not isinstance(msg, wire.WeightBucket):
+            return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"weights socket got {type(msg).__name__}")
+        if msg.version < self.engine.version:
+            reason = f"update to version {msg.version} refused: rollout is at version {self.engine.version}"
+            log.warning("update_refused", reason=reason)
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
+        try:
+            self.stager.add(msg)
+        except ValueError as exc:
+            return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=str(exc))
+        if not msg.last:
+            return wire.Ack()
+        return await self._apply(msg.version)
+
+    async def _apply(self, version: int) -> wire.Message:
+        receive_s = time.perf_counter() - self.stager.started
+        manifest, nbytes = self.stager.manifest(), self.stager.num_bytes
+        try:
+            times = await self.engine.apply_weights(version, manifest, self.cfg.weight_sync.timeout_s)
+        except StaleUpdate as exc:
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
+        finally:
+            self.stager.discard()
+        set_policy_version(version)
+        applied = wire.WeightsApplied(
+            version=version,
+            receive_s=receive_s,
+            load_s=times["load_s"],
+            total_s=receive_s + times["total_s"],
+            num_tensors=len(manifest["entries"]),
+            num_bytes=nbytes,
+            rollout=self.ctx.name,
+        )
+        log.info(
+            "weights_applied",
+            receive_s=round(receive_s, 4),
+            load_s=round(times["load_s"], 4),
+            pause_s=round(times["pause_s"], 4),
+            total_s=round(applied.total_s, 4),
+            mb=round(nbytes / 2**20, 2),
+        )
+        if self.controller is not None:
+            await self.controller.send(applied)
+        return applied
+
+    async def _watch_engine(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.engine.engine is not None and self.engine.engine.errored:
+                raise EngineDead(f"vLLM engine died: {self.engine.engine.dead_error}")
+
+    async def _log_stats(self) -> None:
+        interval = self.cfg.rollout.stats_interval_s
+        last_tokens, last_t = self.engine.tokens_generated, time.perf_counter()
+        while True:
+            await asyncio.sleep(interval)
+            now, tokens = time.perf_counter(), self.engine.tokens_generated
+            tps = (tokens - last_tokens) / (now - last_t)
+            last_tokens, last_t = tokens, now
+            log.info("engine_stats", tokens_per_s=round(tps, 1), **self.engine.stats())
+
+    async def drain(self) -> None:
+        """Let in-flight samples finish for `drain_timeout_s`, then abort the rest."""
+        if self.samples:
+            _, pending = await asyncio.wait(set(self.samples), timeout=self.cfg.rollout.drain_timeout_s)
+            if pending:
+                n = await self.engine.abort_all()
+                log.info("drain_aborted", requests=n)
+                await asyncio.wait(pending, timeout=2.0)
+
+    async def close(self) -> None:
+        if hasattr(self, "weights"):
+            await self.weights.aclose()
+        if hasattr(self, "stager"):
+            self.stager.discard()
+        if hasattr(self, "engine"):
+            await self.engine.shutdown()
+
+
+def _completion(req: wire.Generate, index: int, s: Sample) -> wire.Completion:
+    return wire.Completion(
+        request_id=req.request_id,
+        group_id=req.group_id,
+        sample_index=index,
+        token_ids=torch.tensor(s.token_ids, dtype=torch.int64),
+        logprobs=torch.tensor(s.logprobs, dtype=torch.float32),
+        versions=torch.tensor(s.versions, dtype=torch.int32),
+        finish_reason=s.finish_reason,
+        prompt_len=s.prompt_len,
+        gen_s=s.gen_s,
+        error=s.error,
+    )

@@ -1,0 +1,67 @@
+"""Where sockets live: ipc:// paths for one node, tcp:// for several, and socket policy.
+
+ipc paths are kept short (Unix socket paths are limited to ~107 bytes) by placing them
+in a per-run folder under the temp dir named by a hash of the run directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from runtime.config import RunConfig
+from transport.channels import ChannelOptions
+
+CONTROLLER_ENV = "TANDEM_CONTROLLER"
+
+
+def sock_dir(run_dir: str | Path) -> Path:
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"tandem-{digest}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def multi_node(cfg: RunConfig) -> bool:
+    return int(os.environ.get("TANDEM_NNODES", "1")) > 1 or os.environ.get("TANDEM_JOIN", "") != ""
+
+
+def controller_bind_address(cfg: RunConfig, run_dir: str | Path) -> str:
+    """Where the controller binds its ROUTER."""
+    if cfg.transport.use_ipc and not multi_node(cfg):
+        return f"ipc://{sock_dir(run_dir)}/controller"
+    port = os.environ.get("TANDEM_CONTROLLER_PORT", "0")
+    return f"tcp://{cfg.transport.bind_host}:{port}"
+
+
+def server_bind_address(cfg: RunConfig, run_dir: str | Path, name: str) -> str:
+    """Where a role binds a server of its own (e.g. a rollout's weight socket)."""
+    if cfg.transport.use_ipc and not multi_node(cfg):
+        return f"ipc://{sock_dir(run_dir)}/{name}"
+    return f"tcp://{cfg.transport.bind_host}:0"
+
+
+def advertised(address: str) -> str:
+    """The address peers should connect to (a wildcard bind is replaced by this host)."""
+    if address.startswith("tcp://0.0.0.0:"):
+        host = os.environ.get("TANDEM_ADVERTISE_HOST", "127.0.0.1")
+        return f"tcp://{host}:{address.rsplit(':', 1)[1]}"
+    return address
+
+
+def channel_options(cfg: RunConfig, run_dir: str | Path) -> ChannelOptions:
+    t = cfg.transport
+    curve = None
+    if t.curve:
+        from transport.security import load_keys
+
+        curve = load_keys(t.keys_dir or Path(run_dir) / "keys")
+    return ChannelOptions(
+        hwm=t.hwm,
+        max_message_bytes=t.max_message_mb << 20,
+        heartbeat_s=t.heartbeat_s,
+        peer_timeout_s=t.peer_timeout_s,
+        curve=curve,
+    )

@@ -1,0 +1,127 @@
+"""The `tandem` command. Heavy modules are imported only by the subcommand that needs
+them, so a config error is reported before torch or vLLM is ever imported."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+
+def _version() -> str:
+    try:
+        return version("tandem-rl")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description="Asynchronous RL post-training runtime.")
+    parser.add_argument("--version", action="version", version=f"tandem {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    launch = sub.add_parser("launch", help="run a config on this node")
+    launch.add_argument("config", help="YAML recipe, e.g. configs/tiny_cpu.yaml")
+    launch.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    launch.add_argument("--nnodes", type=int, default=None, help="nodes in the run (default: Slurm's or 1)")
+    launch.add_argument("--node-rank", type=int, default=None, help="this node's rank (default: Slurm's or 0)")
+    launch.add_argument("--master-addr", default=None, help="node 0's address (controller, torch rendezvous)")
+    launch.add_argument("--master-port", type=int, default=None, help="base port on node 0 (default 29500)")
+    launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
+
+    tail = sub.add_parser("tail", help="merge and follow a run's logs")
+    from runtime.tail import add_tail_arguments
+
+    add_tail_arguments(tail)
+
+    docs = sub.add_parser("config-docs", help="print the config reference (markdown)")
+    docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
+
+    export = sub.add_parser("export", help="write a checkpoint's policy as an HF model directory")
+    export.add_argument("run_dir")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest complete)")
+    export.add_argument("out_dir")
+
+    keys = sub.add_parser("keys", help="generate CurveZMQ keys for a cross-host run")
+    keys.add_argument("run_dir")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    handler = {"launch": _launch, "tail": _tail, "config-docs": _docs, "export": _export, "keys": _keys}
+    sys.exit(handler[args.command](args))
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from runtime.config_load import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    from runtime.multinode import resolve_launch_options
+
+    try:
+        opts = resolve_launch_options(args, os.environ)
+    except ValueError as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    from runtime.launcher import launch
+    from runtime.placement import PlacementError
+    from runtime.validate import check_config
+
+    try:
+        check_config(cfg)
+        return launch(cfg, opts)
+    except (PlacementError, ConfigError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from runtime.tail import run_tail
+
+    return run_tail(args)
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from runtime.config_load import config_docs
+
+    text = config_docs()
+    if args.check:
+        with open(args.check) as f:
+            if f.read() != text:
+                print(f"tandem: {args.check} is out of date; run `tandem config-docs > {args.check}`", file=sys.stderr)
+                return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from runtime.export import export_checkpoint
+
+    try:
+        path = export_checkpoint(args.run_dir, args.step, args.out_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"tandem: wrote {path}")
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transport.security import generate_keys
+
+    path = generate_keys(Path(args.run_dir) / "keys")
+    print(f"tandem: wrote CurveZMQ keys to {path}; copy this folder to every node's run directory")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""`tandem launch`: spawn this node's role processes, watch them, tear down cleanly.
+
+Guarantees:
+* Every role runs in its own session (process group) with PR_SET_PDEATHSIG, so a
+  teardown kills the role and everything it spawned (vLLM's engine processes
+  included), and a launcher that is killed takes its roles with it.
+* A role that exits 0 is finishing cleanly (the controller ends the run by telling
+  every role to stop): the others get `shutdown_timeout_s` to do the same, then the
+  launcher exits 0.
+* The first role to exit otherwise (non-zero code or a signal) ends the run: the
+  launcher prints which role died and its last logged error, stops all others
+  (SIGTERM, then SIGKILL after a short grace) and exits 1 — within seconds.
+* Ctrl-C stops everything the same way and exits 130.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime import addresses
+from runtime.config import RunConfig
+from runtime.config_load import to_yaml
+from runtime.console import Console
+from runtime.launcher_options import LaunchOptions
+from runtime.logfollow import LogFollower, last_error
+from runtime.logs import get_logger, setup_logging
+from runtime.paths import model_dir
+from runtime.placement import ProcSpec, check_devices, plan_processes
+from runtime.tiny_model import make_tiny_model
+
+log = get_logger("launcher")
+FAILURE_GRACE_S = 2.0
+POLL_S = 0.1
+
+
+@dataclass
+class Proc:
+    spec: ProcSpec
+    popen: subprocess.Popen[bytes]
+    ready: bool = False
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if not cfg.model.path:
+        t = cfg.model.tiny
+        make_tiny_model(
+            model_dir(cfg),
+            hidden_size=t.hidden_size,
+            num_layers=t.num_layers,
+            num_heads=t.num_heads,
+            num_kv_heads=t.num_kv_heads,
+            intermediate_size=t.intermediate_size,
+            max_position_embeddings=t.max_position_embeddings,
+            tie_word_embeddings=t.tie_word_embeddings,
+            seed=t.seed,
+        )
+    return run_dir
+
+
+def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
+    """Run this node's share of the run; returns the process exit code."""
+    opts = opts or LaunchOptions()
+    run_dir = prepare_run_dir(cfg)
+    setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
+    port = opts.master_port or _free_port()
+    specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=port)
+    if any(s.devices for s in specs):
+        check_devices(specs)
+    env = _base_env(cfg, run_dir, opts)
+    console = Console(run_dir, cfg)
+    log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
+    console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
+    procs = [_spawn(s, run_dir, env) for s in specs]
+    return Supervisor(cfg, run_dir, procs, console).watch()
+
+
+class Supervisor:
+    """Watches the role processes and decides how the run ends."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.procs = procs
+        self.console = console
+        self.follower = LogFollower(run_dir / "logs")
+        self.interrupted = False
+
+    def watch(self) -> int:
+        old = signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGTERM, self._on_sigint)
+        start = time.monotonic()
+        try:
+            while True:
+                self._pump_logs()
+                if self.interrupted:
+                    self.console.note("interrupted: stopping every role")
+                    self.teardown(self.cfg.shutdown_timeout_s)
+                    return 130
+                code = self._check_exits()
+                if code is not None:
+                    return code
+                if not all(p.ready for p in self.procs) and time.monotonic() - start > self.cfg.startup_timeout_s:
+                    late = [p.spec.name for p in self.procs if not p.ready]
+                    self.console.error(f"roles not ready after {self.cfg.startup_timeout_s:g}s: {', '.join(late)}")
+                    self.teardown(FAILURE_GRACE_S)
+                    return 1
+                time.sleep(POLL_S)
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def _on_sigint(self, *_: object) -> None:
+        self.interrupted = True
+
+    def _pump_logs(self) -> None:
+        for rec in self.follower.poll():
+            if rec.get("event") == "ready":
+                for p in self.procs:
+                    if p.spec.role == rec.get("role") and p.spec.rank == rec.get("rank"):
+                        p.ready = True
+            self.console.show(rec)
+
+    def _check_exits(self) -> int | None:
+        for p in self.procs:
+            code = p.popen.poll()
+            if code is None:
+                continue
+            if code == 0:
+                # A clean exit means the run is ending (the controller finished, or told
+                # this role to stop): give the others time to finish the same way.
+                self._pump_logs()
+                self._wait_all(self.cfg.shutdown_timeout_s)
+                self.teardown(self.cfg.shutdown_timeout_s)
+                self._pump_logs()
+                self.console.finish()
+                log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
+                return 0
+            self._pump_logs()
+            cause = last_error(self.run_dir / "logs", p.spec.name)
+            how = _describe_exit(code)
+            log.error("role_died", proc=p.spec.name, exit=how, cause=cause)
+            self.console.error(f"role {p.spec.name} died ({how}); last error: {cause}")
+            self.teardown(FAILURE_GRACE_S)
+            return 1
+        return None
+
+    def _wait_all(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
+            time.sleep(0.05)
+
+    def teardown(self, grace_s: float) -> None:
+        """SIGTERM every live process group, wait up to `grace_s`, then SIGKILL."""
+        live = [p for p in self.procs if p.popen.poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        self._wait_all(grace_s)
+        for p in self.procs:
+            _signal_group(p, signal.SIGKILL)  # also reaps leftovers of roles that exited
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
+
+
+def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
+    env = {**base_env, **spec.env}
+    out = open(run_dir / "logs" / f"{spec.name}.out", "ab")  # noqa: SIM115 (owned by the child)
+    cmd = [sys.executable, "-m", "runtime.entry", "--run-dir", str(run_dir), "--role", spec.role]
+    cmd += ["--rank", str(spec.rank), "--node", str(spec.node)]
+    popen = subprocess.Popen(
+        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True, preexec_fn=_die_with_parent,
+    )  # fmt: skip
+    out.close()
+    log.info("spawned", proc=spec.name, pid=popen.pid)
+    return Proc(spec=spec, popen=popen)
+
+
+def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TANDEM_NNODES"] = str(opts.nnodes)
+    env["TANDEM_JOIN"] = opts.join
+    if opts.join:
+        env[addresses.CONTROLLER_ENV] = opts.join if "://" in opts.join else f"tcp://{opts.join}"
+    else:
+        env[addresses.CONTROLLER_ENV] = addresses.controller_bind_address(cfg, run_dir)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _signal_group(p: Proc, sig: signal.Signals) -> None:
+    try:
+        os.killpg(p.popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

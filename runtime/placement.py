@@ -1,0 +1,138 @@
+"""Which role processes a node runs, with their environment; checked before any starts.
+
+`plan_processes(cfg, node)` returns one `ProcSpec` per process of that node. Trainer
+ranks get the torch.distributed rendezvous variables (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT) and GPU roles get CUDA_VISIBLE_DEVICES from `devices`.
+Impossible placements raise `PlacementError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from runtime.config import PlacementEntry, RunConfig
+
+DEFAULT_PLACEMENT = (
+    PlacementEntry(role="controller"),
+    PlacementEntry(role="rollout"),
+    PlacementEntry(role="reward"),
+    PlacementEntry(role="trainer", count=2),
+)
+
+
+class PlacementError(ValueError):
+    """A placement that cannot run."""
+
+
+@dataclass
+class ProcSpec:
+    role: str
+    rank: int
+    node: int = 0
+    devices: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+
+def entries(cfg: RunConfig) -> list[PlacementEntry]:
+    entries = list(cfg.placement) or list(DEFAULT_PLACEMENT)
+    if cfg.algorithm.advantage == "gae" and not any(e.role == "critic" for e in entries):
+        entries.append(PlacementEntry(role="critic"))
+    return entries
+
+
+def role_counts(cfg: RunConfig) -> dict[str, int]:
+    """Processes per role kind over all nodes."""
+    counts: dict[str, int] = {}
+    for e in entries(cfg):
+        counts[e.role] = counts.get(e.role, 0) + e.count
+    return counts
+
+
+def plan_processes(
+    cfg: RunConfig, node: int = 0, *, master_addr: str = "127.0.0.1", master_port: int = 0
+) -> list[ProcSpec]:
+    """The processes of `node`, ranks numbered per role kind across all nodes."""
+    counts = role_counts(cfg)
+    if counts.get("controller", 0) != 1:
+        raise PlacementError(f"placement must have exactly one controller, has {counts.get('controller', 0)}")
+    for needed in ("rollout", "trainer"):
+        if counts.get(needed, 0) < 1:
+            raise PlacementError(f"placement needs at least one {needed}")
+    if cfg.algorithm.advantage == "gae" and counts.get("critic", 0) < 1:
+        raise PlacementError("algorithm.advantage=gae needs a critic in placement")
+    next_rank: dict[str, int] = {}
+    specs: list[ProcSpec] = []
+    for e in entries(cfg):
+        for i in range(e.count):
+            rank = next_rank.get(e.role, 0)
+            next_rank[e.role] = rank + 1
+            if e.node != node:
+                continue
+            devices = _devices_for(e, i)
+            env = dict(e.env)
+            if devices:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+            specs.append(ProcSpec(role=e.role, rank=rank, node=e.node, devices=devices, env=env))
+    _add_dist_env(specs, cfg, counts, master_addr, master_port)
+    return specs
+
+
+def _devices_for(e: PlacementEntry, i: int) -> list[int]:
+    if not e.devices:
+        return []
+    if len(e.devices) == e.count:
+        return [e.devices[i]]
+    if e.role in ("trainer", "critic") and len(e.devices) > 1 and e.count > 1:
+        raise PlacementError(
+            f"placement of {e.role}: {e.count} processes but {len(e.devices)} devices (give one per process)"
+        )
+    return list(e.devices)
+
+
+def _add_dist_env(specs: list[ProcSpec], cfg: RunConfig, counts: dict[str, int], addr: str, port: int) -> None:
+    per_node: dict[tuple[str, int], int] = {}
+    for s in specs:
+        if s.role not in ("trainer", "critic"):
+            continue
+        local = per_node.get((s.role, s.node), 0)
+        per_node[(s.role, s.node)] = local + 1
+        s.env.update(
+            RANK=str(s.rank),
+            WORLD_SIZE=str(counts[s.role]),
+            LOCAL_RANK=str(local),
+            MASTER_ADDR=addr,
+            MASTER_PORT=str(port + (1 if s.role == "critic" else 0)),
+        )
+    for (role, _), n in per_node.items():
+        for s in specs:
+            if s.role == role:
+                s.env["LOCAL_WORLD_SIZE"] = str(n)
+
+
+def check_devices(specs: list[ProcSpec], num_gpus: int | None = None) -> None:
+    """A device index that does not exist is an error naming the role."""
+    if num_gpus is None:
+        num_gpus = _visible_gpus()
+    for s in specs:
+        for d in s.devices:
+            if d >= num_gpus:
+                raise PlacementError(f"placement of {s.name}: GPU {d} does not exist (this node has {num_gpus})")
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def getenv_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default

@@ -1,0 +1,49 @@
+"""Cross-field checks of a config, run before any process starts.
+
+Each failed check is a `ConfigError` with one line naming the keys involved.
+"""
+
+from __future__ import annotations
+
+from runtime.config import RunConfig
+from runtime.config_load import ConfigError
+from runtime.placement import role_counts
+
+
+def check_config(cfg: RunConfig) -> None:
+    counts = role_counts(cfg)
+    _check_megatron(cfg, counts.get("trainer", 0))
+    if cfg.data.source == "file" and not cfg.data.path:
+        raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
+    if cfg.rollout.max_tokens >= cfg.rollout.engine.max_model_len:
+        raise ConfigError(
+            f"rollout.max_tokens ({cfg.rollout.max_tokens}) must be below "
+            f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})"
+        )
+    if cfg.algorithm.advantage != "gae" and counts.get("critic", 0):
+        raise ConfigError("placement has a critic but algorithm.advantage is not gae")
+    for fn in cfg.reward.functions:
+        if ":" not in fn:
+            raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
+
+
+def _check_megatron(cfg: RunConfig, world: int) -> None:
+    if cfg.trainer.backend != "megatron":
+        return
+    f = cfg.fsdp
+    if f.use_fsdp and f.sharding_strategy != "NO_SHARD":
+        raise ConfigError(
+            "trainer.backend=megatron owns the parallelism: set fsdp.use_fsdp=false or "
+            f"fsdp.sharding_strategy=NO_SHARD (got {f.sharding_strategy})"
+        )
+    if f.cpu_offload:
+        raise ConfigError("fsdp.cpu_offload does not apply to trainer.backend=megatron")
+    m = cfg.trainer.megatron
+    tp_pp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+    if world % tp_pp:
+        raise ConfigError(
+            f"trainer world size {world} is not a multiple of trainer.megatron.tensor_model_parallel_size "
+            f"x pipeline_model_parallel_size = {tp_pp}"
+        )
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("trainer.backend=megatron needs trainer.device=cuda (megatron-core does not run on CPU)")

@@ -1,0 +1,48 @@
+"""Shared fixtures: free ports, the tiny model (made once per session), GPU skipping."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A `gpu` test selected on a machine without CUDA is skipped with the reason."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default tiny Qwen2 model + tokenizer, made once for the whole test session."""
+    from runtime.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_threads() -> None:
+    # Tests share 2 cores with vLLM engines and trainer ranks: keep torch to one thread.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
