@@ -136,7 +136,8 @@ def _unknown(path: str, parent: Any, full: str = "") -> typing.NoReturn:
 
 def _convert(data: dict[str, Any]) -> RunConfig:
     try:
-        return msgspec.convert(data, RunConfig)
+        # strict=False: PyYAML reads `1e-3` (no dot) as a string; let float fields take it.
+        return msgspec.convert(data, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(str(exc), data)) from None
 

@@ -180,7 +180,9 @@ class Role:
         self.registered = reply
 
     def _controller_lost(self, _: bytes | None) -> None:
-        if not self.stopping:
+        # Before registration the controller may simply not be up yet (the Register
+        # request has its own start-up timeout); only a registered controller can be lost.
+        if self.registered is not None and not self.stopping:
             self.fail(f"controller silent for {self.cfg.transport.peer_timeout_s:g}s (lost)")
 
     async def _send_dead(self, cause: str) -> None:

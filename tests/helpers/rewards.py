@@ -1,0 +1,19 @@
+"""Misbehaving reward functions for end-to-end tests (imported by reward role processes)."""
+
+from __future__ import annotations
+
+import time
+
+
+def hangs_sometimes(completion_ids: list[int], **_: object) -> float:
+    """Never returns for about one sample in eight (a stuck verifier)."""
+    if completion_ids and completion_ids[0] % 8 == 0:
+        time.sleep(10**6)
+    return 0.0
+
+
+def raises_sometimes(completion_ids: list[int], **_: object) -> float:
+    """Raises for about one sample in eight (a buggy verifier)."""
+    if completion_ids and completion_ids[0] % 8 == 1:
+        raise RuntimeError("verifier crashed")
+    return 0.0

@@ -1,0 +1,111 @@
+"""The launcher with real role processes: fast config errors, readiness, teardown on a
+SIGKILLed role (within 5 s, cause printed, nothing left behind), and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+TANDEM = [sys.executable, "-m", "runtime.cli"]
+
+
+def launch(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
+    cmd = [*TANDEM, "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", "trainer.total_steps=100000", *overrides]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_ready(run_dir: Path, name: str, proc: subprocess.Popen[str], timeout: float = 240) -> int:
+    """The pid of role `name` once it logged "ready"."""
+    path = run_dir / "logs" / f"{name}.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        if path.exists():
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["event"] == "ready":
+                    return int(rec["pid"])
+        time.sleep(0.1)
+    raise AssertionError(f"{name} not ready after {timeout}s")
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def assert_all_gone(procs: list[psutil.Process]) -> None:
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def test_version() -> None:
+    out = subprocess.run([*TANDEM, "--version"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("tandem ")
+
+
+def test_unknown_key_fails_fast_naming_it(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "tandem"
+    cmd = [str(exe)] if exe.exists() else TANDEM
+    start = time.monotonic()
+    argv = [*cmd, "launch", "configs/tiny_cpu.yaml", "foo.bar=1"]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2
+    assert "foo.bar" in out.stderr and "\n" not in out.stderr.strip()
+    assert elapsed < 2.0, elapsed
+
+
+def test_bad_value_names_key_and_choices() -> None:
+    argv = [*TANDEM, "launch", "configs/tiny_cpu.yaml", "fsdp.sharding_strategy=SOMETIMES"]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "fsdp.sharding_strategy" in out.stderr and "FULL_SHARD" in out.stderr
+
+
+@pytest.mark.parametrize("victim", ["reward-0", "trainer-1", "controller-0", "rollout-0"])
+def test_sigkill_of_any_role_ends_the_run(tmp_path: Path, victim: str) -> None:
+    proc = launch(tmp_path / "run")
+    try:
+        pid = wait_ready(tmp_path / "run", victim, proc)
+        everything = tree(proc.pid)
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert elapsed < 5.0, elapsed
+    assert f"role {victim} died (killed by SIGKILL)" in out, out[-3000:]
+    time.sleep(0.2)
+    assert_all_gone(everything)
+
+
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    proc = launch(tmp_path / "run")
+    try:
+        for name in ("controller-0", "reward-0", "trainer-0", "trainer-1"):
+            wait_ready(tmp_path / "run", name, proc)
+        everything = tree(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted" in out
+    time.sleep(0.2)
+    assert_all_gone(everything)
