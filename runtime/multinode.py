@@ -56,7 +56,7 @@ def _expand_range(spec: str, item: str) -> list[str]:
     out: list[str] = []
     for part in spec.split(","):
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not lo.isdigit() or (sep and (not hi.isdigit() or int(hi) < int(lo))):
             raise ValueError(f"bad Slurm node list '{item}': range '{part}'")
         if not sep:
             out.append(lo)

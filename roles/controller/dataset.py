@@ -83,7 +83,8 @@ class PromptDataset:
 
     def next(self) -> Prompt:
         """The next prompt, skipping over-long ones; cycles through epochs forever."""
-        for _ in range(len(self.rows) + 1):
+        # The rest of this epoch plus one whole (reshuffled) next epoch visits every row.
+        for _ in range(2 * len(self.rows)):
             if self.position >= len(self._order):
                 self.epoch += 1
                 self.position = 0

@@ -39,7 +39,7 @@ class StalenessGate:
 
     def is_fresh(self, sample_version: int) -> bool:
         """May a sample whose oldest token has `sample_version` be trained at `version`?"""
-        return self.version - sample_version <= self.max_staleness + 1
+        return self.version - sample_version <= self.max_staleness
 
     def staleness(self, sample_version: int) -> int:
         return self.version - sample_version

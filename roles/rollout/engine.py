@@ -69,7 +69,8 @@ class RolloutEngine:
         self.engine: Any = None
         self.native_versions = False
         self._active: dict[str, _Active] = {}
-        self._by_request: dict[str, set[str]] = {}
+        self._by_request: dict[str, set[str]] = {}  # request id -> sample ids, started or not
+        self._aborted_early: set[str] = set()  # samples aborted before they started
         self._update_lock = asyncio.Lock()
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
@@ -105,37 +106,61 @@ class RolloutEngine:
     def num_active(self) -> int:
         return len(self._active)
 
+    def expect(self, request_id: str, n: int) -> None:
+        """Announce the samples of a request before they start, so an abort that arrives
+        in between still reaches them."""
+        self._by_request.setdefault(request_id, set()).update(f"{request_id}#{i}" for i in range(n))
+
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
         """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
         self._check_alive()
         started = time.perf_counter()
         vid = f"{request_id}#{index}"
-        try:
-            params = _sampling_params(spec, index)
-        except Exception as exc:
-            return _error_sample(prompt_ids, started, f"bad sampling params: {_one_line(exc)}")
-        state = _Active(marks=[(0, self.version)])
-        self._active[vid] = state
         self._by_request.setdefault(request_id, set()).add(vid)
-        prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
-        if self.prefix_salt:
-            prompt["cache_salt"] = f"v{self.version}"
-        last = None
+        state = _Active(marks=[(0, self.version)])
         try:
-            async for out in self.engine.generate(prompt, params, request_id=vid):
-                last = out
-                self._take(state, out.outputs[0])
-        except Exception as exc:
+            if vid in self._aborted_early:
+                return Sample([], [], [], FinishReason.ABORT, len(prompt_ids), 0.0)
+            params = _sampling_params(spec, index, stream=not self.native_versions)
+            prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
+            if self.prefix_salt:
+                prompt["cache_salt"] = f"v{self.version}"
+            last = await self._run(vid, prompt, params, state)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # vLLM raises several types for bad requests
             self._check_alive(exc)
-            return _error_sample(prompt_ids, started, _one_line(exc), state)
+            prefix = "bad sampling params: " if isinstance(exc, _BadParams) else ""
+            return _error_sample(prompt_ids, started, prefix + _one_line(exc.__cause__ or exc), state)
         finally:
             self._active.pop(vid, None)
-            ids = self._by_request.get(request_id)
-            if ids is not None:
-                ids.discard(vid)
-                if not ids:
-                    self._by_request.pop(request_id, None)
+            self._aborted_early.discard(vid)
+            self._forget(request_id, vid)
         return self._finish(state, last, len(prompt_ids), started)
+
+    async def _run(self, vid: str, prompt: dict[str, Any], params: Any, state: _Active) -> Any:
+        """Add the request, then collect its outputs. The sample counts as active only
+        once vLLM knows it, so an abort racing the add is applied right after it."""
+        queue = await self.engine.add_request(vid, prompt, params)
+        self._active[vid] = state
+        if vid in self._aborted_early:
+            await self.engine.abort(vid)
+        last = None
+        try:
+            while last is None or not last.finished:
+                last = queue.get_nowait() or await queue.get()
+                self._take(state, last.outputs[0])
+        except asyncio.CancelledError:
+            await self.engine.abort(vid)
+            raise
+        return last
+
+    def _forget(self, request_id: str, vid: str) -> None:
+        ids = self._by_request.get(request_id)
+        if ids is not None:
+            ids.discard(vid)
+            if not ids:
+                self._by_request.pop(request_id, None)
 
     def _take(self, state: _Active, comp: Any) -> None:
         new = list(comp.token_ids)
@@ -156,8 +181,10 @@ class RolloutEngine:
     async def abort(self, request_ids: list[str]) -> int:
         """Abort every sample of the named requests; each returns with its tokens so far."""
         vids = [v for r in request_ids for v in self._by_request.get(r, ())]
-        if vids:
-            await self.engine.abort(vids)
+        running = [v for v in vids if v in self._active]
+        self._aborted_early.update(v for v in vids if v not in self._active)
+        if running:
+            await self.engine.abort(running)
         return len(vids)
 
     async def abort_all(self) -> int:
@@ -217,23 +244,32 @@ class RolloutEngine:
             self.engine = None
 
 
-def _sampling_params(spec: SamplingSpec, index: int) -> Any:
+class _BadParams(ValueError):
+    pass
+
+
+def _sampling_params(spec: SamplingSpec, index: int, *, stream: bool) -> Any:
+    """vLLM params for one sample. `stream`: deltas every step (needed to mark versions by
+    token count when vLLM has no per-step version labels); else the final output only."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(
-        n=1,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        top_k=spec.top_k if spec.top_k > 0 else -1,
-        max_tokens=spec.max_tokens,
-        stop_token_ids=list(spec.stop_token_ids),
-        ignore_eos=spec.ignore_eos,
-        seed=None if spec.seed is None else spec.seed + index,
-        logprobs=0,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
+    try:
+        return SamplingParams(
+            n=1,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k if spec.top_k > 0 else -1,
+            max_tokens=spec.max_tokens,
+            stop_token_ids=list(spec.stop_token_ids),
+            ignore_eos=spec.ignore_eos,
+            seed=None if spec.seed is None else spec.seed + index,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+    except Exception as exc:  # vLLM validates with several exception types
+        raise _BadParams(str(exc)) from exc
 
 
 def _versions(n: int, marks: list[tuple[int, int]]) -> list[int]:

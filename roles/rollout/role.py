@@ -64,6 +64,7 @@ class RolloutRole(Role):
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
         if isinstance(msg, wire.Generate):
+            self.engine.expect(msg.request_id, max(1, msg.sampling.n))
             for i in range(max(1, msg.sampling.n)):
                 task = asyncio.create_task(self._sample(msg, i), name=f"sample-{msg.request_id}-{i}")
                 self.samples.add(task)
