@@ -225,9 +225,7 @@ class CriticConfig(msgspec.Struct, **_STRUCT):
     )
     value_clip: Annotated[float, Doc(description="Clip of the value update around the old value; 0 = off.", ge=0)] = 0.2
     micro_batch_tokens: Annotated[int, Doc(description="Token budget of one critic micro-batch.", ge=1)] = 4096
-    warmup_steps: Annotated[
-        int, Doc(description="Critic-only steps before the actor trains on GAE advantages.", ge=0)
-    ] = 0
+    epochs: Annotated[int, Doc(description="Optimizer steps of the critic on each batch (PPO epochs).", ge=1)] = 1
 
 
 class AlgorithmConfig(msgspec.Struct, **_STRUCT):

@@ -22,6 +22,14 @@ def check_config(cfg: RunConfig) -> None:
         )
     if cfg.algorithm.advantage != "gae" and counts.get("critic", 0):
         raise ConfigError("placement has a critic but algorithm.advantage is not gae")
+    kl = cfg.algorithm.kl
+    if kl.enabled and kl.use == "reward" and cfg.algorithm.advantage != "gae":
+        raise ConfigError(
+            "algorithm.kl.use=reward needs algorithm.advantage=gae (the critic holds the reference policy); "
+            "use algorithm.kl.use=loss with grpo/rloo/reinforce_pp"
+        )
+    if cfg.checkpoint.every and not cfg.checkpoint.export_hf:
+        raise ConfigError("checkpoint.export_hf=false: rollouts resume from the HF export; keep it true to checkpoint")
     for fn in cfg.reward.functions:
         if ":" not in fn:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")

@@ -30,6 +30,7 @@ class SampleRec:
     values: torch.Tensor | None = None  # float32 [R] critic values of response tokens
     advantages: torch.Tensor | None = None  # float32 [R] token advantages (GAE)
     returns: torch.Tensor | None = None  # float32 [R]
+    ref_logprobs: torch.Tensor | None = None  # float32 [R] reference policy (KL in reward)
 
     @property
     def length(self) -> int:
@@ -47,6 +48,7 @@ class Group:
     dispatched_at: float = field(default_factory=time.monotonic)
     samples: dict[int, SampleRec] = field(default_factory=dict)
     attempts: int = 1
+    value_version: int | None = None  # critic version that computed the values (GAE)
 
     @property
     def complete(self) -> bool:
@@ -62,8 +64,11 @@ class Group:
 
     @property
     def version(self) -> int:
-        """The oldest policy version of any token in the group (its staleness anchor)."""
+        """The group's staleness anchor: the oldest policy version of any of its tokens,
+        or of the critic that valued them (GAE), whichever is older."""
         mins = [int(s.versions.min()) for s in self.samples.values() if s.versions.numel()]
+        if self.value_version is not None:
+            mins.append(self.value_version)
         return min(mins) if mins else self.admitted_version
 
     def ordered(self) -> list[SampleRec]:

@@ -1,10 +1,9 @@
 """The controller: one per run, on CPU. Owns the dataset cursor, the staleness gate, the
-groups in flight, advantages, batch assembly and metrics; every other role only serves
-its requests.
+groups in flight, batch assembly and metrics; every other role only serves its requests.
 
 Accounting invariant: every admitted group is, at any time, in exactly one of
-`self.groups` (dispatched, waiting for samples or rewards) or `self.ready` (queued for
-training), or has left through `_trained` or `_dropped`, each of which counts it once.
+`self.groups` (dispatched, waiting for samples or scores) or `self.ready` (queued for
+training), or has left through training or `drop`, each of which counts it once.
 """
 
 from __future__ import annotations
@@ -13,21 +12,22 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from typing import Any
 
-from roles.controller.batching import build_train_batches
+from roles.controller import state as cstate
 from roles.controller.dataset import PromptDataset
 from roles.controller.gate import StalenessGate
 from roles.controller.groups import Group, SampleRec
 from roles.controller.metrics import MetricsSink
 from roles.controller.peers import Peer, Registry
-from runtime import addresses
+from roles.controller.scoring import Scoring
+from roles.controller.training import StepRunner
+from runtime import addresses, checkpoint
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
 from runtime.role import FatalError, Role
 from transport import wire
-from transport.channels import Envelope, RemoteError, RequestTimeout, bind_router
+from transport.channels import Envelope, bind_router
 
 log = get_logger("controller")
 
@@ -50,15 +50,22 @@ class Controller(Role):
         self.expected = role_counts(cfg)
         self.groups: dict[int, Group] = {}
         self.ready: deque[Group] = deque()
+        self.redo: deque[Group] = deque()  # in flight at the checkpoint we resumed from
         self.next_gid = 0
         self.step = 0
+        self.wall_offset = 0.0
+        self.trained_uids: list[int] = []
         self.totals = {"dropped_stale": 0, "dropped_error": 0, "trained_groups": 0, "admitted_groups": 0}
         self.step_drops: dict[str, int] = {}
         self.wake = asyncio.Event()
         self.ready_changed = asyncio.Event()
-        self.registered = asyncio.Event()
-        self.reward_rr = 0
+        self.registered_event = asyncio.Event()
         self.sampling = self._sampling_spec()
+        self.scoring = Scoring(self)
+        self.steps = StepRunner(self)
+        resume = checkpoint.resume_dir()
+        if resume is not None:
+            self._restore(cstate.decode((resume / "controller.json").read_bytes()), resume)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
         self.server = bind_router(self.zmq, self.ctx.controller_address, name="controller", options=opts)
         self.server.start(self._on_message, on_peer_lost=self._peer_lost)
@@ -79,13 +86,13 @@ class Controller(Role):
     # --- main loop -------------------------------------------------------------------
     async def run(self) -> None:
         await self._wait_registered()
-        self.run_started = time.monotonic()
-        self.last_step_at = self.run_started
-        self.last_busy = self._busy_snapshot()
+        self.steps.start_clock()
         self.spawn("dispatcher", self._dispatch_loop())
+        if self.scoring.gae:
+            self.spawn("values", self.scoring.value_loop())
         self.wake.set()
         while self.step < self.cfg.trainer.total_steps:
-            await self._train_step()
+            await self.steps.step()
         log.info("training_done", steps=self.step, **self.totals)
         await self._shutdown_peers("training finished")
         self.metrics.close()
@@ -99,12 +106,13 @@ class Controller(Role):
                 raise FatalError(
                     f"roles did not register in {self.cfg.startup_timeout_s:g}s: have {have}, need {self.expected}"
                 )
-            self.registered.clear()
+            self.registered_event.clear()
             try:
-                await asyncio.wait_for(self.registered.wait(), remaining)
+                await asyncio.wait_for(self.registered_event.wait(), remaining)
             except TimeoutError:
                 continue
         await self._send_rollout_peers()
+        await self.sync_lagging_rollouts()
         log.info("all_registered", peers=[p.name for p in self.registry.peers.values()])
 
     def _all_registered(self) -> bool:
@@ -115,19 +123,34 @@ class Controller(Role):
         for t in self.registry.of("trainer"):
             await self.server.send(msg, peer=t.identity)
 
+    async def sync_lagging_rollouts(self) -> None:
+        """Rollouts behind the trainer (resumed without weights, or new) get the current ones."""
+        lagging = [p.info for p in self.registry.of("rollout") if p.version < self.gate.version]
+        if not lagging:
+            return
+        log.info("syncing_rollouts", rollouts=[f"{i.role}-{i.rank}" for i in lagging], version=self.gate.version)
+        msg = wire.SyncWeights(rollouts=lagging)
+        timeout = self.cfg.weight_sync.timeout_s * 3
+        await asyncio.gather(
+            *[self.server.request(msg, peer=t.identity, timeout=timeout) for t in self.registry.of("trainer")]
+        )
+
     # --- dispatch --------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self.step + self._steps_buffered() < self.cfg.trainer.total_steps and self.gate.can_admit(self.n):
+            while self.redo and (rollout := self._pick_rollout()) is not None:
+                await self._dispatch(rollout, self.redo.popleft())
+            while self._want_more() and self.gate.can_admit(self.n):
                 rollout = self._pick_rollout()
                 if rollout is None:
                     break
                 await self._dispatch(rollout)
 
-    def _steps_buffered(self) -> int:
-        return self.gate.in_flight() // self.batch_size
+    def _want_more(self) -> bool:
+        buffered = self.gate.in_flight() // self.batch_size
+        return self.step + buffered < self.cfg.trainer.total_steps
 
     def _pick_rollout(self) -> Peer | None:
         floor = self.gate.version - self.gate.max_staleness
@@ -138,13 +161,8 @@ class Controller(Role):
     async def _dispatch(self, rollout: Peer, group: Group | None = None) -> None:
         if group is None:
             prompt = self.dataset.next()
-            group = Group(
-                gid=self.next_gid,
-                prompt=prompt,
-                n=self.n,
-                request_id=f"g{self.next_gid}",
-                admitted_version=self.gate.version,
-            )
+            gid = self.next_gid
+            group = Group(gid=gid, prompt=prompt, n=self.n, request_id=f"g{gid}", admitted_version=self.gate.version)
             self.next_gid += 1
             self.gate.admit(self.n)
             self.totals["admitted_groups"] += 1
@@ -158,6 +176,23 @@ class Controller(Role):
         )
         await self.server.send(msg, peer=rollout.identity)
 
+    def make_ready(self, group: Group) -> None:
+        if self.groups.pop(group.gid, None) is not None:
+            self.ready.append(group)
+            self.ready_changed.set()
+
+    def drop(self, group: Group, counter: str, why: str) -> None:
+        self.groups.pop(group.gid, None)
+        self.gate.drop(group.n)
+        self.totals[counter] += 1
+        self.step_drops[counter] = self.step_drops.get(counter, 0) + group.n
+        log.info("group_dropped", group=group.gid, reason=counter, why=why)
+        self.wake.set()
+
+    def gen_busy_s(self) -> float:
+        rollouts = self.registry.of("rollout")
+        return sum(p.clock.busy_s() for p in rollouts) / max(1, len(rollouts))
+
     # --- messages --------------------------------------------------------------------
     async def _on_message(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
@@ -166,9 +201,12 @@ class Controller(Role):
         if isinstance(msg, wire.Completion):
             self._completion(env.peer, msg)
         elif isinstance(msg, wire.WeightsApplied):
-            self._weights_applied(env.peer, msg)
+            peer = self.registry.get(env.peer)
+            if peer is not None:
+                peer.version = max(peer.version, msg.version)
+                self.wake.set()
         elif isinstance(msg, wire.Dead):
-            self._dead(msg)
+            self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
         else:
             log.warning("unexpected_message", type=type(msg).__name__, peer=_name(env.peer))
         return None
@@ -177,7 +215,7 @@ class Controller(Role):
         assert identity is not None
         peer = self.registry.add(identity, msg.peer)
         log.info("registered", peer=peer.name, address=msg.peer.address, version=msg.peer.version, pid=msg.pid)
-        self.registered.set()
+        self.registered_event.set()
         self.wake.set()
         peers = [p.info for p in self.registry.peers.values()]
         return wire.Registered(run_id=self.run_id, peers=peers, policy_version=self.gate.version)
@@ -198,141 +236,65 @@ class Controller(Role):
         self.wake.set()
         if group.complete:
             if group.error:
-                self._dropped(group, "dropped_error", group.error)
+                self.drop(group, "dropped_error", group.error)
             else:
-                self.spawn(f"reward-{group.gid}", self._score(group))
-
-    def _weights_applied(self, identity: bytes | None, msg: wire.WeightsApplied) -> None:
-        peer = self.registry.get(identity)
-        if peer is not None:
-            peer.version = max(peer.version, msg.version)
-            self.wake.set()
-
-    def _dead(self, msg: wire.Dead) -> None:
-        self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
+                self.spawn(f"score-{group.gid}", self.scoring.score(group))
 
     def _peer_lost(self, identity: bytes | None) -> None:
         peer = self.registry.get(identity)
         if peer is not None and not self.stopping:
             self.fail(f"role {peer.name} went silent for {self.cfg.transport.peer_timeout_s:g}s")
 
-    # --- rewards ---------------------------------------------------------------------
-    async def _score(self, group: Group) -> None:
-        rewards = self.registry.of("reward")
-        if not rewards:
-            raise FatalError("no reward role registered")
-        peer = rewards[self.reward_rr % len(rewards)]
-        self.reward_rr += 1
-        items = [self._reward_item(group, s) for s in group.ordered()]
-        timeout = self.cfg.reward.timeout_s * (len(items) + 2)
-        try:
-            reply = await self.server.request(wire.RewardRequest(items=items), peer=peer.identity, timeout=timeout)
-            scores = {s.sample_id: s.reward for s in reply.scores}  # type: ignore[union-attr]
-        except (RequestTimeout, RemoteError) as exc:
-            log.warning("reward_failed", group=group.gid, error=str(exc))
-            scores = {}
-        for s in group.ordered():
-            s.reward = float(scores.get(group.gid * self.n + s.index, 0.0))
-        if self.groups.pop(group.gid, None) is not None:
-            self.ready.append(group)
-            self.ready_changed.set()
-
-    def _reward_item(self, group: Group, s: SampleRec) -> wire.RewardItem:
-        ids = s.token_ids.tolist()
-        return wire.RewardItem(
-            sample_id=group.gid * self.n + s.index, prompt=group.prompt.text,
-            completion=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=group.prompt.prompt_ids,
-            completion_ids=ids, answer=group.prompt.answer, metadata=group.prompt.metadata,
+    # --- checkpoints -----------------------------------------------------------------
+    def snapshot(self) -> cstate.ControllerState:
+        """The state a resumed run continues from (taken between steps)."""
+        in_flight = [cstate.group_state(g, with_samples=False) for g in self.groups.values()]
+        in_flight += [cstate.group_state(g, with_samples=False) for g in self.redo]
+        return cstate.ControllerState(
+            step=self.step, version=self.gate.version, next_gid=self.next_gid, dataset=self.dataset.state(),
+            gate=self.gate.state(), totals=dict(self.totals), ready=[cstate.group_state(g) for g in self.ready],
+            in_flight=in_flight, trained_uids=list(self.trained_uids), kl_coef=self.scoring.kl_ctl.value,
         )  # fmt: skip
 
-    # --- training --------------------------------------------------------------------
-    async def _take_batch(self) -> list[Group]:
-        want = self.cfg.trainer.prompts_per_step
-        while True:
-            batch: list[Group] = []
-            while self.ready and len(batch) < want:
-                g = self.ready.popleft()
-                if self.gate.is_fresh(g.version):
-                    batch.append(g)
-                else:
-                    self._dropped(g, "dropped_stale", f"version {g.version} at trainer version {self.gate.version}")
-            if len(batch) == want:
-                return batch
-            self.ready.extendleft(reversed(batch))
-            self.ready_changed.clear()
-            await self.ready_changed.wait()
-
-    def _dropped(self, group: Group, counter: str, why: str) -> None:
-        self.groups.pop(group.gid, None)
-        self.gate.drop(group.n)
-        self.totals[counter] += 1
-        self.step_drops[counter] = self.step_drops.get(counter, 0) + group.n
-        log.info("group_dropped", group=group.gid, reason=counter, why=why)
-        self.wake.set()
-
-    async def _train_step(self) -> None:
-        groups = await self._take_batch()
-        trainers = self.registry.of("trainer")
-        batches, stats = build_train_batches(
-            groups, step=self.step, advantage=self.cfg.algorithm.advantage,
-            norm_by_std=self.cfg.algorithm.norm_by_std, num_shards=len(trainers),
-        )  # fmt: skip
-        staleness = [
-            self.gate.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.versions.numel()
-        ]
-        timeout = max(600.0, self.cfg.weight_sync.timeout_s * 3)
-        replies = await asyncio.gather(
-            *[self.server.request(b, peer=t.identity, timeout=timeout) for b, t in zip(batches, trainers, strict=True)]
+    def _restore(self, st: cstate.ControllerState, path: object) -> None:
+        self.step, self.next_gid = st.step, st.next_gid
+        self.dataset.restore(st.dataset)
+        self.totals.update(st.totals)
+        self.trained_uids = list(st.trained_uids)
+        self.ready.extend(cstate.restore_group(g) for g in st.ready)
+        self.redo.extend(cstate.restore_group(g) for g in st.in_flight)
+        g = st.gate
+        pending = sum(grp.n for grp in [*self.ready, *self.redo])
+        self.gate.version, self.gate.trained, self.gate.dropped = st.version, g["trained"], g["dropped"]
+        self.gate.admitted = g["trained"] + g["dropped"] + pending
+        self.scoring.kl_ctl.value = st.kl_coef or self.scoring.kl_ctl.value
+        set_policy_version(st.version)
+        self.wall_offset = self._truncate_metrics(st.step)
+        log.info(
+            "resumed",
+            checkpoint=str(path),
+            step=st.step,
+            version=st.version,
+            ready=len(self.ready),
+            redo=len(self.redo),
         )
-        result = next(r for r in replies if isinstance(r, wire.TrainResult) and r.metrics)
-        self.gate.train(stats.num_samples)
-        self.totals["trained_groups"] += len(groups)
-        self.step += 1
-        self.gate.advance(result.version)
-        set_policy_version(result.version)
-        self.wake.set()
-        self._record(result, stats, staleness)
 
-    def _busy_snapshot(self) -> float:
-        rollouts = self.registry.of("rollout")
-        return sum(p.clock.busy_s() for p in rollouts) / max(1, len(rollouts))
+    def _truncate_metrics(self, step: int) -> float:
+        """Keep metrics.jsonl up to the checkpoint's step (later lines are redone); last wall_s."""
+        import json
 
-    def _record(self, result: wire.TrainResult, stats: Any, staleness: list[int]) -> None:
-        now = time.monotonic()
-        window = max(now - self.last_step_at, 1e-9)
-        gen_busy = self._busy_snapshot() - self.last_busy
-        m = result.metrics
-        train_busy = float(m.get("busy_s", 0.0))
-        rec = {
-            "step": self.step,
-            "policy_version": result.version,
-            "reward_mean": stats.reward_mean,
-            "reward_std": stats.reward_std,
-            "response_len_mean": stats.response_len_mean,
-            "staleness_mean": sum(staleness) / max(1, len(staleness)),
-            "staleness_max": max(staleness, default=0),
-            "dropped_stale": self.step_drops.get("dropped_stale", 0),
-            "dropped_stale_total": self.totals["dropped_stale"],
-            "dropped_error": self.step_drops.get("dropped_error", 0),
-            "samples_per_s": stats.num_samples / window,
-            "tokens_per_s": stats.num_response_tokens / window,
-            "gen_busy_s": gen_busy,
-            "train_busy_s": train_busy,
-            "rollout_idle_ratio": max(0.0, 1.0 - gen_busy / window),
-            "trainer_idle_ratio": max(0.0, 1.0 - train_busy / window),
-            "step_s": window,
-            "wall_s": now - self.run_started,
-            **{k: m.get(k, 0.0) for k in ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max",
-                                          "clip_fraction", "entropy", "grad_norm", "lr", "train_s")},
-        }  # fmt: skip
-        self.metrics.write(rec)
-        self.last_step_at, self.last_busy, self.step_drops = now, self._busy_snapshot(), {}
+        path = metrics_path(self.cfg)
+        if not path.exists():
+            return 0.0
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+        return float(json.loads(kept[-1])["wall_s"]) if kept else 0.0
 
     async def _shutdown_peers(self, reason: str) -> None:
         for p in list(self.registry.peers.values()):
             try:
                 await self.server.send(wire.Shutdown(reason=reason), peer=p.identity)
-            except Exception:
+            except Exception:  # a peer that is gone needs no shutdown
                 pass
         await asyncio.sleep(0.1)
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from runtime import addresses
+from runtime.checkpoint import read_manifest, resume_dir
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
@@ -36,7 +37,11 @@ class RolloutRole(Role):
 
     async def setup(self) -> None:
         cfg = self.cfg
-        self.engine = RolloutEngine(cfg.rollout.engine, str(model_dir(cfg)))
+        path, version = model_dir(cfg), 0
+        resume = resume_dir()
+        if resume is not None and (resume / "hf").is_dir():
+            path, version = resume / "hf", int(read_manifest(resume)["version"])
+        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version)
         started = time.perf_counter()
         await self.engine.start()
         log.info(

@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from roles.trainer.engine_fsdp import DTYPES, FSDPEngine, bucketed
+from roles.trainer.engine_fsdp import FSDPEngine, bucketed
+from roles.trainer.fsdp import DTYPES
+from roles.trainer.hf_export import export_hf
 from roles.trainer.weight_push import WeightPusher
 from runtime import addresses
+from runtime.checkpoint import resume_dir
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
@@ -34,6 +38,11 @@ class TrainerRole(Role):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
         started = time.perf_counter()
         self.engine = await self._in_thread(self._build_engine)
+        resume = resume_dir()
+        if resume is not None:
+            await self._in_thread(self.engine.load, resume / "actor")
+            set_policy_version(self.engine.version)
+            log.info("resumed", checkpoint=str(resume), version=self.engine.version)
         log.info("engine_ready", backend=self.cfg.trainer.backend, world_size=self.engine.world_size,
                  device=str(self.engine.device), seconds=round(time.perf_counter() - started, 2))  # fmt: skip
         opts = addresses.channel_options(self.cfg, self.ctx.run_dir)
@@ -55,6 +64,14 @@ class TrainerRole(Role):
         if isinstance(msg, wire.TrainBatch):
             async with self.step_lock:
                 return await self._train(msg)
+        if isinstance(msg, wire.SaveCheckpoint):
+            async with self.step_lock:
+                await self._in_thread(self._save, Path(msg.directory))
+            return wire.CheckpointSaved(step=msg.step, directory=msg.directory)
+        if isinstance(msg, wire.SyncWeights):
+            async with self.step_lock:
+                await self._sync(msg.rollouts)
+            return wire.Ack(info=f"version {self.engine.version}")
         if isinstance(msg, wire.Peers):
             if self.engine.rank == 0:
                 new = await self.pusher.set_targets(msg.peers)
@@ -81,6 +98,21 @@ class TrainerRole(Role):
             return wire.TrainResult(step=batch.step, version=version)
         log.info("train_step", step=batch.step, **{k: round(v, 5) for k, v in metrics.items()})
         return wire.TrainResult(step=batch.step, version=version, metrics=metrics)
+
+    async def _sync(self, rollouts: list[wire.PeerInfo]) -> None:
+        """Bring the named rollouts to the current version (all ranks gather, rank 0 sends)."""
+        buckets = await self._in_thread(self._export)
+        if buckets is not None:
+            names = [f"{p.role}-{p.rank}" for p in rollouts]
+            result = await self.pusher.push(self.engine.version, buckets, only=names)
+            log.info("rollouts_synced", rollouts=names, version=self.engine.version, seconds=round(result.seconds, 3))
+
+    def _save(self, directory: Path) -> None:
+        """Sharded actor state into directory/actor, and the HF export into directory/hf."""
+        self.engine.save(directory / "actor")
+        if self.cfg.checkpoint.export_hf:
+            items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
+            export_hf(items, self.engine.rank, model_dir(self.cfg), directory / "hf")
 
     def _export(self) -> list[dict[str, Any]] | None:
         """Gather full weights on every rank (collective); rank 0 keeps them in buckets."""

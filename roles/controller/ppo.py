@@ -1,0 +1,93 @@
+"""PPO with a critic, controller side: value requests, token rewards (with the optional
+KL penalty) and GAE per sample, as plain functions over groups.
+
+Alignment: a sample's response token j sits at packed position `P + j` (P = prompt
+length); the critic and the reference policy answer per packed position (see
+roles/critic/engine.py), so the response's values / reference logprobs are the slice
+`[start + P, start + P + R)` of its sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roles.algo import gae_advantages, kl_penalty, whiten
+from roles.controller.batching import assign_shards
+from roles.controller.groups import Group, SampleRec
+from transport.wire import ValueRequest, ValueResult
+
+Pair = tuple[Group, SampleRec]
+
+
+def value_requests(groups: list[Group], num_shards: int) -> tuple[list[ValueRequest], list[list[Pair]]]:
+    """One request per critic rank and the (group, sample) pairs each covers, in order."""
+    pairs = [(g, s) for g in groups for s in g.ordered()]
+    lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
+    shards = assign_shards(lengths, num_shards)
+    requests, covered = [], []
+    for idx in shards:
+        chosen = [pairs[i] for i in idx]
+        ids = [torch.cat([torch.tensor(g.prompt.prompt_ids, dtype=torch.int64), s.token_ids.long()]) for g, s in chosen]
+        cu = [0]
+        for t in ids:
+            cu.append(cu[-1] + len(t))
+        input_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
+        requests.append(ValueRequest(input_ids=input_ids, cu_seqlens=torch.tensor(cu, dtype=torch.int64)))
+        covered.append(chosen)
+    return requests, covered
+
+
+def apply_values(pairs: list[Pair], result: ValueResult) -> None:
+    """Store each sample's response values (and reference logprobs) from one shard's reply."""
+    start = 0
+    for g, s in pairs:
+        p = len(g.prompt.prompt_ids)
+        s.values = result.values[start + p : start + p + s.length].float().clone()
+        if result.ref_logprobs is not None:
+            s.ref_logprobs = result.ref_logprobs[start + p : start + p + s.length].float().clone()
+        start += p + s.length
+
+
+def token_rewards(s: SampleRec, kl_coef: float, estimator: str | None) -> torch.Tensor:
+    """The sample's reward on its last token, minus `kl_coef` × KL(behaviour ‖ reference) per token."""
+    rewards = torch.zeros(s.length, dtype=torch.float32)
+    if s.length:
+        rewards[-1] = float(s.reward or 0.0)
+    if estimator is not None and s.ref_logprobs is not None and s.length:
+        kl = kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0]
+        rewards = rewards - kl_coef * kl
+    return rewards
+
+
+def sample_gae(s: SampleRec, *, gamma: float, lam: float, kl_coef: float, estimator: str | None) -> None:
+    """Token-level GAE of one sample (terminal after its last token); sets advantages/returns."""
+    if s.values is None:
+        raise ValueError("GAE needs the sample's critic values")
+    s.token_rewards = token_rewards(s, kl_coef, estimator)
+    ones = torch.ones(1, s.length)
+    adv, ret = gae_advantages(s.token_rewards[None], s.values[None], ones, gamma=gamma, lam=lam)
+    s.advantages, s.returns = adv[0], ret[0]
+
+
+def whiten_groups(groups: list[Group]) -> None:
+    """Whiten the token advantages of every sample of a batch together (mean 0, std 1)."""
+    samples = [s for g in groups for s in g.ordered() if s.advantages is not None and s.length]
+    if not samples:
+        return
+    flat = torch.cat([s.advantages for s in samples])  # type: ignore[misc]
+    white = whiten(flat[None], torch.ones(1, flat.numel()))[0]
+    start = 0
+    for s in samples:
+        s.advantages = white[start : start + s.length].clone()
+        start += s.length
+
+
+def mean_kl(groups: list[Group], estimator: str) -> float:
+    """Mean per-token KL(behaviour ‖ reference) of a batch (for the adaptive coefficient)."""
+    kls = [
+        kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0]
+        for g in groups
+        for s in g.ordered()
+        if s.ref_logprobs is not None and s.length
+    ]
+    return float(torch.cat(kls).mean()) if kls else 0.0

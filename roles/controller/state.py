@@ -1,0 +1,99 @@
+"""The controller's part of a checkpoint, as JSON (msgspec): the step and version, the
+dataset cursor, the gate's counters, the samples accepted but not trained yet, and the
+prompts that were in flight (re-dispatched on resume, so no prompt is skipped)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import torch
+
+from roles.controller.dataset import Prompt
+from roles.controller.groups import Group, SampleRec
+from transport.wire import FinishReason
+
+_TENSORS = ("values", "advantages", "returns", "token_rewards", "ref_logprobs")
+
+
+class PromptState(msgspec.Struct):
+    uid: int
+    row: int
+    prompt_ids: list[int]
+    text: str
+    answer: Any = None
+    metadata: dict[str, Any] = {}
+
+
+class SampleState(msgspec.Struct):
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: int
+    reward: float | None = None
+    tensors: dict[str, list[float]] = {}
+
+
+class GroupState(msgspec.Struct):
+    gid: int
+    prompt: PromptState
+    n: int
+    admitted_version: int
+    samples: list[SampleState] = []
+    value_version: int | None = None
+
+
+class ControllerState(msgspec.Struct):
+    step: int
+    version: int
+    next_gid: int
+    dataset: dict[str, int]
+    gate: dict[str, int]
+    totals: dict[str, int]
+    ready: list[GroupState]
+    in_flight: list[GroupState]
+    trained_uids: list[int]
+    kl_coef: float = 0.0
+
+
+def group_state(g: Group, with_samples: bool = True) -> GroupState:
+    p = g.prompt
+    prompt = PromptState(p.uid, p.row, list(p.prompt_ids), p.text, p.answer, dict(p.metadata))
+    samples = [_sample_state(s) for s in g.ordered()] if with_samples else []
+    return GroupState(g.gid, prompt, g.n, g.admitted_version, samples, g.value_version)
+
+
+def _sample_state(s: SampleRec) -> SampleState:
+    tensors = {k: getattr(s, k).tolist() for k in _TENSORS if getattr(s, k) is not None}
+    return SampleState(
+        s.index, s.token_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), int(s.finish_reason), s.reward, tensors
+    )
+
+
+def restore_group(gs: GroupState) -> Group:
+    p = gs.prompt
+    prompt = Prompt(uid=p.uid, row=p.row, prompt_ids=p.prompt_ids, text=p.text, answer=p.answer, metadata=p.metadata)
+    group = Group(gid=gs.gid, prompt=prompt, n=gs.n, request_id=f"g{gs.gid}r", admitted_version=gs.admitted_version)
+    group.value_version = gs.value_version
+    for ss in gs.samples:
+        rec = SampleRec(
+            index=ss.index,
+            token_ids=torch.tensor(ss.token_ids, dtype=torch.int64),
+            logprobs=torch.tensor(ss.logprobs, dtype=torch.float32),
+            versions=torch.tensor(ss.versions, dtype=torch.int32),
+            finish_reason=FinishReason(ss.finish_reason),
+            reward=ss.reward,
+        )
+        for k, v in ss.tensors.items():
+            setattr(rec, k, torch.tensor(v, dtype=torch.float32))
+        group.samples[ss.index] = rec
+    return group
+
+
+def encode(state: ControllerState) -> bytes:
+    return msgspec.json.encode(state)
+
+
+def decode(data: bytes) -> ControllerState:
+    return msgspec.json.decode(data, type=ControllerState)

@@ -1,0 +1,126 @@
+"""The FSDP2 value model: the policy's architecture with a scalar head per token.
+
+Alignment (what the controller relies on): in the packed layout of a `ValueRequest`,
+position j of the returned values holds V(state before token j), i.e. the head's output
+at position j-1 (0 at the first position of each sequence) — the same alignment as the
+trainer's token logprobs. The value head starts at zero. When `algorithm.kl.use` is
+`reward`, the critic also holds the frozen reference policy (the actor's initial weights)
+and returns its token logprobs with the values, so the controller can fold the KL
+penalty into token rewards before GAE.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from roles.algo import token_logprobs, value_loss
+from roles.trainer.engine_base import FSDPBase, accumulate
+from roles.trainer.engine_fsdp import load_causal_lm
+from roles.trainer.fsdp import DTYPES, finish_backward, wrap_model_with_fsdp
+from roles.trainer.microbatch import MicroBatch
+from runtime.config import RunConfig
+from transport.wire import TrainBatch, ValueRequest
+
+SUMMED = ("value_loss",)
+WEIGHTED = ("value_clip_fraction", "value_mean")
+MAXED: tuple[str, ...] = ()
+
+
+class CriticEngine(FSDPBase):
+    def __init__(self, cfg: RunConfig, actor_path: Path) -> None:
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        super().__init__(cfg)
+        path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
+        dtype = DTYPES[cfg.fsdp.param_dtype]
+        config = AutoConfig.from_pretrained(str(path), num_labels=1)
+        config.classifier_dropout = 0.0  # values must not be noisy between scoring and training
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(path), config=config, dtype=dtype, attn_implementation="sdpa"
+        )
+        torch.nn.init.zeros_(model.score.weight)
+        if model.score.bias is not None:
+            torch.nn.init.zeros_(model.score.bias)
+        self.model = wrap_model_with_fsdp(model.to(self.device), cfg.fsdp, device=self.device)
+        self.ref_model = None
+        if cfg.algorithm.kl.enabled and cfg.algorithm.kl.use == "reward":
+            ref = load_causal_lm(actor_path, dtype, self.device).eval().requires_grad_(False)
+            self.ref_model = wrap_model_with_fsdp(ref, cfg.fsdp, device=self.device)
+        self._setup_optimizer(cfg.critic.optim)
+
+    def _values(self, mb: MicroBatch) -> torch.Tensor:
+        out = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT).logits[..., 0].float()
+        return torch.nn.functional.pad(out[:, :-1], (1, 0))  # position j <- output at j-1
+
+    @torch.no_grad()
+    def values(self, req: ValueRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token values (and reference logprobs) of the packed sequences of `req`."""
+        self.model.eval()
+        batch = _as_batch(req)
+        values = torch.zeros(req.input_ids.numel(), dtype=torch.float32)
+        ref = torch.zeros_like(values) if self.ref_model is not None else None
+        spans = _spans(req.cu_seqlens)
+        row = 0
+        for mb in self.micro_batches(batch, self.cfg.critic.micro_batch_tokens):
+            mb = mb.to(self.device)
+            v = self._values(mb).cpu()
+            r = self._ref_logprobs(mb) if ref is not None else None
+            for i in range(v.shape[0] if row < len(spans) else 0):
+                start, end = spans[row]
+                values[start:end] = v[i, : end - start]
+                if r is not None and ref is not None:
+                    ref[start:end] = r[i, : end - start]
+                row += 1
+        return values, ref
+
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        assert self.ref_model is not None
+        ids = mb.input_ids_BT
+        logp = token_logprobs(
+            self.ref_model(input_ids=ids, attention_mask=mb.attention_mask_BT).logits[:, :-1], ids[:, 1:]
+        )
+        return torch.nn.functional.pad(logp, (1, 0)).cpu()
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """`critic.epochs` optimizer steps on the batch (values clipped around the old ones)."""
+        start = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        mbs = self.micro_batches(batch, self.cfg.critic.micro_batch_tokens)
+        for _ in range(self.cfg.critic.epochs):
+            acc: dict[str, float] = {}
+            for mb in mbs:
+                accumulate(acc, self._backward(mb.to(self.device), batch), SUMMED, WEIGHTED, MAXED)
+            metrics = self.reduce(acc, SUMMED, WEIGHTED, MAXED)
+            metrics.update(self.optimizer_step())
+        self.version += 1
+        metrics["train_s"] = time.perf_counter() - start
+        return metrics
+
+    def _backward(self, mb: MicroBatch, batch: TrainBatch) -> dict[str, float]:
+        f = mb.fields
+        loss, m = value_loss(
+            self._values(mb), f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
+            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
+        )  # fmt: skip
+        (loss * self.world_size).backward()
+        finish_backward(self.model)
+        m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
+        return m
+
+
+def _spans(cu: torch.Tensor) -> list[tuple[int, int]]:
+    c = cu.tolist()
+    return [(c[i], c[i + 1]) for i in range(len(c) - 1)]
+
+
+def _as_batch(req: ValueRequest) -> TrainBatch:
+    n = req.input_ids.numel()
+    zeros = torch.zeros(n, dtype=torch.float32)
+    return TrainBatch(
+        step=-1, input_ids=req.input_ids, cu_seqlens=req.cu_seqlens, loss_mask=zeros, behaviour_logprobs=zeros,
+        advantages=zeros, global_num_tokens=0, global_num_seqs=0,
+    )  # fmt: skip

@@ -1,0 +1,167 @@
+"""What the FSDP2 actor and critic engines share: the process group, the sharded model
+with its AdamW and warm-up schedule, micro-batches kept in step across ranks, metric
+reduction, and sharded checkpoints.
+
+Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model and the
+optimizer (every rank writes its shards into one directory, loadable at another world
+size), plus one small `extra-rank<r>.pt` per rank with the scheduler, the RNG states and
+the version. All methods are blocking collectives unless said otherwise: every rank calls
+them in the same order, from one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from roles.trainer.fsdp import clip_grad_norm_, optimizer_param_groups
+from roles.trainer.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from runtime.config import OptimConfig, RunConfig
+from transport.wire import TrainBatch
+
+
+def pick_device(cfg: RunConfig) -> torch.device:
+    want = cfg.trainer.device
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join this role's world from the launcher's RANK/WORLD_SIZE/MASTER_* variables."""
+    if dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+
+class FSDPBase:
+    """Subclasses build `self.model` (already FSDP-wrapped) and call `_setup_optimizer`."""
+
+    model: torch.nn.Module
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.device = pick_device(cfg)
+        init_distributed(self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(cfg.trainer.seed)
+        self.version = 0
+
+    def _setup_optimizer(self, o: OptimConfig) -> None:
+        self.optim_cfg = o
+        self.optimizer = torch.optim.AdamW(
+            optimizer_param_groups(self.model), lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
+            weight_decay=o.weight_decay,
+        )  # fmt: skip
+        warmup = max(1, o.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+
+    def micro_batches(self, batch: TrainBatch, budget: int) -> list[MicroBatch]:
+        """This rank's micro-batches, padded with empty ones to the largest count of any rank."""
+        mbs = split_micro_batches(batch, budget) if batch.cu_seqlens.numel() > 1 else []
+        n = torch.tensor([len(mbs)], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return mbs + [dummy_micro_batch(batch) for _ in range(int(n.item()) - len(mbs))]
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step and advance the schedule (not the version); returns grad_norm and lr."""
+        grad_norm = float(clip_grad_norm_(self.model, self.optim_cfg.grad_clip or float("inf")))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    def reduce(
+        self, acc: dict[str, float], summed: tuple[str, ...], weighted: tuple[str, ...], maxed: tuple[str, ...]
+    ) -> dict[str, float]:
+        """Sum `summed`, token-weight-average `weighted` (acc holds value*tokens), max `maxed`."""
+        names = ["tokens", *summed, *[k for k in weighted if k in acc]]
+        sums = torch.tensor([acc.get(k, 0.0) for k in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        maxes = torch.tensor([acc.get(k, 0.0) for k in maxed], dtype=torch.float64, device=self.device)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        out = dict(zip(names, sums.tolist(), strict=True))
+        tokens = max(out.pop("tokens"), 1.0)
+        for k in weighted:
+            if k in out:
+                out[k] /= tokens
+        out.update(zip(maxed, maxes.tolist(), strict=True))
+        return out
+
+    # --- checkpoints -----------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Write model + optimizer shards (DCP) and this rank's extra state into `directory`."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+        extra = {
+            "version": self.version,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": _rng_state(),
+        }
+        torch.save(extra, directory / f"extra-rank{self.rank}.pt")
+        dist.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote (the world size may differ; RNG only for known ranks)."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        path = directory / f"extra-rank{self.rank}.pt"
+        if not path.exists():
+            path = directory / "extra-rank0.pt"
+        extra = torch.load(path, weights_only=False)
+        self.version = int(extra["version"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        _set_rng_state(extra["rng"])
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def accumulate(
+    acc: dict[str, float],
+    m: dict[str, float],
+    summed: tuple[str, ...],
+    weighted: tuple[str, ...],
+    maxed: tuple[str, ...],
+) -> None:
+    """Fold one micro-batch's metrics (`m["tokens"]` its masked token count) into `acc`."""
+    tokens = m["tokens"]
+    acc["tokens"] = acc.get("tokens", 0.0) + tokens
+    for k in summed:
+        acc[k] = acc.get(k, 0.0) + m.get(k, 0.0)
+    for k in weighted:
+        if k in m:
+            acc[k] = acc.get(k, 0.0) + m[k] * tokens
+    for k in maxed:
+        if k in m:
+            acc[k] = max(acc.get(k, 0.0), m[k])

@@ -1,0 +1,136 @@
+"""Checkpoint directories: atomic commit, validation, discovery for `resume=auto`.
+
+Layout of `RUN_DIR/checkpoints/step-00000010/` (a complete checkpoint):
+
+    actor/        torch.distributed.checkpoint shards of the policy and its optimizer,
+                  plus extra-rank<r>.pt (scheduler, RNG, version) per trainer rank
+    critic/       the same for the value model (PPO with GAE)
+    hf/           the policy as an HF model directory (safetensors) for vLLM / transformers
+    controller.json   dataset cursor, gate, step, accepted-but-untrained samples, prompts in flight
+    manifest.json     written last: every file's size, and sha256 of files up to 64 MiB
+
+Writers fill `.tmp-step-N/`; `commit` writes the manifest and renames the folder, so a
+crash mid-write never leaves something that looks complete. `find_latest` returns the
+newest checkpoint whose manifest matches its files, and warns (naming it) about every
+newer one that is partial or corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.logs import get_logger
+
+log = get_logger("checkpoint")
+MANIFEST = "manifest.json"
+HASH_LIMIT = 64 << 20
+RESUME_ENV = "TANDEM_RESUME_DIR"
+
+
+def checkpoints_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def begin(run_dir: str | Path, step: int) -> Path:
+    """A fresh temporary folder for checkpoint `step` (a stale one is removed)."""
+    tmp = checkpoints_root(run_dir) / f".tmp-{step_name(step)}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit(tmp: Path, step: int, meta: dict[str, Any], keep: int = 0) -> Path:
+    """Write the manifest, move `tmp` into place, prune to the `keep` newest."""
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(tmp))
+        size = path.stat().st_size
+        files[rel] = {"size": size, "sha256": _sha256(path) if size <= HASH_LIMIT else None}
+    manifest = {"step": step, "created": time.time(), "files": files, **meta}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync_dir(tmp)
+    final = tmp.parent / step_name(step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if keep > 0:
+        for old in complete_dirs(final.parent)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_dirs(root: Path) -> list[Path]:
+    """Checkpoint folders (not temporaries), oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def validate(path: Path) -> dict[str, Any]:
+    """The manifest of a complete, intact checkpoint; raises ValueError saying what is wrong."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError("no manifest (partial checkpoint)") from None
+    except json.JSONDecodeError:
+        raise ValueError("manifest is not valid JSON") from None
+    for rel, info in manifest.get("files", {}).items():
+        f = path / rel
+        if not f.is_file():
+            raise ValueError(f"missing file {rel}")
+        if f.stat().st_size != info["size"]:
+            raise ValueError(f"{rel} has {f.stat().st_size} bytes, manifest says {info['size']}")
+        if info.get("sha256") and _sha256(f) != info["sha256"]:
+            raise ValueError(f"{rel} does not match its checksum")
+    return manifest  # type: ignore[no-any-return]
+
+
+def find_latest(run_dir: str | Path, step: int | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest intact checkpoint (or exactly `step`), warning about each one skipped."""
+    for path in reversed(complete_dirs(checkpoints_root(run_dir))):
+        if step is not None and path.name != step_name(step):
+            continue
+        try:
+            return path, validate(path)
+        except ValueError as exc:
+            log.warning("checkpoint_skipped", checkpoint=str(path), reason=str(exc))
+            print(f"tandem: warning: skipping checkpoint {path}: {exc}", flush=True)
+    return None
+
+
+def resume_dir() -> Path | None:
+    """The checkpoint this process resumes from (chosen once by its launcher), or None."""
+    value = os.environ.get(RESUME_ENV, "")
+    return Path(value) if value else None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / MANIFEST).read_text())  # type: ignore[no-any-return]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
