@@ -333,8 +333,12 @@ class ValueRequest(msgspec.Struct, **_msg(MsgType.VALUE_REQUEST)):
 
 
 class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
+    """Per-token values (see roles/critic/engine.py for the alignment) and, when the critic
+    holds the reference policy, its token logprobs in the same layout."""
+
     values: torch.Tensor  # float32 [total_tokens]
     version: int = 0
+    ref_logprobs: torch.Tensor | None = None
 
 
 class TensorBatch(msgspec.Struct, **_msg(MsgType.TENSOR_BATCH)):
