@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import addresses
+from runtime import addresses, checkpoint
 from runtime.config import RunConfig
 from runtime.config_load import to_yaml
 from runtime.console import Console
@@ -78,21 +78,24 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
         check_devices(specs)
     env = _base_env(cfg, run_dir, opts)
     console = Console(run_dir, cfg)
+    if cfg.resume == "auto":
+        env[checkpoint.RESUME_ENV] = _resume_from(cfg, console)
     log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
     console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
+    follower = LogFollower(run_dir / "logs", from_end=True)
     procs = [_spawn(s, run_dir, env) for s in specs]
-    return Supervisor(cfg, run_dir, procs, console).watch()
+    return Supervisor(cfg, run_dir, procs, console, follower).watch()
 
 
 class Supervisor:
     """Watches the role processes and decides how the run ends."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console, follower: LogFollower) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.procs = procs
         self.console = console
-        self.follower = LogFollower(run_dir / "logs")
+        self.follower = follower
         self.interrupted = False
 
     def watch(self) -> int:
@@ -171,6 +174,18 @@ class Supervisor:
                 p.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
+
+
+def _resume_from(cfg: RunConfig, console: Console) -> str:
+    """The newest intact checkpoint of the run ("" for a fresh start), chosen once per node."""
+    found = checkpoint.find_latest(cfg.run_dir)
+    if found is None:
+        console.note("resume=auto: no complete checkpoint, starting fresh")
+        return ""
+    path, manifest = found
+    console.note(f"resuming from {path} (step {manifest['step']}, version {manifest['version']})")
+    log.info("resuming", checkpoint=str(path), step=manifest["step"])
+    return str(path.resolve())
 
 
 def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:

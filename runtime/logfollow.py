@@ -13,10 +13,13 @@ from typing import Any
 
 
 class LogFollower:
-    def __init__(self, logs_dir: str | Path, pattern: str = "*.jsonl") -> None:
+    def __init__(self, logs_dir: str | Path, pattern: str = "*.jsonl", *, from_end: bool = False) -> None:
+        """`from_end`: skip what the files hold already (a resumed run's earlier lines)."""
         self.dir = Path(logs_dir)
         self.pattern = pattern
         self._offsets: dict[Path, int] = {}
+        if from_end and self.dir.is_dir():
+            self._offsets = {p: p.stat().st_size for p in self.dir.glob(pattern)}
 
     def poll(self) -> list[dict[str, Any]]:
         """New complete records of every file, merged by time."""

@@ -1,0 +1,137 @@
+"""Crash and resume end to end on CPU: a run is SIGKILLed mid-way, its newest checkpoint is
+corrupted, and `resume=auto` continues from the previous one with step, version and the
+dataset cursor continuing without gaps; the exported HF directory loads in transformers
+and in the rollout engine and gives the trainer's logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.checkpoint import complete_dirs
+from tests.conftest import ROOT
+from tests.integration.test_launcher import wait_ready
+
+pytestmark = pytest.mark.slow
+STEPS = 16
+BASE = ["configs/tiny_cpu.yaml", "checkpoint.every=4", "checkpoint.keep=0", f"trainer.total_steps={STEPS}"]
+
+
+def tandem(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runtime.cli", *args]
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, "run ended early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def crashed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    proc = subprocess.Popen(
+        tandem("launch", *BASE, f"run_dir={run}"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        victim = wait_ready(run, "trainer-1", proc)
+        wait_for(lambda: (run / "metrics.jsonl").exists() and len(metrics(run)) >= 10, 400, proc)
+        os.kill(victim, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    ckpts = complete_dirs(run / "checkpoints")
+    assert [c.name for c in ckpts][:2] == ["step-00000004", "step-00000008"]
+    newest, previous = ckpts[-1], ckpts[-2]
+    before = json.loads((previous / "controller.json").read_text())
+    (newest / "actor" / "extra-rank0.pt").write_bytes(b"torn write")  # the newest is now corrupt
+    out = subprocess.run(
+        tandem("launch", *BASE, f"run_dir={run}", "resume=auto"), cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return run, out.stdout, {"previous": previous, "newest": newest, "state": before}
+
+
+def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(crashed_and_resumed: tuple[Path, str, dict]) -> None:
+    run, stdout, info = crashed_and_resumed
+    assert f"skipping checkpoint {info['newest']}" in stdout
+    assert f"resuming from {info['previous']}" in stdout
+
+
+def test_step_version_and_cursor_continue_without_gaps(crashed_and_resumed: tuple[Path, str, dict]) -> None:
+    run, _, info = crashed_and_resumed
+    m = metrics(run)
+    assert [r["step"] for r in m] == list(range(1, STEPS + 1))
+    assert [r["policy_version"] for r in m] == list(range(1, STEPS + 1))
+    final = json.loads((complete_dirs(run / "checkpoints")[-1] / "controller.json").read_text())
+    assert final["step"] == STEPS
+    resumed_from = info["state"]
+    uids = final["trained_uids"]
+    assert uids[: len(resumed_from["trained_uids"])] == resumed_from["trained_uids"]
+    assert len(uids) == len(set(uids)) == STEPS * 8, "a prompt was trained twice"
+    in_flight = {g["prompt"]["uid"] for g in resumed_from["in_flight"] + resumed_from["ready"]}
+    assert in_flight, "the checkpoint was taken with prompts in flight"
+    assert in_flight <= set(uids), "prompts in flight at the checkpoint were skipped"
+    # Every prompt drawn before the checkpoint is trained; later ones continue the cursor.
+    assert set(range(resumed_from["dataset"]["drawn"])) <= set(uids)
+    assert final["dataset"]["drawn"] >= resumed_from["dataset"]["drawn"]
+
+
+def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
+    crashed_and_resumed: tuple[Path, str, dict], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from roles.rollout.engine import RolloutEngine
+    from runtime.config import EngineConfig
+    from runtime.export import consolidate
+    from transport.wire import SamplingSpec
+
+    run, _, _ = crashed_and_resumed
+    out = subprocess.run(
+        tandem("export", str(run), "--step", str(STEPS), str(tmp_path / "hf")), cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    trainer_dir = consolidate(
+        run / "checkpoints" / f"step-{STEPS:08d}" / "actor", run / "model", tmp_path / "from-shards"
+    )
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    trainer = AutoModelForCausalLM.from_pretrained(trainer_dir, dtype=torch.float32)
+    ids = torch.tensor([[257, 117, 115, 101, 114, 10, 97, 98, 99, 100, 258, 10, 257, 97, 10, 99, 98, 100]])
+    with torch.no_grad():
+        lp_export = torch.log_softmax(exported(ids).logits, -1)
+        lp_trainer = torch.log_softmax(trainer(ids).logits, -1)
+    assert (lp_export - lp_trainer).abs().max() < 0.05  # the export is bf16, the trainer's master weights fp32
+
+    async def vllm_logprobs() -> tuple[list[int], list[float]]:
+        engine = RolloutEngine(EngineConfig(max_model_len=128, max_num_seqs=4), str(tmp_path / "hf"))
+        await engine.start()
+        try:
+            s = await engine.generate("x", ids[0].tolist(), SamplingSpec(max_tokens=8, ignore_eos=True, seed=1))
+        finally:
+            await engine.shutdown()
+        return s.token_ids, s.logprobs
+
+    tokens, logprobs = asyncio.run(vllm_logprobs())
+    full = torch.tensor([ids[0].tolist() + tokens])
+    with torch.no_grad():
+        ref = torch.log_softmax(trainer(full).logits[0, ids.shape[1] - 1 : -1].float(), -1)
+    ref = ref.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    assert (torch.tensor(logprobs) - ref).abs().max() < 0.1
