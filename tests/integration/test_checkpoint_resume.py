@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:  # noqa: ANN001
+def wait_for(predicate: Callable[[], bool], timeout: float, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, "run ended early"
@@ -70,7 +71,7 @@ def crashed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 
 
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(crashed_and_resumed: tuple[Path, str, dict]) -> None:
-    run, stdout, info = crashed_and_resumed
+    _, stdout, info = crashed_and_resumed
     assert f"skipping checkpoint {info['newest']}" in stdout
     assert f"resuming from {info['previous']}" in stdout
 

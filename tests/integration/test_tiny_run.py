@@ -58,10 +58,13 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
 
 
 def test_sync_tiny_run_learns_with_bad_reward_functions(tmp_path: Path) -> None:
-    """max_staleness=0 through the same code; hanging and raising rewards do not stall it."""
-    metrics, _ = run_tiny(tmp_path / "run", "rollout.max_staleness=0", "reward.timeout_s=0.5", BAD_REWARDS)
+    """max_staleness=0 through the same code; hanging and raising rewards do not stall it;
+    KL to the frozen reference policy as a loss term."""
+    overrides = ("rollout.max_staleness=0", "reward.timeout_s=0.5", BAD_REWARDS, "algorithm.kl.enabled=true")
+    metrics, _ = run_tiny(tmp_path / "run", *overrides)
     assert len(metrics) == 40
     assert all(m["staleness_max"] == 0 and m["dropped_stale"] == 0 for m in metrics)
+    assert all(m["kl_ref"] >= 0.0 for m in metrics) and metrics[-1]["kl_ref"] > 0.0
     first, last = quarter_means(metrics)
     assert last > first + 0.05, (first, last)
     reward_log = (tmp_path / "run" / "logs" / "reward-0.jsonl").read_text()
