@@ -36,16 +36,32 @@ def controller_bind_address(cfg: RunConfig, run_dir: str | Path) -> str:
     return f"tcp://{cfg.transport.bind_host}:{port}"
 
 
-def server_bind_address(cfg: RunConfig, run_dir: str | Path, name: str) -> str:
+def server_bind_address(cfg: RunConfig, run_dir: str | Path, name: str, rank: int = 0) -> str:
     """Where a role binds a server of its own (e.g. a rollout's weight socket)."""
     if cfg.transport.use_ipc and not multi_node(cfg):
         return f"ipc://{sock_dir(run_dir)}/{name}"
-    return f"tcp://{cfg.transport.bind_host}:0"
+    port = cfg.transport.server_port + rank if cfg.transport.server_port else 0
+    return f"tcp://{cfg.transport.bind_host}:{port}"
+
+
+def advertise_host(bind_host: str, peer_host: str) -> str:
+    """The address other hosts reach this one at: the bind address, or for a wildcard bind
+    the local address of the route towards `peer_host` (node 0 or the job joined)."""
+    import socket
+
+    if bind_host not in ("0.0.0.0", "*", ""):
+        return bind_host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((peer_host, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
 
 
 def advertised(address: str) -> str:
     """The address peers should connect to (a wildcard bind is replaced by this host)."""
-    if address.startswith("tcp://0.0.0.0:"):
+    if address.startswith(("tcp://0.0.0.0:", "tcp://*:")):
         host = os.environ.get("TANDEM_ADVERTISE_HOST", "127.0.0.1")
         return f"tcp://{host}:{address.rsplit(':', 1)[1]}"
     return address

@@ -109,6 +109,15 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
         float, Doc(description="On shutdown, wait this long for in-flight requests, then abort them.", ge=0)
     ] = 5.0
     stats_interval_s: Annotated[float, Doc(description="Seconds between engine metric log lines.", gt=0)] = 5.0
+    elastic: Annotated[
+        bool,
+        Doc(
+            description="Rollout workers may leave (their prompts are re-dispatched) and join (`--join`) a running job."
+        ),
+    ] = False
+    elastic_grace_s: Annotated[
+        float, Doc(description="Elastic: fail the run when no rollout worker is left for this long.", gt=0)
+    ] = 120.0
 
 
 class MixedPrecisionConfig(msgspec.Struct, **_STRUCT):
@@ -271,6 +280,9 @@ class PlacementEntry(msgspec.Struct, **_STRUCT):
     devices: Annotated[list[int], Doc(description="GPU indices; one per process, or shared when fewer.")] = []
     env: Annotated[dict[str, str], Doc(description="Extra environment variables.")] = {}
     node: Annotated[int, Doc(description="Node rank that runs these processes.", ge=0)] = 0
+    nodes: Annotated[
+        list[int], Doc(description="Instead of `node`: run `count` processes on each of these node ranks.")
+    ] = []
 
 
 class TransportConfig(msgspec.Struct, **_STRUCT):
@@ -281,6 +293,10 @@ class TransportConfig(msgspec.Struct, **_STRUCT):
     max_message_mb: Annotated[int, Doc(description="Largest accepted message in MiB.", ge=1)] = 1024
     hwm: Annotated[int, Doc(description="ZeroMQ high-water mark (messages).", ge=1)] = 1000
     curve: Annotated[bool, Doc(description="Authenticate and encrypt with CurveZMQ (required across hosts).")] = False
+    server_port: Annotated[
+        int,
+        Doc(description="Multi-node: rollout i binds its weight socket on this port + i (0 = any free port).", ge=0),
+    ] = 0
     keys_dir: Annotated[str, Doc(description="CurveZMQ keys directory; empty = RUN_DIR/keys.")] = ""
 
 

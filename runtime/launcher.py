@@ -3,7 +3,8 @@
 Guarantees:
 * Every role runs in its own session (process group) with PR_SET_PDEATHSIG, so a
   teardown kills the role and everything it spawned (vLLM's engine processes
-  included), and a launcher that is killed takes its roles with it.
+  included), and a launcher that is killed takes its roles with it (each role's orphan
+  watchdog then kills its whole process group within a few seconds).
 * A role that exits 0 is finishing cleanly (the controller ends the run by telling
   every role to stop): the others get `shutdown_timeout_s` to do the same, then the
   launcher exits 0.
@@ -26,13 +27,13 @@ from pathlib import Path
 
 from runtime import addresses, checkpoint
 from runtime.config import RunConfig
-from runtime.config_load import to_yaml
+from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
 from runtime.paths import model_dir
-from runtime.placement import ProcSpec, check_devices, plan_processes
+from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -72,8 +73,12 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
     opts = opts or LaunchOptions()
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
-    port = opts.master_port or _free_port()
-    specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=port)
+    check_topology(cfg, opts)
+    if opts.join:
+        specs = plan_join(cfg, opts.node_rank)
+    else:
+        rendezvous = opts.master_port + 1 if opts.master_port else _free_port()
+        specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=rendezvous)
     if any(s.devices for s in specs):
         check_devices(specs)
     env = _base_env(cfg, run_dir, opts)
@@ -90,7 +95,9 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
 class Supervisor:
     """Watches the role processes and decides how the run ends."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console, follower: LogFollower) -> None:
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console, follower: LogFollower
+    ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.procs = procs
@@ -150,6 +157,13 @@ class Supervisor:
             self._pump_logs()
             cause = last_error(self.run_dir / "logs", p.spec.name)
             how = _describe_exit(code)
+            if p.spec.role == "rollout" and self.cfg.rollout.elastic and len(self.procs) > 1:
+                # Elastic rollout workers may leave: the controller re-dispatches their work.
+                log.warning("rollout_left", proc=p.spec.name, exit=how, cause=cause)
+                self.console.note(f"rollout {p.spec.name} left ({how}); the run goes on without it")
+                _signal_group(p, signal.SIGKILL)
+                self.procs.remove(p)
+                return None
             log.error("role_died", proc=p.spec.name, exit=how, cause=cause)
             self.console.error(f"role {p.spec.name} died ({how}); last error: {cause}")
             self.teardown(FAILURE_GRACE_S)
@@ -174,6 +188,26 @@ class Supervisor:
                 p.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
+
+
+def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
+    """Cross-host runs must authenticate and must bind somewhere other hosts can reach."""
+    if cfg.transport.curve:
+        from transport.security import load_keys
+
+        try:
+            load_keys(cfg.transport.keys_dir or Path(cfg.run_dir) / "keys")
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"transport.curve=true: {exc}") from None
+    if opts.nnodes <= 1 and not opts.join:
+        return
+    if not cfg.transport.curve:
+        raise ConfigError("cross-host runs need transport.curve=true (make keys with `tandem keys RUN_DIR`)")
+    if cfg.transport.bind_host in ("127.0.0.1", "localhost", "::1"):
+        raise ConfigError(
+            "transport.bind_host=127.0.0.1 is unreachable from other nodes: set transport.bind_host=0.0.0.0 "
+            "or this node's address"
+        )
 
 
 def _resume_from(cfg: RunConfig, console: Console) -> str:
@@ -212,18 +246,29 @@ def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, s
     env["PYTHONUNBUFFERED"] = "1"
     env["TANDEM_NNODES"] = str(opts.nnodes)
     env["TANDEM_JOIN"] = opts.join
+    port = opts.master_port or (0 if cfg.transport.use_ipc else _free_port())
+    env["TANDEM_CONTROLLER_PORT"] = str(port)
     if opts.join:
         env[addresses.CONTROLLER_ENV] = opts.join if "://" in opts.join else f"tcp://{opts.join}"
-    else:
+    elif opts.nnodes > 1:
+        env[addresses.CONTROLLER_ENV] = f"tcp://{opts.master_addr}:{port}"
+    elif cfg.transport.use_ipc:
         env[addresses.CONTROLLER_ENV] = addresses.controller_bind_address(cfg, run_dir)
+    else:
+        env[addresses.CONTROLLER_ENV] = f"tcp://{opts.master_addr}:{port}"
+    if opts.nnodes > 1 or opts.join:
+        target = opts.join.split("://")[-1].rsplit(":", 1)[0] if opts.join else opts.master_addr
+        env.setdefault("TANDEM_ADVERTISE_HOST", addresses.advertise_host(cfg.transport.bind_host, target))
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
 def _die_with_parent() -> None:
+    # SIGTERM, not SIGKILL: the role then stops its own children (vLLM's engine processes)
+    # too; its orphan watchdog (runtime.role) kills its whole process group if it lingers.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _signal_group(p: Proc, sig: signal.Signals) -> None:

@@ -73,6 +73,10 @@ def resolve_launch_options(args: argparse.Namespace, environ: Mapping[str, str])
     node_rank = args.node_rank if args.node_rank is not None else int(environ.get("SLURM_NODEID") or 0)
     master = args.master_addr or (slurm_hosts[0] if slurm_hosts else "127.0.0.1")
     port = args.master_port if args.master_port is not None else DEFAULT_PORT
+    join = getattr(args, "join", "") or ""
+    if join:
+        # A joining launcher only picks the rollout entries placed on --node-rank.
+        return LaunchOptions(node_rank=node_rank, nnodes=max(nnodes, node_rank + 1), master_addr=master, join=join)
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
     if nnodes > 1 and master in ("127.0.0.1", "localhost") and not args.master_addr:
@@ -82,5 +86,4 @@ def resolve_launch_options(args: argparse.Namespace, environ: Mapping[str, str])
         nnodes=nnodes,
         master_addr=master,
         master_port=port if (nnodes > 1 or args.master_port is not None) else 0,
-        join=getattr(args, "join", "") or "",
     )

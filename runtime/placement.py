@@ -45,10 +45,15 @@ def entries(cfg: RunConfig) -> list[PlacementEntry]:
     return entries
 
 
+def per_node(cfg: RunConfig) -> list[tuple[PlacementEntry, int]]:
+    """(entry, node) pairs: an entry with `nodes` stands for `count` processes on each."""
+    return [(e, n) for e in entries(cfg) for n in (e.nodes or [e.node])]
+
+
 def role_counts(cfg: RunConfig) -> dict[str, int]:
     """Processes per role kind over all nodes."""
     counts: dict[str, int] = {}
-    for e in entries(cfg):
+    for e, _ in per_node(cfg):
         counts[e.role] = counts.get(e.role, 0) + e.count
     return counts
 
@@ -65,20 +70,39 @@ def plan_processes(
             raise PlacementError(f"placement needs at least one {needed}")
     if cfg.algorithm.advantage == "gae" and counts.get("critic", 0) < 1:
         raise PlacementError("algorithm.advantage=gae needs a critic in placement")
+    if any(n != 0 for e, n in per_node(cfg) if e.role == "controller"):
+        raise PlacementError("the controller runs on node 0 (placement of controller: node 0)")
     next_rank: dict[str, int] = {}
     specs: list[ProcSpec] = []
-    for e in entries(cfg):
+    for e, n in per_node(cfg):
         for i in range(e.count):
             rank = next_rank.get(e.role, 0)
             next_rank[e.role] = rank + 1
-            if e.node != node:
-                continue
-            devices = _devices_for(e, i)
-            env = dict(e.env)
-            if devices:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-            specs.append(ProcSpec(role=e.role, rank=rank, node=e.node, devices=devices, env=env))
+            if n == node:
+                specs.append(_spec(e, i, rank, n))
     _add_dist_env(specs, cfg, counts, master_addr, master_port)
+    return specs
+
+
+def _spec(e: PlacementEntry, i: int, rank: int, node: int) -> ProcSpec:
+    devices = _devices_for(e, i)
+    env = dict(e.env)
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    return ProcSpec(role=e.role, rank=rank, node=node, devices=devices, env=env)
+
+
+def plan_join(cfg: RunConfig, node: int) -> list[ProcSpec]:
+    """Rollout processes for a launcher joining a running job (`--join`): the rollout
+    entries placed on `node` (or the first rollout entry's count), ranked 1000 + 100*node + i
+    so joiners never collide with the job's own rollout ranks."""
+    chosen = [e for e, n in per_node(cfg) if e.role == "rollout" and n == node]
+    if not chosen:
+        chosen = [e for e in entries(cfg) if e.role == "rollout"][:1]
+    specs = []
+    for e in chosen:
+        for i in range(e.count):
+            specs.append(_spec(e, i, 1000 + 100 * node + len(specs), node))
     return specs
 
 

@@ -56,6 +56,25 @@ class RoleContext:
         return f"{self.role}-{self.rank}"
 
 
+def _watch_parent(grace_s: float) -> None:
+    """If the launcher dies, give this role `grace_s` to stop (it got SIGTERM), then kill
+    its whole process group, children included: a role never outlives its launcher."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        time.sleep(grace_s)
+        if os.getpgid(0) == os.getpid():  # our own group (the launcher made us a session leader)
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 class FatalError(RuntimeError):
     """An error that ends the role; its message is the cause reported to peers."""
 
@@ -128,6 +147,7 @@ class Role:
         """Run the role to completion and exit the process with its exit code."""
         import uvloop
 
+        _watch_parent(grace_s=min(5.0, self.cfg.shutdown_timeout_s))
         try:
             code = uvloop.run(self._lifecycle())
         except BaseException as exc:
@@ -142,6 +162,7 @@ class Role:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
         try:
+            self._start_auth()
             await self.setup()
             if self.registers:
                 await self._register()
@@ -165,6 +186,16 @@ class Role:
             await self._send_dead(self._fatal)
         await self._bounded(self._close_all(), "close")
         return 1 if self._fatal is not None else 0
+
+    def _start_auth(self) -> None:
+        """With CurveZMQ on, this process's servers accept only peers holding the run's key."""
+        if not self.cfg.transport.curve:
+            return
+        from transport.security import start_authenticator
+
+        keys = addresses.channel_options(self.cfg, self.ctx.run_dir).curve
+        assert keys is not None
+        self._auth = start_authenticator(self.zmq, keys)
 
     async def _register(self) -> None:
         opts = addresses.channel_options(self.cfg, self.ctx.run_dir)
@@ -202,6 +233,8 @@ class Role:
         await self.close()
         if self.controller is not None:
             await self.controller.aclose()
+        if getattr(self, "_auth", None) is not None:
+            self._auth.stop()
         self.zmq.destroy(linger=200)
 
     async def _bounded(self, coro: Coroutine[Any, Any, Any], what: str) -> None:

@@ -96,16 +96,30 @@ def make_tiny_model(
     out = Path(path)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
-    if stamp.exists() and json.loads(stamp.read_text()).get("digest") == digest:
+    if _same(stamp, digest):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     _write_model(tmp, spec)
     (tmp / _STAMP).write_text(json.dumps({"digest": digest, "spec": spec}))
-    if out.exists():
+    if out.exists() and not _same(stamp, digest):
         _remove_tree(out)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        # Another process (a launcher on another node sharing the file system) won the
+        # race; its model is the same if the stamp matches.
+        _remove_tree(tmp)
+        if not _same(stamp, digest):
+            raise
     return out
+
+
+def _same(stamp: Path, digest: str) -> bool:
+    try:
+        return bool(json.loads(stamp.read_text()).get("digest") == digest)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
 
 
 def _write_model(directory: Path, spec: dict) -> None:

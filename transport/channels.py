@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from transport import wire
-from transport.codec import Decoder, Encoder, WireError, frames_nbytes
+from transport.codec import Decoder, Encoder, WireError
 from transport.security import CurveKeys, apply_curve
 
 log = structlog.get_logger("transport")
@@ -60,7 +60,7 @@ class ChannelStats:
     dropped: Counter[str] = field(default_factory=Counter)
 
 
-@dataclass
+@dataclass(slots=True)
 class Envelope:
     """A received message with its header and (ROUTER side) the sender's identity."""
 
@@ -94,7 +94,7 @@ class Endpoint:
         self.name = name
         self.options = options
         self.stats = ChannelStats()
-        self.is_router = sock.socket_type == zmq.ROUTER
+        self.is_router = sock.type == zmq.ROUTER
         self._encoder = Encoder(options.inline_threshold)
         self._decoder = Decoder()
         self.last_sent: dict[bytes | None, float] = {}
@@ -103,13 +103,16 @@ class Endpoint:
 
     async def send(self, msg: wire.Message, *, peer: bytes | None = None, corr: int = 0, flags: int = 0) -> None:
         """Send one message (to `peer` on a ROUTER). Raises PeerUnreachable if unrouted."""
+        await self._send(msg, peer, corr, flags)
+
+    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int, zmq_flags: int = 0) -> None:
         frames = self._encoder.encode(msg, corr=corr, flags=flags)
         if self.is_router:
             if peer is None:
                 raise ValueError(f"{self.name}: a ROUTER send needs a peer")
             frames.insert(0, peer)
         try:
-            await self.sock.send_multipart(frames, copy=False)
+            await self.sock.send_multipart(frames, flags=zmq_flags, copy=False)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise PeerUnreachable(f"{self.name}: peer {_peer_name(peer)} is not connected") from None
@@ -130,7 +133,7 @@ class Endpoint:
 
     def _accept(self, frames: list[Any], peer: bytes | None) -> Envelope | None:
         self.last_seen[peer] = time.monotonic()
-        size = frames_nbytes(frames)
+        size = sum(map(len, frames))  # zmq frames: len() is the byte size
         self.stats.bytes_received += size
         try:
             if size > self.options.max_message_bytes:
@@ -179,6 +182,13 @@ class RpcEndpoint(Endpoint):
             asyncio.create_task(self._serve(handler), name=f"{self.name}.recv"),
             asyncio.create_task(self._heartbeat(), name=f"{self.name}.heartbeat"),
         ]
+        for task in self._loops:
+            task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[Any]) -> None:
+        # Nobody awaits these tasks: without this an endpoint could stop serving in silence.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("channel_loop_died", channel=self.name, loop=task.get_name(), error=repr(task.exception()))
 
     async def request(self, msg: wire.Message, *, peer: bytes | None = None, timeout: float) -> wire.Message:
         """Send `msg` and wait for its reply; see the class docstring for errors."""
@@ -186,8 +196,11 @@ class RpcEndpoint(Endpoint):
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._pending[corr] = (peer, fut)
         try:
-            await self.send(msg, peer=peer, corr=corr)
-            reply = await asyncio.wait_for(fut, timeout)
+            # The timeout covers the send too: a send to a peer whose queue is full (or a
+            # DEALER whose server is gone) blocks until the high-water mark frees up.
+            async with asyncio.timeout(timeout):
+                await self._send(msg, peer, corr, 0)
+                reply = await fut
         except TimeoutError:
             raise RequestTimeout(
                 f"{self.name}: {type(msg).__name__} to {_peer_name(peer)} got no reply in {timeout:g}s"
@@ -199,7 +212,7 @@ class RpcEndpoint(Endpoint):
         return reply
 
     async def reply(self, env: Envelope, msg: wire.Message) -> None:
-        await self.send(msg, peer=env.peer, corr=env.header.corr, flags=wire.Flag.REPLY)
+        await self._send(msg, env.peer, env.header.corr, wire.Flag.REPLY)
 
     def forget(self, peer: bytes | None) -> None:
         """Stop tracking `peer` (it left); its pending requests fail as unreachable."""
@@ -212,18 +225,30 @@ class RpcEndpoint(Endpoint):
 
     async def _serve(self, handler: Handler | None) -> None:
         while True:
-            env = await self.recv()
-            if env.peer is not None and env.peer not in self.known_peers:
-                self.known_peers.add(env.peer)
-                self._lost.discard(env.peer)
-            if env.header.flags & wire.Flag.REPLY:
-                self._resolve(env)
-            elif isinstance(env.msg, wire.Heartbeat):
+            try:
+                env = await self.recv()
+            except zmq.ZMQError as exc:
+                if self.sock.closed:
+                    return
+                # A socket error is no peer's message: the loop must outlive it.
+                log.warning("recv_failed", channel=self.name, error=repr(exc))
+                await asyncio.sleep(0.01)
                 continue
-            elif handler is not None:
-                task = asyncio.create_task(self._handle(handler, env))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self._dispatch(env, handler)
+
+    def _dispatch(self, env: Envelope, handler: Handler | None) -> None:
+        if env.peer is not None:
+            self.known_peers.add(env.peer)
+        if env.peer in self._lost:
+            # Back after being reported lost: a later silence is reported again.
+            self._lost.discard(env.peer)
+            log.info("peer_back", channel=self.name, peer=_peer_name(env.peer))
+        if env.header.flags & wire.Flag.REPLY:
+            self._resolve(env)
+        elif handler is not None and not isinstance(env.msg, wire.Heartbeat):
+            task = asyncio.create_task(self._handle(handler, env))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _resolve(self, env: Envelope) -> None:
         entry = self._pending.get(env.header.corr)
@@ -238,31 +263,60 @@ class RpcEndpoint(Endpoint):
         except Exception as exc:
             log.warning("handler_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc))
             result = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
-        if result is not None and env.header.corr:
+        if result is None or not env.header.corr:
+            return
+        try:
+            await self._send(result, env.peer, env.header.corr, wire.Flag.REPLY)
+        except PeerUnreachable as exc:
+            log.warning("reply_unroutable", channel=self.name, error=str(exc))
+        except Exception as exc:
+            # An unencodable result must not leave the requester waiting for its timeout.
+            log.warning("reply_failed", channel=self.name, msg=type(result).__name__, error=repr(exc))
+            error = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"reply not sent: {type(exc).__name__}: {exc}")
             try:
-                await self.reply(env, result)
-            except PeerUnreachable as exc:
-                log.warning("reply_unroutable", channel=self.name, error=str(exc))
+                await self._send(error, env.peer, env.header.corr, wire.Flag.REPLY)
+            except Exception as exc2:
+                log.warning("reply_unroutable", channel=self.name, error=repr(exc2))
 
     async def _heartbeat(self) -> None:
-        opts = self.options
         while True:
-            await asyncio.sleep(opts.heartbeat_s)
-            now = time.monotonic()
-            for peer in list(self.known_peers):
-                if now - self.last_sent.get(peer, 0.0) >= opts.heartbeat_s:
-                    try:
-                        await self.send(wire.Heartbeat(sent_at=time.time()), peer=peer)
-                    except PeerUnreachable:
-                        pass
-                seen = self.last_seen.get(peer, now)
-                if now - seen > opts.peer_timeout_s and peer not in self._lost:
-                    self._lost.add(peer)
-                    log.warning("peer_silent", channel=self.name, peer=_peer_name(peer), silent_s=round(now - seen, 2))
-                    if self.on_peer_lost is not None:
-                        result = self.on_peer_lost(peer)
-                        if asyncio.iscoroutine(result):
-                            await result
+            await asyncio.sleep(self.options.heartbeat_s)
+            try:
+                await self._check_peers(time.monotonic())
+            except zmq.ZMQError as exc:
+                if self.sock.closed:
+                    return
+                log.warning("heartbeat_failed", channel=self.name, error=repr(exc))
+
+    async def _check_peers(self, now: float) -> None:
+        """Report peers silent for longer than peer_timeout_s (once each), greet the quiet ones."""
+        opts = self.options
+        for peer in list(self.known_peers):
+            seen = self.last_seen.get(peer, now)
+            if now - seen > opts.peer_timeout_s and peer not in self._lost:
+                self._lost.add(peer)
+                log.warning("peer_silent", channel=self.name, peer=_peer_name(peer), silent_s=round(now - seen, 2))
+                await self._report_lost(peer)
+            if now - self.last_sent.get(peer, 0.0) >= opts.heartbeat_s:
+                await self._greet(peer)
+
+    async def _greet(self, peer: bytes | None) -> None:
+        """Send a heartbeat if it can leave soon; a full or dead peer queue must not stall liveness checks."""
+        try:
+            async with asyncio.timeout(self.options.heartbeat_s):
+                await self._send(wire.Heartbeat(sent_at=time.time()), peer, 0, 0, zmq.NOBLOCK)
+        except (TimeoutError, PeerUnreachable, zmq.Again):
+            pass
+
+    async def _report_lost(self, peer: bytes | None) -> None:
+        if self.on_peer_lost is None:
+            return
+        try:
+            result = self.on_peer_lost(peer)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception as exc:
+            log.warning("on_peer_lost_failed", channel=self.name, peer=_peer_name(peer), error=repr(exc))
 
     async def aclose(self) -> None:
         """Cancel the loops and handler tasks, fail pending requests, close the socket."""

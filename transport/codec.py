@@ -38,6 +38,8 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     getattr(torch, name): code for code, name in enumerate(_DTYPE_NAMES) if hasattr(torch, name)
 }
 CODE_DTYPES: dict[int, torch.dtype] = {code: dtype for dtype, code in DTYPE_CODES.items()}
+# Dtypes that `Tensor.numpy()` accepts (the others are sent through a uint8 view).
+_NUMPY_DTYPES = frozenset(getattr(torch, name) for name in _DTYPE_NAMES[:16] if name not in ("bfloat16", "complex32"))
 
 
 class WireError(ValueError):
@@ -77,25 +79,25 @@ class Encoder:
         raise TypeError(f"cannot encode {type(obj).__name__} on the wire (pickle is refused)")
 
     def _encode_tensor(self, tensor: torch.Tensor) -> list[Any]:
-        if tensor.dtype not in DTYPE_CODES:
+        code = DTYPE_CODES.get(tensor.dtype)
+        if code is None:
             raise TypeError(f"tensor dtype {tensor.dtype} has no wire code")
-        t = tensor.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-        return [DTYPE_CODES[tensor.dtype], list(tensor.shape), self._buffer_ref(raw)]
+        return [code, list(tensor.shape), self._buffer_ref(_tensor_bytes(tensor))]
 
     def _encode_array(self, array: np.ndarray) -> list[Any]:
         if array.dtype.hasobject:
             raise TypeError("object arrays cannot travel on the wire (pickle is refused)")
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        return [array.dtype.str, list(array.shape), self._buffer_ref(raw)]
+        return [array.dtype.str, list(array.shape), self._buffer_ref(np.ascontiguousarray(array))]
 
     def _buffer_ref(self, raw: np.ndarray) -> Any:
-        """Small buffers inline as bytes; large ones as the index of a new frame."""
+        """Small buffers inline as bytes; large ones as the index of a new frame.
+
+        `raw` is C-contiguous; a frame is a flat uint8 view of it (same memory), so any
+        buffer consumer, zmq or an in-process `Decoder`, reads plain bytes.
+        """
         if raw.nbytes <= self.inline_threshold:
             return raw.tobytes()
-        self._frames.append(raw)
+        self._frames.append(raw.reshape(-1).view(np.uint8))
         return len(self._frames) - 3
 
 
@@ -105,20 +107,22 @@ class Decoder:
     def __init__(self) -> None:
         self._aux: Sequence[Any] = ()
         self._used: set[int] = set()
+        self._missing = False  # set when a reference names a frame that did not arrive
         self._msgpack = msgspec.msgpack.Decoder(Message, dec_hook=self._dec_hook)
 
     def decode(self, frames: Sequence[Any]) -> tuple[Header, Message]:
         """Header and message of `frames`; raises `WireError` on anything unacceptable."""
         header = self.header(frames)
-        self._aux = [_as_buffer(f) for f in frames[2:]]
+        self._aux = [_as_buffer(f) for f in frames[2:]] if len(frames) > 2 else ()
         self._used = set()
+        self._missing = False
         try:
             msg = self._msgpack.decode(_as_buffer(frames[1]))
-        except msgspec.ValidationError as exc:
-            reason = "truncated" if "frame" in str(exc) else "malformed"
-            raise WireError(reason, str(exc)) from None
-        except msgspec.DecodeError as exc:
-            raise WireError("malformed", str(exc)) from None
+        except Exception as exc:
+            # A dec_hook error other than TypeError/ValueError (torch, numpy) propagates
+            # out of msgspec unwrapped: it is bad input too, never a reason to crash.
+            reason = "truncated" if self._missing else "malformed"
+            raise WireError(reason, f"{type(exc).__name__}: {exc}"[:1000]) from None
         finally:
             aux, self._aux = self._aux, ()
         if type_code(msg) != header.type:
@@ -151,7 +155,7 @@ class Decoder:
 
     def _decode_tensor(self, obj: Any) -> torch.Tensor:
         code, shape, ref = _triple(obj)
-        dtype = CODE_DTYPES.get(code) if isinstance(code, int) else None
+        dtype = CODE_DTYPES.get(code) if type(code) is int else None
         if dtype is None:
             raise ValueError(f"unknown dtype code {code!r}")
         buf = self._resolve(ref)
@@ -160,10 +164,13 @@ class Decoder:
             raise ValueError(f"tensor frame has {len(buf)} bytes, shape {shape} needs {nbytes}")
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+        flat = torch.frombuffer(buf, dtype=dtype)
+        return flat if len(shape) == 1 else flat.view(shape)
 
     def _decode_array(self, obj: Any) -> np.ndarray:
         dtype_str, shape, ref = _triple(obj)
+        if not isinstance(dtype_str, str):
+            raise ValueError(f"array dtype must be a string, got {type(dtype_str).__name__}")
         dtype = np.dtype(dtype_str)
         if dtype.hasobject:
             raise ValueError("object arrays are refused")
@@ -176,18 +183,47 @@ class Decoder:
     def _resolve(self, ref: Any) -> memoryview:
         if isinstance(ref, bytes):
             return memoryview(bytearray(ref))
-        if not isinstance(ref, int) or not 0 <= ref < len(self._aux):
+        if type(ref) is not int:
+            raise ValueError(f"tensor data must be bytes or a frame index, got {type(ref).__name__}")
+        if ref < 0:
+            raise ValueError(f"negative tensor frame index {ref}")
+        if ref >= len(self._aux):
+            self._missing = True
             raise ValueError(f"tensor frame {ref!r} missing: {len(self._aux)} frame(s) received")
         self._used.add(ref)
         return self._aux[ref]
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a dense tensor's data in C order; no copy for a contiguous CPU tensor.
+
+    The common case (a plain CPU tensor of a numpy dtype) costs two torch calls: small
+    messages are latency-bound and each torch call costs microseconds when caches are cold.
+    """
+    if tensor.dtype in _NUMPY_DTYPES:
+        try:
+            return np.ascontiguousarray(tensor.numpy())
+        except (RuntimeError, TypeError):
+            pass  # needs grad, not on the CPU, sparse, or a conjugate/negative view
+    if tensor.layout != torch.strided:
+        raise TypeError(f"tensor layout {tensor.layout} cannot travel on the wire (dense tensors only)")
+    # Conjugate and negative views keep their data un-negated behind a bit that a byte
+    # view would lose; resolving is a no-op for other tensors.
+    t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    if t.dtype in _NUMPY_DTYPES:
+        return t.numpy()
+    # Size-1 dims may carry any stride in a contiguous tensor, which `view(uint8)` refuses;
+    # the elements are adjacent all the same, so a unit-stride flat view is exact.
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy()
 
 
 def _triple(obj: Any) -> tuple[Any, list[int], Any]:
     if not isinstance(obj, list | tuple) or len(obj) != 3 or not isinstance(obj[1], list | tuple):
         raise ValueError("tensor reference must be [dtype, shape, data]")
     shape = list(obj[1])
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"bad shape {shape!r}")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ValueError(f"bad shape {shape!r}")
     return obj[0], shape, obj[2]
 
 

@@ -308,11 +308,13 @@ class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
 
 
 class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):
-    """A finished step: the new policy version and the step's metrics."""
+    """A finished step: the new policy version, the step's metrics, and the rollouts the
+    new weights could not reach (elastic runs carry on without them)."""
 
     step: int
     version: int
     metrics: dict[str, float] = {}
+    failed_rollouts: list[str] = []
 
 
 class SaveCheckpoint(msgspec.Struct, **_msg(MsgType.SAVE_CHECKPOINT)):

@@ -37,6 +37,7 @@ class Peer:
     info: PeerInfo
     version: int = 0
     in_flight: int = 0  # samples (rollout) or requests (others) outstanding
+    served: int = 0  # samples completed (rollout)
     clock: BusyClock = field(default_factory=BusyClock)
     alive: bool = True
 

@@ -27,7 +27,7 @@ from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
 from runtime.role import FatalError, Role
 from transport import wire
-from transport.channels import Envelope, bind_router
+from transport.channels import Envelope, PeerUnreachable, bind_router
 
 log = get_logger("controller")
 
@@ -60,6 +60,9 @@ class Controller(Role):
         self.wake = asyncio.Event()
         self.ready_changed = asyncio.Event()
         self.registered_event = asyncio.Event()
+        self.started = False
+        self.trainer_lock = asyncio.Lock()  # one collective at a time, in the same order on every rank
+        self.critic_lock = asyncio.Lock()
         self.sampling = self._sampling_spec()
         self.scoring = Scoring(self)
         self.steps = StepRunner(self)
@@ -67,7 +70,8 @@ class Controller(Role):
         if resume is not None:
             self._restore(cstate.decode((resume / "controller.json").read_bytes()), resume)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
-        self.server = bind_router(self.zmq, self.ctx.controller_address, name="controller", options=opts)
+        bind = addresses.controller_bind_address(cfg, self.ctx.run_dir)
+        self.server = bind_router(self.zmq, bind, name="controller", options=opts)
         self.server.start(self._on_message, on_peer_lost=self._peer_lost)
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         log.info("controller_listening", address=self.server.address, batch_size=self.batch_size)
@@ -87,13 +91,16 @@ class Controller(Role):
     async def run(self) -> None:
         await self._wait_registered()
         self.steps.start_clock()
+        self.started = True
         self.spawn("dispatcher", self._dispatch_loop())
+        if self.cfg.rollout.elastic:
+            self.spawn("rollout-watch", self._watch_rollouts())
         if self.scoring.gae:
             self.spawn("values", self.scoring.value_loop())
         self.wake.set()
         while self.step < self.cfg.trainer.total_steps:
             await self.steps.step()
-        log.info("training_done", steps=self.step, **self.totals)
+        self._log_accounting()
         await self._shutdown_peers("training finished")
         self.metrics.close()
 
@@ -141,7 +148,9 @@ class Controller(Role):
             await self.wake.wait()
             self.wake.clear()
             while self.redo and (rollout := self._pick_rollout()) is not None:
-                await self._dispatch(rollout, self.redo.popleft())
+                group = self.redo.popleft()
+                await self._dispatch(rollout, group)
+                log.info("redispatched", group=group.gid, uid=group.prompt.uid, to=rollout.name, attempt=group.attempts)
             while self._want_more() and self.gate.can_admit(self.n):
                 rollout = self._pick_rollout()
                 if rollout is None:
@@ -174,7 +183,12 @@ class Controller(Role):
         msg = wire.Generate(
             request_id=group.request_id, group_id=group.gid, prompt_ids=group.prompt.prompt_ids, sampling=self.sampling
         )
-        await self.server.send(msg, peer=rollout.identity)
+        try:
+            await self.server.send(msg, peer=rollout.identity)
+        except PeerUnreachable:
+            # Gone before its heartbeat ran out; elastic runs hand this group (and the rest
+            # of the worker's) to the survivors.
+            self.rollout_failed(rollout.name, "not connected")
 
     def make_ready(self, group: Group) -> None:
         if self.groups.pop(group.gid, None) is not None:
@@ -206,7 +220,11 @@ class Controller(Role):
                 peer.version = max(peer.version, msg.version)
                 self.wake.set()
         elif isinstance(msg, wire.Dead):
-            self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
+            peer = self.registry.get(env.peer)
+            if msg.role == "rollout" and self.cfg.rollout.elastic and peer is not None:
+                self.lose_rollout(peer, f"died: {msg.cause}")
+            else:
+                self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
         else:
             log.warning("unexpected_message", type=type(msg).__name__, peer=_name(env.peer))
         return None
@@ -216,6 +234,9 @@ class Controller(Role):
         peer = self.registry.add(identity, msg.peer)
         log.info("registered", peer=peer.name, address=msg.peer.address, version=msg.peer.version, pid=msg.pid)
         self.registered_event.set()
+        if self.started and peer.info.role == "rollout":
+            log.info("worker_joined", peer=peer.name, version=peer.version, trainer_version=self.gate.version)
+            self.spawn(f"join-{peer.name}", self._welcome(peer))
         self.wake.set()
         peers = [p.info for p in self.registry.peers.values()]
         return wire.Registered(run_id=self.run_id, peers=peers, policy_version=self.gate.version)
@@ -228,6 +249,7 @@ class Controller(Role):
             return
         if rollout is not None:
             rollout.in_flight -= 1
+            rollout.served += 1
             rollout.clock.done()
         group.samples[msg.sample_index] = SampleRec(
             index=msg.sample_index, token_ids=msg.token_ids.clone(), logprobs=msg.logprobs.clone(),
@@ -242,8 +264,67 @@ class Controller(Role):
 
     def _peer_lost(self, identity: bytes | None) -> None:
         peer = self.registry.get(identity)
-        if peer is not None and not self.stopping:
-            self.fail(f"role {peer.name} went silent for {self.cfg.transport.peer_timeout_s:g}s")
+        if peer is None or self.stopping or not peer.alive:
+            return
+        why = f"silent for {self.cfg.transport.peer_timeout_s:g}s"
+        if peer.info.role == "rollout" and self.cfg.rollout.elastic:
+            self.lose_rollout(peer, why)
+        else:
+            self.fail(f"role {peer.name} went {why}")
+
+    # --- elastic rollouts ------------------------------------------------------------
+    async def _welcome(self, peer: Peer) -> None:
+        """A rollout that joined mid-run: tell the trainers, then give it the current weights."""
+        await self._send_rollout_peers()
+        await self.sync_lagging_rollouts()
+
+    def rollout_failed(self, name: str, why: str) -> None:
+        peer = next((p for p in self.registry.of("rollout") if p.name == name), None)
+        if peer is None:
+            return
+        if self.cfg.rollout.elastic:
+            self.lose_rollout(peer, why)
+        else:
+            self.fail(f"rollout {name}: {why}")
+
+    def lose_rollout(self, peer: Peer, why: str) -> None:
+        """Forget a rollout worker and hand its unfinished groups to the survivors."""
+        peer.alive = False
+        moved = [g for g in self.groups.values() if g.rollout == peer.identity and not g.complete]
+        for g in moved:
+            self.groups.pop(g.gid)
+            g.samples.clear()
+            g.rollout = b""
+            g.attempts += 1
+        self.redo.extendleft(reversed(moved))
+        peer.clock.done(peer.in_flight)
+        peer.in_flight = 0
+        self.server.forget(peer.identity)
+        log.warning(
+            "worker_lost", peer=peer.name, reason=why, redispatch=len(moved), uids=[g.prompt.uid for g in moved]
+        )
+        self.spawn(f"lost-{peer.name}-{time.monotonic():.3f}", self._send_rollout_peers())
+        self.wake.set()
+
+    async def _watch_rollouts(self) -> None:
+        """Elastic runs fail when no rollout worker is left for `elastic_grace_s`."""
+        empty_since: float | None = None
+        while True:
+            await asyncio.sleep(1.0)
+            if self.registry.of("rollout"):
+                empty_since = None
+                continue
+            empty_since = empty_since or time.monotonic()
+            if time.monotonic() - empty_since > self.cfg.rollout.elastic_grace_s:
+                raise FatalError(f"no rollout worker for {self.cfg.rollout.elastic_grace_s:g}s")
+
+    def _log_accounting(self) -> None:
+        """Every admitted group: trained, dropped, or still pending when training ended."""
+        pending = len(self.groups) + len(self.ready) + len(self.redo)
+        t = self.totals
+        left = t["admitted_groups"] - t["trained_groups"] - t["dropped_stale"] - t["dropped_error"] - pending
+        served = {p.name: p.served for p in self.registry.peers.values() if p.info.role == "rollout"}
+        log.info("training_done", steps=self.step, pending_groups=pending, unaccounted=left, served=served, **t)
 
     # --- checkpoints -----------------------------------------------------------------
     def snapshot(self) -> cstate.ControllerState:

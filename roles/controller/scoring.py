@@ -86,9 +86,13 @@ class Scoring:
         critics = ctl.registry.of("critic")
         requests, covered = value_requests(groups, len(critics))
         timeout = max(600.0, ctl.cfg.weight_sync.timeout_s)
-        replies = await asyncio.gather(
-            *[ctl.server.request(r, peer=c.identity, timeout=timeout) for r, c in zip(requests, critics, strict=True)]
-        )
+        async with ctl.critic_lock:
+            replies = await asyncio.gather(
+                *[
+                    ctl.server.request(r, peer=c.identity, timeout=timeout)
+                    for r, c in zip(requests, critics, strict=True)
+                ]
+            )
         version = min(r.version for r in replies)  # type: ignore[union-attr]
         for pairs, reply in zip(covered, replies, strict=True):
             apply_values(pairs, reply)  # type: ignore[arg-type]

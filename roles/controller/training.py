@@ -82,6 +82,8 @@ class StepRunner:
         replies = await asyncio.gather(*sends)
         actor = next(r for r in replies[: len(trainers)] if isinstance(r, wire.TrainResult) and r.metrics)
         critic = next((r for r in replies[len(trainers) :] if isinstance(r, wire.TrainResult) and r.metrics), None)
+        for name in actor.failed_rollouts:
+            ctl.rollout_failed(name, "new weights could not be delivered")
         ctl.gate.train(stats.num_samples)
         ctl.totals["trained_groups"] += len(groups)
         ctl.trained_uids.extend(g.prompt.uid for g in groups)
@@ -162,7 +164,8 @@ class StepRunner:
         tmp = checkpoint.begin(ctl.cfg.run_dir, ctl.step)
         save = wire.SaveCheckpoint(step=ctl.step, directory=str(tmp))
         peers = ctl.registry.of("trainer") + ctl.registry.of("critic")
-        await asyncio.gather(*[ctl.server.request(save, peer=p.identity, timeout=1800.0) for p in peers])
+        async with ctl.trainer_lock, ctl.critic_lock:
+            await asyncio.gather(*[ctl.server.request(save, peer=p.identity, timeout=1800.0) for p in peers])
         (tmp / "controller.json").write_bytes(cstate.encode(ctl.snapshot()))
         final = checkpoint.commit(tmp, ctl.step, {"version": ctl.gate.version}, keep=ctl.cfg.checkpoint.keep)
         log.info("checkpoint_saved", step=ctl.step, path=str(final), seconds=round(time.perf_counter() - started, 3))

@@ -51,7 +51,7 @@ class RolloutRole(Role):
         )
         set_policy_version(self.engine.version)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
-        bind = addresses.server_bind_address(cfg, self.ctx.run_dir, f"{self.ctx.name}-weights")
+        bind = addresses.server_bind_address(cfg, self.ctx.run_dir, f"{self.ctx.name}-weights", self.ctx.rank)
         self.weights: RpcEndpoint = bind_router(self.zmq, bind, name="weights", options=opts)
         self.weights.start(self._on_weights)
         self.stager = WeightStager(self.ctx.name)

@@ -19,7 +19,7 @@ from typing import Any
 from roles.trainer.engine_fsdp import FSDPEngine, bucketed
 from roles.trainer.fsdp import DTYPES
 from roles.trainer.hf_export import export_hf
-from roles.trainer.weight_push import WeightPusher
+from roles.trainer.weight_push import PushResult, WeightPusher
 from runtime import addresses
 from runtime.checkpoint import resume_dir
 from runtime.logs import get_logger, set_policy_version
@@ -70,8 +70,8 @@ class TrainerRole(Role):
             return wire.CheckpointSaved(step=msg.step, directory=msg.directory)
         if isinstance(msg, wire.SyncWeights):
             async with self.step_lock:
-                await self._sync(msg.rollouts)
-            return wire.Ack(info=f"version {self.engine.version}")
+                failed = await self._sync(msg.rollouts)
+            return wire.TrainResult(step=-1, version=self.engine.version, failed_rollouts=failed)
         if isinstance(msg, wire.Peers):
             if self.engine.rank == 0:
                 new = await self.pusher.set_targets(msg.peers)
@@ -89,15 +89,25 @@ class TrainerRole(Role):
         set_policy_version(version)
         sync_started = time.perf_counter()
         buckets = await self._in_thread(self._export)
+        failed: list[str] = []
         if buckets is not None:
             result = await self.pusher.push(version, buckets)
+            failed = self._check_push(result)
             metrics["weight_sync_gb"] = result.num_bytes / 1e9
         metrics["weight_sync_s"] = time.perf_counter() - sync_started
         metrics["busy_s"] = time.perf_counter() - started
         if self.engine.rank != 0:
             return wire.TrainResult(step=batch.step, version=version)
         log.info("train_step", step=batch.step, **{k: round(v, 5) for k, v in metrics.items()})
-        return wire.TrainResult(step=batch.step, version=version, metrics=metrics)
+        return wire.TrainResult(step=batch.step, version=version, metrics=metrics, failed_rollouts=failed)
+
+    def _check_push(self, result: PushResult) -> list[str]:
+        """Log every rollout the weights did not reach; fatal unless rollouts are elastic."""
+        for name, err in result.failed.items():
+            log.error("weight_sync_failed", rollout=name, phase=err.phase, error=str(err))
+        if result.failed and not self.cfg.rollout.elastic:
+            raise next(iter(result.failed.values()))
+        return sorted(result.failed)
 
     async def _sync(self, rollouts: list[wire.PeerInfo]) -> None:
         """Bring the named rollouts to the current version (all ranks gather, rank 0 sends)."""
@@ -105,7 +115,13 @@ class TrainerRole(Role):
         if buckets is not None:
             names = [f"{p.role}-{p.rank}" for p in rollouts]
             result = await self.pusher.push(self.engine.version, buckets, only=names)
-            log.info("rollouts_synced", rollouts=names, version=self.engine.version, seconds=round(result.seconds, 3))
+            self._check_push(result)
+            log.info(
+                "rollouts_synced",
+                rollouts=sorted(result.applied),
+                version=self.engine.version,
+                seconds=round(result.seconds, 3),
+            )
 
     def _save(self, directory: Path) -> None:
         """Sharded actor state into directory/actor, and the HF export into directory/hf."""

@@ -32,6 +32,7 @@ class PushResult:
     seconds: float
     num_bytes: int
     applied: dict[str, wire.WeightsApplied]
+    failed: dict[str, WeightSyncError]
 
 
 class WeightPusher:
@@ -42,11 +43,12 @@ class WeightPusher:
         self.timeout_s = timeout_s
         self.targets: dict[str, RpcEndpoint] = {}
 
-    async def set_targets(self, peers: list[wire.PeerInfo]) -> list[str]:
-        """Connect to new rollouts, forget removed ones; returns the names that are new."""
+    async def set_targets(self, peers: list[wire.PeerInfo], *, keep_others: bool = False) -> list[str]:
+        """Connect to new rollouts and (unless `keep_others`) forget the ones not listed;
+        returns the names that are new."""
         wanted = {f"{p.role}-{p.rank}": p.address for p in peers}
         for name in list(self.targets):
-            if name not in wanted:
+            if name not in wanted and not keep_others:
                 await self.targets.pop(name).aclose()
         new = [n for n in wanted if n not in self.targets]
         for name in new:
@@ -60,14 +62,29 @@ class WeightPusher:
     async def push(
         self, version: int, buckets: list[dict[str, torch.Tensor]], only: list[str] | None = None
     ) -> PushResult:
+        """Push to every target (or `only` those); a target that fails is reported in
+        `failed` and forgotten, the others are not held up by it."""
         start = time.perf_counter()
         names = [n for n in self.targets if only is None or n in only]
-        applied = await asyncio.gather(*[self._push_one(n, version, buckets) for n in names])
+        results = await asyncio.gather(*[self._push_one(n, version, buckets) for n in names], return_exceptions=True)
+        applied, failed = {}, {}
+        for name, res in zip(names, results, strict=True):
+            if isinstance(res, WeightSyncError):
+                failed[name] = res
+                gone = self.targets.pop(name, None)  # a Peers update may have dropped it already
+                if gone is not None:
+                    await gone.aclose()
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                applied[name] = res
         nbytes = sum(t.numel() * t.element_size() for b in buckets for t in b.values())
-        return PushResult(version, time.perf_counter() - start, nbytes, dict(zip(names, applied, strict=True)))
+        return PushResult(version, time.perf_counter() - start, nbytes, applied, failed)
 
     async def _push_one(self, name: str, version: int, buckets: list[dict[str, torch.Tensor]]) -> wire.WeightsApplied:
-        ep = self.targets[name]
+        ep = self.targets.get(name)
+        if ep is None:
+            raise WeightSyncError(name, "connect", "no longer a target (left the run)")
         reply: wire.Message | None = None
         for i, tensors in enumerate(buckets):
             last = i == len(buckets) - 1
@@ -75,7 +92,7 @@ class WeightPusher:
             msg = wire.WeightBucket(version=version, index=i, last=last, tensors=tensors)
             try:
                 reply = await ep.request(msg, timeout=self.timeout_s)
-            except (RequestTimeout, PeerUnreachable) as exc:
+            except (RequestTimeout, PeerUnreachable, ConnectionError) as exc:
                 raise WeightSyncError(name, phase, str(exc)) from None
             except RemoteError as exc:
                 raise WeightSyncError(name, phase, exc.message) from None

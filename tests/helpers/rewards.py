@@ -17,3 +17,9 @@ def raises_sometimes(completion_ids: list[int], **_: object) -> float:
     if completion_ids and completion_ids[0] % 8 == 1:
         raise RuntimeError("verifier crashed")
     return 0.0
+
+
+def slow_zero(**_: object) -> float:
+    """Takes a quarter second and adds nothing: paces a run without using the CPU."""
+    time.sleep(0.25)
+    return 0.0

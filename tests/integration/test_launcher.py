@@ -94,6 +94,26 @@ def test_sigkill_of_any_role_ends_the_run(tmp_path: Path, victim: str) -> None:
     assert_all_gone(everything)
 
 
+def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path: Path) -> None:
+    """Roles (and vLLM's engine processes under the rollout) die with their launcher."""
+    proc = launch(tmp_path / "run")
+    try:
+        wait_ready(tmp_path / "run", "rollout-0", proc)
+        everything = tree(proc.pid)
+        assert len(everything) > 6  # launcher, 5 roles, and vLLM's engine processes
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(
+            p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in everything
+        ):
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_all_gone(everything)
+
+
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     proc = launch(tmp_path / "run")
     try:

@@ -1,0 +1,38 @@
+"""Benchmark scripts run end to end in their `--quick` mode and print the JSON they promise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(90)
+def test_transport_benchmark_quick() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "transport.py"), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)  # exactly one JSON object on stdout
+    assert result["benchmark"] == "transport" and result["quick"] is True
+    for transport in ("ipc", "tcp"):
+        for size in ("1MiB", "16MiB", "64MiB"):
+            row = result["throughput_mib_s"][transport][size]
+            assert row["zero_copy_mib_s"] > 0 and row["pickle_mib_s"] > 0
+            assert row["zero_copy_over_pickle"] > 0
+        latency = result["latency_us"][transport]
+        for path in ("channel", "pickle_raw_zmq"):
+            assert 0 < latency[path]["p50_us"] <= latency[path]["p90_us"] <= latency[path]["p99_us"]
+    assert set(result["targets"]) == {"ipc_64MiB_zero_copy_over_pickle_ge_3", "ipc_rtt_p50_under_200us"}

@@ -1,0 +1,568 @@
+"""Channels over real sockets (ipc:// and tcp loopback), in this process and across processes.
+
+What is checked: a server survives every kind of bad input and counts each drop once;
+replies always match their requests under concurrency; timeouts, remote errors and
+unroutable peers surface as their typed errors; heartbeats detect a peer that left,
+whichever side it was; fan-out sockets deliver tensors intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+import zmq.asyncio
+
+from transport import wire
+from transport.channels import (
+    ChannelOptions,
+    Endpoint,
+    Envelope,
+    PeerUnreachable,
+    RemoteError,
+    RequestTimeout,
+    RpcEndpoint,
+    bind_router,
+    bind_socket,
+    connect_dealer,
+    connect_socket,
+)
+from transport.codec import Decoder, Encoder
+from transport.wire import SCHEMA_VERSION, Header
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ChannelOptions(heartbeat_s=0.05, peer_timeout_s=0.4, linger_s=0.0)
+SMALL = ChannelOptions(max_message_bytes=4096)
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.filterwarnings("ignore:The given buffer is not writable"),
+]
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def address(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"ipc://{tmp_path}/sock" if request.param == "ipc" else "tcp://127.0.0.1:0"
+
+
+async def echo(env: Envelope) -> wire.Message | None:
+    """A toy service: echoes a TensorBatch (with the caller's identity), obeys a few `meta` ops."""
+    msg = env.msg
+    if not isinstance(msg, wire.TensorBatch):
+        return wire.Ack(info=type(msg).__name__)
+    op = msg.meta.get("op")
+    if op == "sleep":
+        await asyncio.sleep(msg.meta["s"])
+    elif op == "raise":
+        raise ValueError("boom")
+    elif op == "unencodable":
+        return wire.TensorBatch(seq=msg.seq, meta={"obj": object()})
+    elif op == "jitter":
+        await asyncio.sleep(random.random() * 0.005)
+    peer = env.peer.decode() if env.peer else ""
+    return wire.TensorBatch(seq=msg.seq, tensors=msg.tensors, arrays=msg.arrays, meta={"peer": peer})
+
+
+async def serve(ctx: zmq.asyncio.Context, address: str, options: ChannelOptions = ChannelOptions()) -> RpcEndpoint:
+    server = bind_router(ctx, address, name="server", options=options)
+    server.start(echo)
+    return server
+
+
+def client(
+    ctx: zmq.asyncio.Context, address: str, identity: str, options: ChannelOptions = ChannelOptions()
+) -> RpcEndpoint:
+    ep = connect_dealer(ctx, address, name=identity, identity=identity, options=options)
+    ep.start(None)
+    return ep
+
+
+# --- bad input -----------------------------------------------------------------------
+
+
+class RawDealer:
+    """A DEALER that sends whatever frames it is given: the misbehaving peer."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, address: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, b"raw")
+        self.sock.connect(address)
+        self.encoder, self.decoder = Encoder(), Decoder()
+
+    async def send(self, frames: list[bytes]) -> None:
+        await self.sock.send_multipart(frames)
+
+    async def ask(self, msg: wire.Message, corr: int, timeout: float = 5.0) -> wire.Message:
+        """A well-formed request; returns its reply, skipping heartbeats and late replies."""
+        await self.sock.send_multipart(self.encoder.encode(msg, corr=corr))
+        async with asyncio.timeout(timeout):
+            while True:
+                header, reply = self.decoder.decode(await self.sock.recv_multipart())
+                if header.flags & wire.Flag.REPLY and header.corr == corr:
+                    return reply
+
+
+def bad_messages() -> dict[str, list[bytes]]:
+    """One message per drop reason, for a server with max_message_bytes=4096."""
+    enc = Encoder()
+    good = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(100)}))]
+    big = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(2000)}))]
+    return {
+        "bad_header": [b"\x01\x02\x03", *good[1:]],
+        "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), *good[1:]],
+        "unknown_type": [Header(SCHEMA_VERSION, 200, 0, 0).pack(), *good[1:]],
+        "malformed": [good[0], b"\xc1 this is not msgpack"],
+        "truncated": good[:2],  # the tensor's frame is missing
+        "oversized": big,  # 8 KB: above the 4 KiB cap, below the socket's hard per-frame limit
+    }
+
+
+async def check_survives_bad_input(raw: RawDealer, dropped: Any) -> None:
+    """Every bad message is followed by a good request that must still be answered."""
+    before = Counter(await dropped())
+    corr = 1
+    for frames in bad_messages().values():
+        await raw.send(frames)
+        x = torch.arange(float(corr))
+        reply = await raw.ask(wire.TensorBatch(seq=corr, tensors={"x": x}), corr=corr)
+        assert isinstance(reply, wire.TensorBatch) and reply.seq == corr and torch.equal(reply.tensors["x"], x)
+        corr += 1
+    counts = Counter(await dropped())
+    counts.subtract(before)
+    assert +counts == Counter(dict.fromkeys(bad_messages(), 1))
+
+
+async def test_server_drops_each_bad_message_once_and_keeps_serving(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address, SMALL)
+    raw = RawDealer(ctx, server.address)
+
+    async def dropped() -> dict[str, int]:
+        return dict(server.stats.dropped)
+
+    await check_survives_bad_input(raw, dropped)
+    assert server.stats.received >= len(bad_messages())
+    await server.aclose()
+
+
+async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx: zmq.asyncio.Context) -> None:
+    """zmq cuts a peer sending a frame over 4x max_message_bytes; the server serves the reconnection."""
+    server = await serve(ctx, "tcp://127.0.0.1:0", SMALL)
+    raw = RawDealer(ctx, server.address)
+    huge = [Header(SCHEMA_VERSION, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
+    await raw.send(huge)
+    for corr in range(1, 50):  # messages in flight while the connection drops are lost
+        try:
+            reply = await raw.ask(wire.TensorBatch(seq=corr), corr=corr, timeout=0.2)
+            break
+        except TimeoutError:
+            continue
+    else:
+        pytest.fail("the server never answered again")
+    assert isinstance(reply, wire.TensorBatch) and reply.seq == corr
+    await server.aclose()
+
+
+# --- request / reply ------------------------------------------------------------------
+
+
+async def many_requests(clients: list[RpcEndpoint], per_client: int) -> None:
+    async def one(i: int, k: int) -> None:
+        seq = i * 1000 + k
+        x = torch.full((k * 20 + 1,), float(seq))  # small ones inline, larger ones as frames
+        reply = await clients[i].request(wire.TensorBatch(seq=seq, tensors={"x": x}, meta={"op": "jitter"}), timeout=20)
+        assert isinstance(reply, wire.TensorBatch)
+        assert reply.seq == seq and torch.equal(reply.tensors["x"], x)
+        assert reply.meta["peer"] == f"client-{i}"
+
+    await asyncio.gather(*(one(i, k) for i in range(len(clients)) for k in range(per_client)))
+
+
+async def test_concurrent_requests_get_their_own_replies(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address)
+    clients = [client(ctx, server.address, f"client-{i}") for i in range(4)]
+    await many_requests(clients, per_client=50)
+    assert server.stats.dropped == Counter() and all(c.stats.dropped == Counter() for c in clients)
+    for ep in [*clients, server]:
+        await ep.aclose()
+
+
+async def test_timeout_then_late_reply_is_dropped_harmlessly(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address)
+    c = client(ctx, server.address, "impatient")
+    t0 = time.monotonic()
+    with pytest.raises(RequestTimeout):
+        await c.request(wire.TensorBatch(seq=1, meta={"op": "sleep", "s": 0.4}), timeout=0.1)
+    assert time.monotonic() - t0 < 0.35
+    async with asyncio.timeout(3):  # the reply arrives after the caller gave up
+        while not c.stats.dropped["late_reply"]:
+            await asyncio.sleep(0.02)
+    reply = await c.request(wire.TensorBatch(seq=2), timeout=2)
+    assert isinstance(reply, wire.TensorBatch) and reply.seq == 2
+    assert c.stats.dropped == Counter(late_reply=1)
+    await c.aclose()
+    await server.aclose()
+
+
+async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address)
+    c = client(ctx, server.address, "caller")
+    with pytest.raises(RemoteError) as info:
+        await c.request(wire.TensorBatch(seq=1, meta={"op": "raise"}), timeout=2)
+    assert info.value.code == wire.ErrorCode.INTERNAL and "boom" in info.value.message
+    # A reply that cannot be encoded is an error too, not a silent timeout.
+    with pytest.raises(RemoteError) as info:
+        await c.request(wire.TensorBatch(seq=2, meta={"op": "unencodable"}), timeout=2)
+    assert "TypeError" in info.value.message
+    reply = await c.request(wire.Shutdown(reason="x"), timeout=2)
+    assert reply == wire.Ack(info="Shutdown")
+    await c.aclose()
+    await server.aclose()
+
+
+async def test_receive_loop_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
+    server = await serve(ctx, "tcp://127.0.0.1:0")
+    real_recv = server.recv
+    failures = [zmq.ZMQError(errno.EINTR)]
+
+    async def flaky_recv() -> Envelope:
+        if failures:
+            raise failures.pop()
+        return await real_recv()
+
+    server.recv = flaky_recv  # type: ignore[method-assign]
+    c = client(ctx, server.address, "caller")
+    reply = await c.request(wire.TensorBatch(seq=5), timeout=2)
+    assert isinstance(reply, wire.TensorBatch) and reply.seq == 5 and not failures
+    await c.aclose()
+    await server.aclose()
+
+
+async def test_router_send_to_unknown_peer_raises(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address)
+    with pytest.raises(PeerUnreachable):
+        await server.send(wire.Ack(), peer=b"nobody")
+    t0 = time.monotonic()
+    with pytest.raises(PeerUnreachable):
+        await server.request(wire.Ack(), peer=b"nobody", timeout=5)
+    assert time.monotonic() - t0 < 1
+    with pytest.raises(ValueError):
+        await server.send(wire.Ack())
+    await server.aclose()
+
+
+async def test_server_requests_a_known_client(ctx: zmq.asyncio.Context, address: str) -> None:
+    """Requests flow the other way too: the ROUTER asks a DEALER that registered."""
+    server = await serve(ctx, address)
+    c = connect_dealer(ctx, server.address, name="worker", identity="worker")
+
+    async def work(env: Envelope) -> wire.Message:
+        assert isinstance(env.msg, wire.TensorBatch)
+        return wire.TensorBatch(seq=env.msg.seq + 1, tensors={"y": env.msg.tensors["x"] * 2})
+
+    c.start(work)
+    await c.request(wire.TensorBatch(seq=0), timeout=2)  # the server now knows "worker"
+    x = torch.randn(1000)
+    reply = await server.request(wire.TensorBatch(seq=7, tensors={"x": x}), peer=b"worker", timeout=2)
+    assert isinstance(reply, wire.TensorBatch) and reply.seq == 8 and torch.equal(reply.tensors["y"], x * 2)
+    await c.aclose()
+    await server.aclose()
+
+
+# --- heartbeats and peer loss -----------------------------------------------------------
+
+
+class LostPeers:
+    """An on_peer_lost callback that records who was lost and when."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.events: list[tuple[bytes | None, float]] = []
+        self.fail_first = fail_first
+        self.changed = asyncio.Event()
+
+    def __call__(self, peer: bytes | None) -> None:
+        self.events.append((peer, time.monotonic()))
+        self.changed.set()
+        if self.fail_first and len(self.events) == 1:
+            raise RuntimeError("callback bug: must not stop the heartbeat loop")
+
+    async def wait(self, count: int, timeout: float = 3.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.events) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+# Detection happens on a heartbeat tick after peer_timeout_s; allow a scheduling margin.
+DETECT_WITHIN = FAST.peer_timeout_s + 2 * FAST.heartbeat_s + 0.5
+
+
+async def test_server_reports_a_client_that_stops(ctx: zmq.asyncio.Context, address: str) -> None:
+    lost = LostPeers(fail_first=True)
+    server = bind_router(ctx, address, name="server", options=FAST)
+    server.start(echo, on_peer_lost=lost)
+    first = client(ctx, server.address, "first", FAST)
+    second = client(ctx, server.address, "second", FAST)
+    await first.request(wire.TensorBatch(seq=0), timeout=2)
+    await second.request(wire.TensorBatch(seq=0), timeout=2)
+    await asyncio.sleep(2 * FAST.peer_timeout_s)  # heartbeats alone keep both alive
+    assert lost.events == []
+
+    stopped = time.monotonic()
+    await first.aclose()
+    await lost.wait(1)
+    assert lost.events[0][0] == b"first" and lost.events[0][1] - stopped < DETECT_WITHIN
+    stopped = time.monotonic()  # the callback raised: detection must go on regardless
+    await second.aclose()
+    await lost.wait(2)
+    assert lost.events[1][0] == b"second" and lost.events[1][1] - stopped < DETECT_WITHIN
+
+    # A peer that comes back is watched again: its next silence is reported too.
+    back = client(ctx, server.address, "first", FAST)
+    await back.request(wire.TensorBatch(seq=1), timeout=2)
+    stopped = time.monotonic()
+    await back.aclose()
+    await lost.wait(3)
+    assert lost.events[2][0] == b"first" and lost.events[2][1] - stopped < DETECT_WITHIN
+    await server.aclose()
+
+
+async def test_client_reports_a_server_that_stops(ctx: zmq.asyncio.Context, address: str) -> None:
+    server = await serve(ctx, address, FAST)
+    lost = LostPeers()
+    c = connect_dealer(ctx, server.address, name="c", identity="c", options=FAST)
+    c.start(None, on_peer_lost=lost)
+    await c.request(wire.TensorBatch(seq=0), timeout=2)
+    await asyncio.sleep(2 * FAST.peer_timeout_s)
+    assert lost.events == []
+    stopped = time.monotonic()
+    await server.aclose()
+    await lost.wait(1)
+    assert lost.events[0][0] is None and lost.events[0][1] - stopped < DETECT_WITHIN
+    await c.aclose()
+
+
+async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    """A DEALER whose server never came: sends block at the high-water mark, yet the
+    loss is reported and a request still times out on time."""
+    options = ChannelOptions(hwm=1, heartbeat_s=0.05, peer_timeout_s=0.3)
+    lost = LostPeers()
+    c = connect_dealer(ctx, f"ipc://{tmp_path}/nobody", name="c", identity="c", options=options)
+    c.start(None, on_peer_lost=lost)
+    for _ in range(3):
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            await c.request(wire.TensorBatch(seq=0), timeout=0.1)
+        assert time.monotonic() - t0 < 0.6
+    await lost.wait(1)
+    assert lost.events[0][0] is None
+    await c.aclose()
+
+
+# --- fan-out ----------------------------------------------------------------------------
+
+
+def tensor_batch(seq: int) -> wire.TensorBatch:
+    g = torch.Generator().manual_seed(seq)
+    return wire.TensorBatch(
+        seq=seq,
+        tensors={
+            "small": torch.arange(10) + seq,
+            "big": torch.randn(256, 1024, generator=g),  # 1 MiB: a zero-copy frame
+            "bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
+            "view": torch.randn(64, 64, generator=g).T,
+        },
+        arrays={"ids": np.arange(500, dtype=np.int32) * seq},
+        meta={"seq": seq},
+    )
+
+
+def assert_batch(got: wire.Message, want: wire.TensorBatch) -> None:
+    assert isinstance(got, wire.TensorBatch) and got.seq == want.seq and got.meta == want.meta
+    assert got.tensors.keys() == want.tensors.keys()
+    for name, t in want.tensors.items():
+        assert got.tensors[name].dtype == t.dtype and torch.equal(got.tensors[name], t)
+    assert np.array_equal(got.arrays["ids"], want.arrays["ids"])
+
+
+async def next_batch(ep: Endpoint, timeout: float = 5.0) -> wire.Message:
+    """The next message that is not a join probe."""
+    async with asyncio.timeout(timeout):
+        while True:
+            env = await ep.recv()
+            if not isinstance(env.msg, wire.Heartbeat):
+                return env.msg
+
+
+async def test_pub_sub_fans_tensor_batches_out_to_every_subscriber(ctx: zmq.asyncio.Context, address: str) -> None:
+    pub = bind_socket(ctx, zmq.PUB, address, name="pub")
+    subs = [connect_socket(ctx, zmq.SUB, pub.address, name=f"sub{i}") for i in range(3)]
+    for sub in subs:  # PUB drops until a subscription arrives: probe until each one hears
+        async with asyncio.timeout(5):
+            while True:
+                await pub.send(wire.Heartbeat())
+                try:
+                    async with asyncio.timeout(0.05):
+                        await sub.recv()
+                    break
+                except TimeoutError:
+                    continue
+    batches = [tensor_batch(seq) for seq in range(5)]
+    for batch in batches:
+        await pub.send(batch)
+    for sub in subs:
+        for batch in batches:
+            assert_batch(await next_batch(sub), batch)
+        assert sub.stats.dropped == Counter()
+    for ep in [pub, *subs]:
+        ep.close()
+
+
+async def test_push_pull_delivers_every_batch_once(ctx: zmq.asyncio.Context, address: str) -> None:
+    push = bind_socket(ctx, zmq.PUSH, address, name="push")
+    pulls = [connect_socket(ctx, zmq.PULL, push.address, name=f"pull{i}") for i in range(2)]
+    await asyncio.sleep(0.2)  # let both connect so the load is shared
+    batches = {seq: tensor_batch(seq) for seq in range(8)}
+    for batch in batches.values():
+        await push.send(batch)
+    received: dict[int, wire.Message] = {}
+    counts = []
+
+    async def drain(pull: Endpoint) -> None:
+        n = 0
+        while len(received) < len(batches):
+            try:
+                msg = await next_batch(pull, timeout=0.5)
+            except TimeoutError:
+                break
+            assert isinstance(msg, wire.TensorBatch) and msg.seq not in received
+            received[msg.seq] = msg
+            n += 1
+        counts.append(n)
+
+    await asyncio.gather(*(drain(p) for p in pulls))
+    assert sorted(received) == sorted(batches) and sum(counts) == len(batches)
+    for seq, msg in received.items():
+        assert_batch(msg, batches[seq])
+    # Fan-in: two PUSH sockets into one bound PULL.
+    sink = bind_socket(ctx, zmq.PULL, address.replace("sock", "sink"), name="sink")
+    sources = [connect_socket(ctx, zmq.PUSH, sink.address, name=f"src{i}") for i in range(2)]
+    for i, src in enumerate(sources):
+        await src.send(tensor_batch(10 + i))
+    got = sorted([await next_batch(sink), await next_batch(sink)], key=lambda m: m.seq)  # type: ignore[attr-defined]
+    for i, msg in enumerate(got):
+        assert_batch(msg, tensor_batch(10 + i))
+    for ep in [push, *pulls, sink, *sources]:
+        ep.close()
+
+
+# --- across processes -------------------------------------------------------------------
+
+SERVER_SCRIPT = r"""
+import asyncio, sys
+import structlog
+from transport import wire
+from transport.channels import ChannelOptions, bind_router
+import zmq.asyncio
+
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+from tests.integration.test_channels import echo  # the same toy service as in-process
+
+async def main(address, max_bytes):
+    server = bind_router(
+        zmq.asyncio.Context(), address, name="remote",
+        options=ChannelOptions(max_message_bytes=max_bytes, heartbeat_s=0.05, peer_timeout_s=1.0),
+    )
+
+    async def handle(env):
+        if isinstance(env.msg, wire.TensorBatch) and env.msg.meta.get("op") == "stats":
+            return wire.TensorBatch(seq=env.msg.seq, meta={"dropped": dict(server.stats.dropped)})
+        return await echo(env)
+
+    server.start(handle)
+    print("READY", server.address, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def start_server(address: str, log: Path, max_bytes: int = 1 << 30) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", SERVER_SCRIPT, address, str(max_bytes)]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the server is bound (or died)
+    if not line.startswith("READY"):
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}\n{log.read_text()}")
+    return proc, line.split()[1]
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server in another process (tcp), shared by the tests of this module."""
+    proc, address = start_server("tcp://127.0.0.1:0", tmp_path_factory.mktemp("remote") / "log", max_bytes=4096)
+    yield address
+    proc.kill()
+    proc.wait()
+
+
+async def test_remote_server_survives_bad_input(ctx: zmq.asyncio.Context, remote: str) -> None:
+    raw = RawDealer(ctx, remote)
+    stats_corr = iter(range(10_000, 20_000))
+
+    async def dropped() -> dict[str, int]:
+        reply = await raw.ask(wire.TensorBatch(seq=0, meta={"op": "stats"}), corr=next(stats_corr))
+        assert isinstance(reply, wire.TensorBatch)
+        return reply.meta["dropped"]
+
+    await check_survives_bad_input(raw, dropped)
+
+
+async def test_remote_server_answers_concurrent_clients(ctx: zmq.asyncio.Context, remote: str) -> None:
+    clients = [client(ctx, remote, f"client-{i}") for i in range(4)]
+    await many_requests(clients, per_client=50)
+    for c in clients:
+        await c.aclose()
+
+
+async def test_client_reports_a_server_process_that_dies(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    proc, address = start_server(f"ipc://{tmp_path}/srv", tmp_path / "log")
+    try:
+        lost = LostPeers()
+        c = connect_dealer(ctx, address, name="c", identity="c", options=FAST)
+        c.start(None, on_peer_lost=lost)
+        x = torch.randn(128, 1024)
+        reply = await c.request(wire.TensorBatch(seq=3, tensors={"x": x}), timeout=5)
+        assert isinstance(reply, wire.TensorBatch) and torch.equal(reply.tensors["x"], x)
+        killed = time.monotonic()
+        proc.kill()
+        await lost.wait(1)
+        assert lost.events == [(None, lost.events[0][1])] and lost.events[0][1] - killed < DETECT_WITHIN
+        with pytest.raises(RequestTimeout):
+            await c.request(wire.TensorBatch(seq=4), timeout=0.2)
+        await c.aclose()
+    finally:
+        proc.kill()
+        proc.wait()
