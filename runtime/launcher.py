@@ -29,6 +29,7 @@ from runtime import addresses, checkpoint
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
+from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
@@ -237,12 +238,7 @@ def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
 
 
 def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    env.setdefault("DO_NOT_TRACK", "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    env = {**ROLE_ENV_DEFAULTS, **os.environ}
     env["PYTHONUNBUFFERED"] = "1"
     env["TANDEM_NNODES"] = str(opts.nnodes)
     env["TANDEM_JOIN"] = opts.join

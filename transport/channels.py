@@ -29,7 +29,7 @@ import zmq.asyncio
 
 from transport import wire
 from transport.codec import Decoder, Encoder, WireError
-from transport.security import CurveKeys, apply_curve
+from transport.security import CurveKeys, apply_curve, log_refused_handshakes
 
 log = structlog.get_logger("transport")
 
@@ -182,6 +182,9 @@ class RpcEndpoint(Endpoint):
             asyncio.create_task(self._serve(handler), name=f"{self.name}.recv"),
             asyncio.create_task(self._heartbeat(), name=f"{self.name}.heartbeat"),
         ]
+        if self.options.curve is not None and self.sock.curve_server:
+            watch = log_refused_handshakes(self.sock, self.name)
+            self._loops.append(asyncio.create_task(watch, name=f"{self.name}.handshakes"))
         for task in self._loops:
             task.add_done_callback(self._loop_ended)
 

@@ -4,7 +4,8 @@ A run has one key pair shared by its roles (`generate_keys` writes it, `tandem k
 RUN_DIR` calls that). Servers accept only clients whose public key is listed in
 `CurveKeys.allowed_clients`; the ZAP handler installed by `start_authenticator` refuses
 everyone else and logs each refusal with the peer's address and reason. A plaintext
-peer cannot complete the handshake with a Curve socket at all.
+peer cannot complete the handshake with a Curve socket at all; `log_refused_handshakes`
+logs and counts those failures as they happen (a socket monitor on the server).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import structlog
 import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
 log = structlog.get_logger("transport")
 
@@ -101,4 +103,40 @@ class _Allowed:
 
 
 def refused_count() -> int:
-    return _LoggingAuthenticator.refused
+    """Peers refused so far in this process: wrong keys (ZAP) and failed handshakes."""
+    return _LoggingAuthenticator.refused + _handshakes_refused[0]
+
+
+_handshakes_refused = [0]
+# A wrong key fails in ZAP, which logs it already (with the reason); these are the
+# failures ZAP never sees, such as a plaintext peer at a Curve server.
+_HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+
+async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None:
+    """Log (`peer_refused`) and count every peer whose handshake with the Curve server
+    `sock` failed before authentication. Runs until cancelled or the socket closes."""
+    monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+    try:
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            _handshakes_refused[0] += 1
+            log.warning(
+                "peer_refused",
+                channel=channel,
+                mechanism="handshake",
+                reason=_HANDSHAKE_REASONS.get(event["event"], str(event["event"])),
+                endpoint=event["endpoint"].decode(errors="replace"),
+            )
+    except zmq.ZMQError:
+        return
+    finally:
+        if not sock.closed:
+            sock.disable_monitor()
+        monitor.close(linger=0)
+
+
+_HANDSHAKE_REASONS = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch (a peer without the run's Curve key?)",
+}

@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoleHarness]:
     run_dir = tmp_path_factory.mktemp("rollout-role")
-    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}"])
+    # max_model_len: room for samples long enough that an abort always lands mid-way.
+    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"])
     harness = RoleHarness(cfg, "rollout")
     await harness.start()
     yield harness
@@ -106,24 +107,27 @@ async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoin
 
 
 async def test_abort_returns_tokens_so_far(rollout: RoleHarness) -> None:
+    # Samples of LONG tokens take seconds even for the tiny model, so each abort below
+    # lands before its sample could finish, however slow or busy the machine is.
+    long = 1000
     # Sent back to back, the abort may arrive before the sample started: it must still win.
-    await rollout.send(generate("doomed-early", 1, 250))
+    await rollout.send(generate("doomed-early", 1, long))
     ack = await rollout.request(wire.Abort(request_ids=["doomed-early"]))
     assert isinstance(ack, wire.Ack) and ack.info == "aborted 1"
     c = await rollout.next(wire.Completion)
     assert c.request_id == "doomed-early" and c.finish_reason == wire.FinishReason.ABORT
-    # Mid-generation (beside 8 other long samples, so it cannot finish early), the
-    # completion returns with the tokens generated so far.
-    await rollout.send(generate("filler", 8, 250))
-    await rollout.send(generate("doomed", 1, 250))
+    # Mid-generation (beside other samples), the completion returns with the tokens
+    # generated so far; the others are untouched.
+    await rollout.send(generate("filler", 4, 200))
+    await rollout.send(generate("doomed", 1, long))
     await asyncio.sleep(0.5)
     ack = await rollout.request(wire.Abort(request_ids=["doomed"]))
     assert isinstance(ack, wire.Ack) and ack.info == "aborted 1"
-    got = {(c.request_id, c.sample_index): c for c in await completions(rollout, 9)}
+    got = {(c.request_id, c.sample_index): c for c in await completions(rollout, 5)}
     c = got[("doomed", 0)]
     assert c.finish_reason == wire.FinishReason.ABORT
-    assert 0 < c.token_ids.numel() < 250 and c.token_ids.numel() == c.logprobs.numel()
-    assert all(got[("filler", i)].token_ids.numel() == 250 for i in range(8))
+    assert 0 < c.token_ids.numel() < long and c.token_ids.numel() == c.logprobs.numel()
+    assert all(got[("filler", i)].token_ids.numel() == 200 for i in range(4))
 
 
 async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHarness) -> None:
