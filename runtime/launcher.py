@@ -29,12 +29,13 @@ from runtime import addresses, checkpoint
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
+from runtime.gpu_check import check_local_gpus
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
 from runtime.paths import model_dir
-from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes
+from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -72,6 +73,8 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
 def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
     """Run this node's share of the run; returns the process exit code."""
     opts = opts or LaunchOptions()
+    if cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg)):
+        check_local_gpus(cfg, opts.node_rank)  # before the model is made: a missing GPU fails at once
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     check_topology(cfg, opts)

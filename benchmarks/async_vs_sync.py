@@ -1,0 +1,304 @@
+"""Async vs sync PPO on one config, in one invocation. Prints one JSON object.
+
+The same config runs as separate `tandem launch` processes, each into its own run
+directory under `--run-root`, in this order:
+
+* sync: `rollout.max_staleness=0` — on-policy PPO through the same code path (the baseline);
+* async: `rollout.max_staleness=N` (`--staleness`, default 2);
+* colocated (`--colocated`): sync again, with rollout and trainer each given every GPU
+  the config uses (one rollout and one trainer rank per GPU, sharing it; the rollout's
+  `gpu_memory_utilization` lowered to `--colocated-gpu-util` so both fit).
+
+Each run's metrics.jsonl is then summarised over its steady window: the first
+`--warmup-steps` steps are skipped, and so are the last `max_staleness` steps of a run,
+in which nothing is generated any more (the samples they train were generated ahead, so
+they would flatter the async run); at least one step is kept. Rates are totals over the
+window (samples / sum of step times); `run_samples_per_s` is the whole run's. Weight-sync
+time is the median step. `wall_over_max_busy` is the window's wall time over the busier
+side's busy time (rollout or trainer): 1.0 is perfect overlap, sync PPO sits near
+(gen + train) / max(gen, train). `trainer_mfu` is 6 * params * trained tokens (prompt + response) /
+train_busy_s / peak FLOP/s of the trainer's GPUs (`--peak-tflops` each, default H200 bf16
+dense); it ignores attention and the proximal-logprob forward, so it understates the work
+done. `weight_sync_gbps` is the policy's size in bf16 (from the model's config.json) over
+the median weight-sync time, in 10^9 bytes per second. `rollout_vs_bare_vllm` is
+`role_over_bare` of a benchmarks/rollout.py result (`--rollout-bench FILE`), else null.
+
+    .venv/bin/python benchmarks/async_vs_sync.py [--config configs/bench_h200x2.yaml] [key=value ...]
+        [--colocated] [--rollout-bench FILE] [--out benchmarks/results/async_vs_sync_h200x2.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runtime.config import RunConfig
+from runtime.config_load import load_config
+from runtime.placement import entries, role_counts
+from runtime.validate import check_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = "configs/bench_h200x2.yaml"
+H200_BF16_DENSE_TFLOPS = 989.0
+BF16_BYTES = 2
+
+
+# --- summarising (pure) ---------------------------------------------------------------
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize_run(
+    records: list[dict[str, Any]],
+    *,
+    warmup: int,
+    cooldown: int = 0,
+    params: int,
+    policy_bytes: int,
+    prompt_tokens: float,
+    peak_flops: float,
+) -> dict[str, Any]:
+    """One run's figures over its steps but the first `warmup` and the last `cooldown`."""
+    ordered = sorted(records, key=lambda r: r["step"])
+    kept = ordered[warmup : len(ordered) - cooldown]
+    if not kept:
+        raise ValueError(f"{len(records)} steps recorded, none left without {warmup} warm-up and {cooldown} last steps")
+    wall = sum(r["step_s"] for r in kept)
+    samples = sum(r["samples_per_s"] * r["step_s"] for r in kept)
+    tokens = sum(r["tokens_per_s"] * r["step_s"] for r in kept)
+    gen_busy = sum(r["gen_busy_s"] for r in kept)
+    train_busy = sum(r["train_busy_s"] for r in kept)
+    sync_s = statistics.median(r["weight_sync_s"] for r in kept)
+    trained_tokens = tokens + samples * prompt_tokens
+    pushed = [r["weight_sync_gb"] for r in kept if "weight_sync_gb" in r]
+    return {
+        "steps": len(kept),
+        "samples_per_s": samples / wall,
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "run_wall_s": ordered[-1]["wall_s"],
+        "run_samples_per_s": sum(r["samples_per_s"] * r["step_s"] for r in ordered) / ordered[-1]["wall_s"],
+        "step_s_median": statistics.median(r["step_s"] for r in kept),
+        "gen_busy_s": gen_busy,
+        "train_busy_s": train_busy,
+        "wall_over_max_busy": wall / max(gen_busy, train_busy),
+        "rollout_idle_ratio": max(0.0, 1.0 - gen_busy / wall),
+        "trainer_idle_ratio": max(0.0, 1.0 - train_busy / wall),
+        "weight_sync_s": sync_s,
+        "weight_sync_gbps": policy_bytes / sync_s / 1e9 if sync_s > 0 else None,
+        "weight_sync_gb_pushed": statistics.median(pushed) if pushed else None,
+        "trainer_mfu": 6 * params * trained_tokens / train_busy / peak_flops if train_busy > 0 else None,
+        "staleness_mean": statistics.fmean(r["staleness_mean"] for r in kept),
+        "staleness_max": max(r["staleness_max"] for r in kept),
+    }
+
+
+def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] | None) -> dict[str, Any]:
+    """The headline figures: async over sync (and over colocated sync), async's own figures."""
+    a, s = variants["async"], variants["sync"]
+    out = {"speedup": a["samples_per_s"] / s["samples_per_s"]}
+    if "colocated" in variants:
+        out["speedup_vs_colocated"] = a["samples_per_s"] / variants["colocated"]["samples_per_s"]
+    for key in ("wall_over_max_busy", "weight_sync_s", "weight_sync_gbps", "trainer_mfu"):
+        out[key] = a[key]
+    out["rollout_vs_bare_vllm"] = rollout_bench.get("role_over_bare") if rollout_bench else None
+    return out
+
+
+def decoder_param_count(hf: dict[str, Any]) -> int:
+    """Parameters of a Qwen2 / Llama-shaped decoder from its HF config.json."""
+    h, num_layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or h // heads
+    bias = hf.get("attention_bias", hf.get("model_type") == "qwen2")  # Qwen2 always has q/k/v biases
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if bias else 0)
+    mlp = 3 * h * hf["intermediate_size"]
+    layer = attn + mlp + 2 * h  # two RMSNorms
+    embeddings = vocab * h * (1 if hf.get("tie_word_embeddings") else 2)
+    return embeddings + num_layers * layer + h  # final norm
+
+
+def colocated_placement(cfg: RunConfig) -> list[dict[str, Any]]:
+    """Controller and reward as they are; one rollout and one trainer (and critic) per GPU used."""
+    gpus = sorted({d for e in entries(cfg) if e.role in ("rollout", "trainer", "critic") for d in e.devices})
+    if not gpus:
+        raise ValueError("--colocated: the config puts no role on a GPU, so there is nothing to colocate")
+    shared = {"count": len(gpus), "devices": gpus}
+    roles = ["rollout", "trainer"] + (["critic"] if role_counts(cfg).get("critic") else [])
+    return [{"role": "controller"}, {"role": "reward"}, *({"role": r, **shared} for r in roles)]
+
+
+def variant_overrides(cfg: RunConfig, staleness: int, colocated_util: float | None) -> dict[str, list[str]]:
+    """Overrides of each variant, applied after the user's; `colocated_util` None: no colocated run."""
+    out = {"sync": ["rollout.max_staleness=0"], "async": [f"rollout.max_staleness={staleness}"]}
+    if colocated_util is not None:
+        out["colocated"] = [
+            "rollout.max_staleness=0",
+            f"placement={json.dumps(colocated_placement(cfg))}",
+            f"rollout.engine.gpu_memory_utilization={colocated_util}",
+        ]
+    return out
+
+
+def rounded(value: Any) -> Any:
+    """Floats to 4 significant digits, through dicts and lists."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
+# --- running --------------------------------------------------------------------------
+def setup_model(cfg: RunConfig, run_root: Path) -> tuple[Path, list[str]]:
+    """The policy directory and the overrides that point every variant at it: the tiny model
+    is made once under `run_root` (not once per variant)."""
+    if cfg.model.path:
+        return Path(cfg.model.path), []
+    import msgspec
+
+    from runtime.tiny_model import make_tiny_model
+
+    path = make_tiny_model(run_root / "model", **msgspec.structs.asdict(cfg.model.tiny))
+    return path, [f"model.path={path}"]
+
+
+def prompt_tokens_mean(cfg: RunConfig, model_path: Path, limit: int = 256) -> float:
+    """Mean prompt length in tokens, as the controller encodes the dataset's prompts."""
+    from transformers import AutoTokenizer
+
+    from roles.controller.dataset import PromptDataset
+
+    dataset = PromptDataset(cfg.data, AutoTokenizer.from_pretrained(str(model_path)), cfg.seed)
+    return statistics.fmean(len(dataset.next().prompt_ids) for _ in range(min(limit, len(dataset))))
+
+
+def launch(config: Path, overrides: list[str], log_path: Path, timeout_s: float) -> float:
+    """`tandem launch` in a subprocess; its wall time. A failed run ends the benchmark."""
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(config), *overrides]
+    started = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            code = proc.wait(timeout=timeout_s)
+            why = f"exited {code}"
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            code, why = None, f"timed out after {timeout_s:g}s"
+    if code != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise SystemExit(f"async_vs_sync: `{' '.join(cmd)}` {why}; end of {log_path}:\n{tail}")
+    return time.perf_counter() - started
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)  # the launcher stops every role it started, then exits
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every variant")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--staleness", type=int, default=2, help="rollout.max_staleness of the async variant")
+    parser.add_argument("--colocated", action="store_true", help="also run sync with rollout and trainer colocated")
+    parser.add_argument("--colocated-gpu-util", type=float, default=0.5, help="rollout GPU share when colocated")
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="per trainer GPU")
+    parser.add_argument("--rollout-bench", type=Path, help="JSON printed by benchmarks/rollout.py")
+    parser.add_argument("--run-root", type=Path, help="default: runs/async_vs_sync/<config>-<time>")
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="per variant")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    return parser.parse_intermixed_args(argv)
+
+
+@dataclass
+class Policy:
+    """What every variant trains: its size and its mean prompt length."""
+
+    params: int
+    prompt_tokens: float
+    overrides: list[str]  # point the variants at the model made once (none for a given model.path)
+
+
+def setup_policy(cfg: RunConfig, run_root: Path) -> Policy:
+    model_path, overrides = setup_model(cfg, run_root)
+    hf = json.loads((model_path / "config.json").read_text())
+    return Policy(decoder_param_count(hf), prompt_tokens_mean(cfg, model_path), overrides)
+
+
+def run_variant(config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
+    cfg = load_config(config, overrides)
+    launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
+    records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
+    cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
+    trainer_ranks = role_counts(cfg)["trainer"]
+    summary = summarize_run(
+        records,
+        warmup=args.warmup_steps,
+        cooldown=cooldown,
+        params=policy.params,
+        policy_bytes=policy.params * BF16_BYTES,
+        prompt_tokens=policy.prompt_tokens,
+        peak_flops=args.peak_tflops * 1e12 * trainer_ranks,
+    )
+    return {**summary, "cooldown_steps": cooldown, "launch_s": launch_s, "trainer_ranks": trainer_ranks}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = Path(args.config).resolve()
+    base = load_config(config, args.overrides)
+    stamp = f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_root = (args.run_root or ROOT / "runs" / "async_vs_sync" / stamp).resolve()
+    run_root.mkdir(parents=True, exist_ok=True)
+    policy = setup_policy(base, run_root)
+    runs: dict[str, list[str]] = {}
+    for name, extra in variant_overrides(
+        base, args.staleness, args.colocated_gpu_util if args.colocated else None
+    ).items():
+        common = [*args.overrides, *policy.overrides, f"name={config.stem}-{name}", f"run_dir={run_root / name}"]
+        runs[name] = [*common, *extra]
+        check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts
+    variants = {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
+    rollout_bench = json.loads(args.rollout_bench.read_text()) if args.rollout_bench else None
+    result = {
+        "benchmark": "async_vs_sync",
+        "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+        "overrides": args.overrides,
+        "staleness": args.staleness,
+        "warmup_steps": args.warmup_steps,
+        "params": policy.params,
+        "policy_bytes_bf16": policy.params * BF16_BYTES,
+        "prompt_tokens_mean": policy.prompt_tokens,
+        "peak_tflops_per_gpu": args.peak_tflops,
+        "run_root": str(run_root),
+        **compare(variants, rollout_bench),
+        "variants": variants,
+    }
+    text = json.dumps(rounded(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""GPU placement checks: requested GPUs exist, and the processes sharing a GPU fit in it.
+
+Both checks are pure and fail with a one-line `ConfigError` naming the placement entry
+(`placement[i]`, its index in `placement`, or in the default placement when that is empty):
+
+* `check_gpu_memory(cfg)` reads only the config. `validate.check_config` runs it, so
+  `tandem launch` refuses an over-committed GPU before anything starts, on any machine.
+* `check_gpu_devices(cfg, device_count, node)` compares the entries placed on `node` with
+  the GPUs that node has. It needs the real count, which only torch knows, so it does not
+  run at config load (a recipe for 2 GPUs still loads and validates on a laptop):
+  `check_local_gpus(cfg, node)` asks torch and is what the launcher calls.
+
+Which processes use a GPU: rollout and reward processes given `devices`; trainer and
+critic processes unless `trainer.device=cpu`; never the controller. A role on the CPU may
+list devices (they only set CUDA_VISIBLE_DEVICES) and is not checked.
+
+Memory claims, per GPU (node, index): a rollout process claims
+`rollout.engine.gpu_memory_utilization` on every GPU it is given (vLLM takes that fraction
+of the whole GPU). Trainers and critics have no memory setting of their own: each claims
+`TRAINER_MIN_FRACTION` (a fifth of the GPU, what they are sure to need beside vLLM), i.e.
+a trainer sharing a GPU with a rollout needs `1 - gpu_memory_utilization >= 0.2`. The
+claims on one GPU must sum to at most 1.0. Processes placed without `devices` are not
+counted: which GPU they land on is only known at run time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from runtime.config import PlacementEntry, RunConfig
+from runtime.config_load import ConfigError
+from runtime.placement import entries
+
+TRAINER_MIN_FRACTION = 0.2
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Claim:
+    entry: str  # "placement[3] (trainer)"
+    role: str
+    fraction: float
+
+
+def label(index: int, e: PlacementEntry) -> str:
+    return f"placement[{index}] ({e.role})"
+
+
+def uses_gpu(cfg: RunConfig, role: str) -> bool:
+    if role == "controller":
+        return False
+    if role in ("trainer", "critic"):
+        return cfg.trainer.device != "cpu"
+    return True
+
+
+def check_gpu_devices(cfg: RunConfig, device_count: int, node: int = 0) -> None:
+    """Every GPU index asked for on `node` exists there; a GPU role has a GPU to run on."""
+    for i, e in enumerate(entries(cfg)):
+        if node not in (e.nodes or [e.node]) or e.count == 0 or not uses_gpu(cfg, e.role):
+            continue
+        if e.devices and device_count == 0:
+            hint = "set trainer.device=cpu or remove" if e.role in ("trainer", "critic") else "remove"
+            raise ConfigError(
+                f"{label(i, e)} asks for GPU {e.devices[0]} but node {node} has no GPU ({hint} its devices)"
+            )
+        for d in e.devices:
+            if d >= device_count:
+                have = "GPU 0" if device_count == 1 else f"GPUs 0-{device_count - 1}"
+                raise ConfigError(f"{label(i, e)} asks for GPU {d}, which does not exist: node {node} has only {have}")
+        if e.role in ("trainer", "critic") and cfg.trainer.device == "cuda" and device_count == 0:
+            raise ConfigError(f"{label(i, e)}: trainer.device=cuda but node {node} has no GPU")
+
+
+def gpu_claims(cfg: RunConfig) -> dict[tuple[int, int], list[Claim]]:
+    """The memory claims on each (node, GPU index) that placement names explicitly."""
+    claims: dict[tuple[int, int], list[Claim]] = defaultdict(list)
+    util = cfg.rollout.engine.gpu_memory_utilization
+    for i, e in enumerate(entries(cfg)):
+        if e.role not in ("rollout", "trainer", "critic") or not uses_gpu(cfg, e.role):
+            continue
+        fraction = util if e.role == "rollout" else TRAINER_MIN_FRACTION
+        for node in e.nodes or [e.node]:
+            for devices in _process_devices(e):
+                for d in devices:
+                    claims[(node, d)].append(Claim(label(i, e), e.role, fraction))
+    return claims
+
+
+def check_gpu_memory(cfg: RunConfig) -> None:
+    """The claims on every GPU sum to at most 1.0 (see the module docstring)."""
+    for (node, gpu), claims in sorted(gpu_claims(cfg).items()):
+        total = sum(c.fraction for c in claims)
+        if total <= 1.0 + _EPS:
+            continue
+        parts = " + ".join(f"{c.entry} {c.fraction:g}" for c in claims)
+        raise ConfigError(f"GPU {gpu} of node {node} is over-committed: {parts} = {total:.2f} > 1.0; {_fix(claims)}")
+
+
+def _fix(claims: list[Claim]) -> str:
+    rollouts = sum(1 for c in claims if c.role == "rollout")
+    others = sum(c.fraction for c in claims if c.role != "rollout")
+    fits = int((1.0 - others) / max(rollouts, 1) * 100 + _EPS) / 100
+    if rollouts and fits >= 0.05:
+        why = f" (trainer/critic processes claim {TRAINER_MIN_FRACTION:g} each)" if others else ""
+        return f"lower rollout.engine.gpu_memory_utilization to {fits:g} or less{why}, or use other GPUs"
+    return f"each trainer/critic process needs {TRAINER_MIN_FRACTION:g} of a GPU: spread them over more GPUs"
+
+
+def _process_devices(e: PlacementEntry) -> list[list[int]]:
+    """The GPUs of each of the entry's processes, as `placement` assigns them."""
+    if not e.devices:
+        return []
+    if len(e.devices) == e.count:
+        return [[d] for d in e.devices]
+    return [list(e.devices)] * e.count
+
+
+def visible_gpu_count() -> int:
+    """GPUs torch sees in this process (0 without torch or CUDA)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_local_gpus(cfg: RunConfig, node: int = 0) -> None:
+    """`check_gpu_devices` against this machine's GPUs (for the launcher of `node`)."""
+    check_gpu_devices(cfg, visible_gpu_count(), node)
