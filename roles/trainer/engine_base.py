@@ -29,9 +29,14 @@ from transport.wire import TrainBatch
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
+    """This rank's device. With `devices` in its placement the launcher gives each rank
+    exactly its own GPUs (CUDA_VISIBLE_DEVICES), so the rank uses the first visible one;
+    otherwise every GPU is visible and the local rank picks one."""
     want = cfg.trainer.device
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        visible = torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local if local < visible else local % max(1, visible))
     return torch.device("cpu")
 
 
