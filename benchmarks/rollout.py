@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# vLLM logs to stdout by default; stdout is for this benchmark's one JSON object.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 from runtime.config import RunConfig
 from runtime.config_load import load_config
