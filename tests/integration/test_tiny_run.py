@@ -49,7 +49,8 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     first, last = quarter_means(metrics)
     assert last > first + 0.05, (first, last)
     busy = sum(m["gen_busy_s"] + m["train_busy_s"] for m in metrics)
-    assert busy > metrics[-1]["wall_s"], "generation and training did not overlap"
+    # Measured 1.45-1.5 on 2 cores (BENCHMARKS.md); the bound leaves room for a loaded machine.
+    assert busy > 1.15 * metrics[-1]["wall_s"], "generation and training did not overlap"
     tail = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "tail", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True
     )
