@@ -262,7 +262,11 @@ class RewardConfig(msgspec.Struct, **_STRUCT):
 
 class WeightSyncConfig(msgspec.Struct, **_STRUCT):
     backend: Annotated[
-        Literal["zmq", "nccl"], Doc(description="`zmq`: bucketed bytes (CPU, any host); `nccl`: GPU broadcast.")
+        Literal["zmq", "nccl"],
+        Doc(
+            description="`zmq`: bucketed bytes over ZeroMQ (CPU, any host); `nccl`: broadcast over a dedicated "
+            "group per rollout, NCCL from a CUDA trainer, gloo from a CPU one."
+        ),
     ] = "zmq"
     bucket_mb: Annotated[int, Doc(description="Size of one weight bucket in MiB.", ge=1)] = 64
     timeout_s: Annotated[float, Doc(description="Bound on each phase of a weight update.", gt=0)] = 60.0

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console as RichConsole
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runtime.config import RunConfig
@@ -25,10 +26,10 @@ class Console:
         self.task: Any = None
 
     def note(self, text: str) -> None:
-        self.out.print(f"[bold]tandem[/]: {text}")
+        self.out.print(f"[bold]tandem[/]: {escape(text)}")
 
     def error(self, text: str) -> None:
-        self.out.print(f"[bold red]tandem: {text}[/]")
+        self.out.print(f"[bold red]tandem: {escape(text)}[/]")
 
     def show(self, rec: dict[str, Any]) -> None:
         level, event = rec.get("level", "info"), rec.get("event", "")
@@ -37,9 +38,9 @@ class Console:
             self._step(rec)
         elif level in ("warning", "error", "critical"):
             colour = "yellow" if level == "warning" else "red"
-            self.out.print(f"[{colour}]{who} {level} {event}[/] {_fields(rec)}")
+            self.out.print(f"[{colour}]{escape(who)} {level} {escape(event)}[/] {escape(_fields(rec))}")
         elif event in SHOWN_INFO:
-            self.out.print(f"[green]{who}[/] {event} {_fields(rec)}")
+            self.out.print(f"[green]{escape(who)}[/] {escape(event)} {escape(_fields(rec))}")
 
     def _step(self, rec: dict[str, Any]) -> None:
         step = int(rec.get("step", 0))

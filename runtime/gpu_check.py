@@ -130,3 +130,28 @@ def visible_gpu_count() -> int:
 def check_local_gpus(cfg: RunConfig, node: int = 0) -> None:
     """`check_gpu_devices` against this machine's GPUs (for the launcher of `node`)."""
     check_gpu_devices(cfg, visible_gpu_count(), node)
+
+
+def check_nccl_weight_sync(cfg: RunConfig) -> None:
+    """`weight_sync.backend=nccl` joins trainer rank 0 and each rollout's workers in one NCCL
+    group, and NCCL cannot hold two ranks on one GPU: a rollout placed on trainer rank 0's GPU
+    (a colocated placement) must use the `zmq` backend."""
+    if cfg.weight_sync.backend != "nccl":
+        return
+    items = list(enumerate(entries(cfg)))
+    trainer = next(((i, e) for i, e in items if e.role == "trainer" and e.devices), None)
+    if trainer is None:
+        return
+    node0 = trainer[1].nodes[0] if trainer[1].nodes else trainer[1].node
+    rank0 = set(_process_devices(trainer[1])[0])
+    for i, e in items:
+        if e.role != "rollout" or not e.devices:
+            continue
+        nodes = e.nodes or [e.node]
+        shared = rank0 & {d for devs in _process_devices(e) for d in devs}
+        if node0 in nodes and shared:
+            raise ConfigError(
+                f"weight_sync.backend=nccl: {label(i, e)} shares GPU {min(shared)} with trainer rank 0 "
+                f"({label(trainer[0], trainer[1])}); NCCL cannot hold two ranks on one GPU: "
+                "use weight_sync.backend=zmq for colocated placements"
+            )

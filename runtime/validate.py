@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
-from runtime.gpu_check import check_gpu_memory
+from runtime.gpu_check import check_gpu_memory, check_nccl_weight_sync
 from runtime.placement import role_counts
 
 
@@ -36,6 +36,7 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
     # Only the memory budget here: device indices need the real GPU count (gpu_check.check_local_gpus).
     check_gpu_memory(cfg)
+    check_nccl_weight_sync(cfg)
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

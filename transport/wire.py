@@ -46,6 +46,9 @@ class MsgType(IntEnum):
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
+    WEIGHT_GROUP_INIT = 23
+    WEIGHT_COLLECTIVE_PLAN = 24
+    WEIGHTS_SENT = 25
     REWARD_REQUEST = 30
     REWARD_RESULT = 31
     TRAIN_BATCH = 40
@@ -255,6 +258,55 @@ class SyncWeights(msgspec.Struct, **_msg(MsgType.SYNC_WEIGHTS)):
     rollouts: list[PeerInfo]
 
 
+# --- weights over a collective group (weight_sync.backend=nccl) --------------------------
+
+
+class WeightGroupInit(msgspec.Struct, **_msg(MsgType.WEIGHT_GROUP_INIT)):
+    """Trainer → rollout: join a dedicated broadcast group for weight updates.
+
+    Trainer rank 0 is group rank 0 and hosts the group's TCPStore at `host:port` (keys
+    under `prefix`); the rollout's vLLM workers take ranks `rank_offset + worker rank`.
+    `backend` is the torch.distributed backend (`nccl` or `gloo`). Both sides join at the
+    same time; the answer is `Ack` once the group is formed, or `Error`.
+    """
+
+    host: str
+    port: int
+    prefix: str
+    world_size: int = 2
+    rank_offset: int = 1
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+
+
+class TensorSlot(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Where one named tensor lies: bytes `[offset, offset + nbytes)` of bucket `bucket`."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+class WeightCollectivePlan(msgspec.Struct, **_msg(MsgType.WEIGHT_COLLECTIVE_PLAN)):
+    """Trainer → rollout: `version` follows as one broadcast of a flat uint8 buffer per
+    entry of `bucket_sizes`, laid out as `slots` say. Answered by `Ack` once the rollout
+    receives, `Error(REFUSED)` for a version older than the rollout's."""
+
+    version: int
+    slots: list[TensorSlot]
+    bucket_sizes: list[int]
+
+
+class WeightsSent(msgspec.Struct, **_msg(MsgType.WEIGHTS_SENT)):
+    """Trainer → rollout: every bucket of `version` was broadcast; answered by
+    `WeightsApplied` once the rollout loaded it, or `Error`."""
+
+    version: int
+
+
 # --- reward ----------------------------------------------------------------------------
 
 
@@ -377,6 +429,9 @@ Message = (
     | ValueRequest
     | ValueResult
     | TensorBatch
+    | WeightGroupInit
+    | WeightCollectivePlan
+    | WeightsSent
 )
 
 MESSAGE_TYPES: dict[int, type] = {

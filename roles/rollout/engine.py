@@ -10,6 +10,7 @@ What a caller may rely on:
 * `apply_weights` pauses scheduling with in-flight requests kept, loads a staged
   version in place, switches the prefix-cache salt to the new version (no KV computed
   by older weights is reused for new requests), and resumes. Versions only go up.
+  `receive_weights` does the same with a version the workers receive by broadcast.
 * Bad requests (prompt too long, bad sampling values) come back as samples with
   `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
   A dead engine raises `EngineDead` from every call.
@@ -23,9 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from runtime.config import EngineConfig
 from runtime.logs import get_logger
-from transport.wire import FinishReason, SamplingSpec
+from transport.wire import FinishReason, SamplingSpec, WeightCollectivePlan
 
 log = get_logger("rollout")
 WORKER_EXTENSION = "roles.rollout.worker_ext.TandemWorkerExtension"
@@ -195,6 +198,28 @@ class RolloutEngine:
 
     async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
         """Pause (keeping requests), load the staged `version`, resume. Returns phase times."""
+        return await self._update(version, "tandem_load_weights", manifest, timeout_s)
+
+    async def receive_weights(self, plan: WeightCollectivePlan, timeout_s: float) -> dict[str, float]:
+        """As `apply_weights`, but the workers receive `plan.version` over their weight
+        group (see `init_weight_group`) as the trainer broadcasts it. `timeout_s` bounds
+        each bucket; the call is bounded by one more `timeout_s` than there are buckets."""
+        bound = timeout_s * (len(plan.bucket_sizes) + 1)
+        return await self._update(plan.version, "tandem_receive_broadcast", msgspec.to_builtins(plan), bound)
+
+    async def init_weight_group(self, spec: dict[str, Any], timeout_s: float) -> list[Any]:
+        """Every worker joins the trainer's weight group (generation goes on meanwhile)."""
+        self._check_alive()
+        return await asyncio.wait_for(  # type: ignore[no-any-return]
+            self.engine.collective_rpc("tandem_init_weight_group", args=(spec,)), timeout_s
+        )
+
+    async def close_weight_group(self, timeout_s: float) -> None:
+        """Every worker leaves its weight group, so a trainer still sending fails at once."""
+        await asyncio.wait_for(self.engine.collective_rpc("tandem_close_weight_group"), timeout_s)
+
+    async def _update(self, version: int, method: str, payload: Any, timeout_s: float) -> dict[str, float]:
+        """Pause (keeping requests), run the worker load `method`, switch version, resume."""
         async with self._update_lock:
             if version < self.version:
                 raise StaleUpdate(f"update to version {version} refused: rollout is at version {self.version}")
@@ -203,9 +228,7 @@ class RolloutEngine:
             await self.engine.pause_generation(mode="keep", clear_cache=False)
             t_paused = time.perf_counter()
             try:
-                results = await asyncio.wait_for(
-                    self.engine.collective_rpc("tandem_load_weights", args=(manifest,)), timeout_s
-                )
+                results = await asyncio.wait_for(self.engine.collective_rpc(method, args=(payload,)), timeout_s)
                 self._switch_version(version)
                 if self.native_versions:
                     await self.engine.engine_core.set_weight_version_async(str(version))
@@ -214,8 +237,12 @@ class RolloutEngine:
             if not self._active:
                 await self.engine.reset_prefix_cache()
             total = time.perf_counter() - t0
-            load = max(r["load_s"] for r in results)
-            return {"pause_s": t_paused - t0, "load_s": load, "total_s": total}
+            return {
+                "pause_s": t_paused - t0,
+                "receive_s": max(r.get("receive_s", 0.0) for r in results),
+                "load_s": max(r["load_s"] for r in results),
+                "total_s": total,
+            }
 
     def _switch_version(self, version: int) -> None:
         self.version = version

@@ -7,7 +7,9 @@ Channels:
   goes to the controller too, so it always knows this rollout's version.
 * weights (ROUTER, address advertised at registration): `WeightBucket` in order; each is
   acknowledged, the last one only after the version is loaded (`WeightsApplied`). An
-  update older than the current version is refused with `Error(REFUSED)`.
+  update older than the current version is refused with `Error(REFUSED)`. The `nccl`
+  backend's requests (`WeightGroupInit`, `WeightCollectivePlan`, `WeightsSent`) come on
+  the same socket; see collective_recv.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from runtime.role import Role
 from transport import wire
 from transport.channels import Envelope, RpcEndpoint, bind_router
 
+from .collective_recv import CollectiveReceiver
 from .engine import EngineDead, RolloutEngine, Sample, StaleUpdate
 from .staging import WeightStager
 
@@ -55,6 +58,13 @@ class RolloutRole(Role):
         self.weights: RpcEndpoint = bind_router(self.zmq, bind, name="weights", options=opts)
         self.weights.start(self._on_weights)
         self.stager = WeightStager(self.ctx.name)
+        self.collective = CollectiveReceiver(
+            self.engine,
+            self.ctx.name,
+            local_host=_host(addresses.advertised(self.weights.address)),
+            timeout_s=cfg.weight_sync.timeout_s,
+            on_applied=self._applied,
+        )
         self.samples: set[asyncio.Task[Any]] = set()
         self.spawn("engine-watch", self._watch_engine())
         self.spawn("engine-stats", self._log_stats())
@@ -97,7 +107,7 @@ class RolloutRole(Role):
     async def _on_weights(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
         if not isinstance(msg, wire.WeightBucket):
-            return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"weights socket got {type(msg).__name__}")
+            return await self.collective.handle(msg)
         if msg.version < self.engine.version:
             reason = f"update to version {msg.version} refused: rollout is at version {self.engine.version}"
             log.warning("update_refused", reason=reason)
@@ -119,7 +129,6 @@ class RolloutRole(Role):
             return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
         finally:
             self.stager.discard()
-        set_policy_version(version)
         applied = wire.WeightsApplied(
             version=version,
             receive_s=receive_s,
@@ -129,17 +138,22 @@ class RolloutRole(Role):
             num_bytes=nbytes,
             rollout=self.ctx.name,
         )
+        await self._applied(applied, times["pause_s"])
+        return applied
+
+    async def _applied(self, applied: wire.WeightsApplied, pause_s: float) -> None:
+        """A version is loaded: log it and tell the controller (both backends)."""
+        set_policy_version(applied.version)
         log.info(
             "weights_applied",
-            receive_s=round(receive_s, 4),
-            load_s=round(times["load_s"], 4),
-            pause_s=round(times["pause_s"], 4),
+            receive_s=round(applied.receive_s, 4),
+            load_s=round(applied.load_s, 4),
+            pause_s=round(pause_s, 4),
             total_s=round(applied.total_s, 4),
-            mb=round(nbytes / 2**20, 2),
+            mb=round(applied.num_bytes / 2**20, 2),
         )
         if self.controller is not None:
             await self.controller.send(applied)
-        return applied
 
     async def _watch_engine(self) -> None:
         while True:
@@ -171,8 +185,17 @@ class RolloutRole(Role):
             await self.weights.aclose()
         if hasattr(self, "stager"):
             self.stager.discard()
+        if hasattr(self, "collective"):
+            self.collective.close()
         if hasattr(self, "engine"):
             await self.engine.shutdown()
+
+
+def _host(address: str) -> str:
+    """The host of a tcp:// address; loopback for ipc:// (one node)."""
+    if address.startswith("tcp://"):
+        return address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return "127.0.0.1"
 
 
 def _completion(req: wire.Generate, index: int, s: Sample) -> wire.Completion:

@@ -7,15 +7,29 @@ loads them with `model.load_weights` wrapped in vLLM's layerwise reload, which i
 makes a load after start-up work on CPU and keeps parameter storage in place (CUDA
 graphs stay valid on GPU). Names are HF parameter names; vLLM fuses q/k/v and
 gate/up itself.
+
+`tandem_init_weight_group(spec)` joins the dedicated broadcast group of the `nccl`
+weight-sync backend (see transport/collective.py): the worker's rank there is
+`rank_offset + its vLLM rank`, so every worker of a tensor-parallel engine joins.
+`tandem_receive_broadcast(plan)` then receives one version bucket by bucket and loads
+each bucket as it lands, inside one layerwise reload. A failed receive closes the group
+(the trainer forms a new one) and still finalizes the reload, so the model stays
+runnable; but layers loaded before the failure hold the new weights.
 """
 
 from __future__ import annotations
 
 import mmap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import torch
+
+from transport import wire
+from transport.collective import WeightGroup, bucket_slots, connect_store, unpack
 
 
 class TandemWorkerExtension:
@@ -29,18 +43,77 @@ class TandemWorkerExtension:
             size = f.seek(0, 2)
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
         weights = [(e[0], _view(mm, e, device)) for e in manifest["entries"]]
+        with self._tandem_reloading(model, device):
+            model.load_weights(weights=weights)
+        del weights
+        return {"num_tensors": len(manifest["entries"]), "load_s": time.perf_counter() - start}
+
+    def tandem_init_weight_group(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Join the trainer's weight group (blocks until every rank joined, at most until
+        `spec["deadline"]`, the end of the trainer's wait); replaces any group joined before."""
+        self.tandem_close_weight_group()
+        start = time.perf_counter()
+        init = msgspec.convert(spec["init"], wire.WeightGroupInit)
+        window = spec["deadline"] - time.time()
+        if window <= 0:
+            raise TimeoutError(f"weight group {init.prefix}: the trainer stopped waiting {-window:.1f}s ago")
+        model_device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
+        if init.backend == "nccl" and model_device.type != "cuda":
+            raise RuntimeError(f"an nccl weight group needs the rollout on a GPU, not {model_device}")
+        device = model_device if init.backend == "nccl" else torch.device("cpu")
+        rank = init.rank_offset + self.rank  # type: ignore[attr-defined]
+        store = connect_store(init.host, init.port, window)  # bounds the wait for the other ranks
+        self._tandem_group = WeightGroup.join(
+            store, init.prefix, rank, init.world_size, device, init.timeout_s, spec["local_host"]
+        )
+        return {"rank": rank, "seconds": time.perf_counter() - start}
+
+    def tandem_receive_broadcast(self, plan_obj: Any) -> dict[str, Any]:
+        """Receive one version over the weight group, loading each bucket as it lands."""
+        group: WeightGroup | None = getattr(self, "_tandem_group", None)
+        if group is None or group.pg is None:
+            raise RuntimeError("no weight group: the trainer has not formed one with this worker")
+        plan = msgspec.convert(plan_obj, wire.WeightCollectivePlan)
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        start, receive_s = time.perf_counter(), 0.0
+        try:
+            with self._tandem_reloading(model, device):
+                for i, size in enumerate(plan.bucket_sizes):
+                    flat = torch.empty(size, dtype=torch.uint8, device=group.device)
+                    t0 = time.perf_counter()
+                    group.broadcast(flat)
+                    receive_s += time.perf_counter() - t0
+                    model.load_weights(weights=unpack(flat, bucket_slots(plan.slots, i)))
+                    del flat
+        except BaseException:
+            self.tandem_close_weight_group()  # the byte stream is out of step: start over
+            raise
+        total = time.perf_counter() - start
+        return {"num_tensors": len(plan.slots), "receive_s": receive_s, "load_s": total - receive_s}
+
+    def tandem_close_weight_group(self) -> None:
+        group: WeightGroup | None = getattr(self, "_tandem_group", None)
+        if group is not None:
+            group.close()
+        self._tandem_group = None
+
+    @contextmanager
+    def _tandem_reloading(self, model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+        """`load_weights` calls inside run under vLLM's layerwise reload, finalized even
+        after an error so no layer is left unmaterialized."""
         reload = _layerwise_reload()
         if reload is not None:
             reload[0](model)
-        model.load_weights(weights=weights)
-        if reload is not None:
-            reload[1](model, self.model_runner.model_config)  # type: ignore[attr-defined]
-        if device.type == "cpu":
-            _repack_embeddings(model)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        del weights
-        return {"num_tensors": len(manifest["entries"]), "load_s": time.perf_counter() - start}
+        try:
+            yield
+        finally:
+            if reload is not None:
+                reload[1](model, self.model_runner.model_config)  # type: ignore[attr-defined]
+            if device.type == "cpu":
+                _repack_embeddings(model)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
 
     def tandem_checksum(self) -> float:
         """Sum of |w| over all parameters (a cheap proof that a load wrote every tensor)."""

@@ -45,9 +45,25 @@ class TrainerRole(Role):
             log.info("resumed", checkpoint=str(resume), version=self.engine.version)
         log.info("engine_ready", backend=self.cfg.trainer.backend, world_size=self.engine.world_size,
                  device=str(self.engine.device), seconds=round(time.perf_counter() - started, 2))  # fmt: skip
-        opts = addresses.channel_options(self.cfg, self.ctx.run_dir)
-        self.pusher = WeightPusher(self.zmq, opts, identity=self.ctx.name, timeout_s=self.cfg.weight_sync.timeout_s)
+        self.pusher = self._make_pusher()
         self.step_lock = asyncio.Lock()
+
+    def _make_pusher(self) -> WeightPusher:
+        """`zmq`: buckets over the weights channel; `nccl`: a broadcast group per rollout
+        (NCCL from a CUDA trainer, gloo from a CPU one), steered over the same channel."""
+        cfg = self.cfg
+        opts = addresses.channel_options(cfg, self.ctx.run_dir)
+        timeout_s = cfg.weight_sync.timeout_s
+        if cfg.weight_sync.backend == "zmq":
+            return WeightPusher(self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s)
+        from roles.trainer.weight_collective import CollectivePusher
+
+        # The host rollouts reach this process at, as for its sockets (127.0.0.1 on one node).
+        host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
+        return CollectivePusher(
+            self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s, host=host, device=self.engine.device,
+            workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
+        )  # fmt: skip
 
     def _build_engine(self) -> Any:
         if self.cfg.trainer.backend == "megatron":

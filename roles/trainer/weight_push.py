@@ -4,6 +4,9 @@
 acknowledged before the next, the last one answered only after the rollout loaded the
 version. Every phase is bounded by `timeout_s`; a rollout that stalls, dies or refuses
 raises `WeightSyncError` naming the rollout, the phase and the cause.
+
+`WeightPusher` also owns what both backends share (targets, failure bookkeeping); the
+`nccl` backend (weight_collective.py) overrides `_deliver` and `_forget`.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class WeightPusher:
         wanted = {f"{p.role}-{p.rank}": p.address for p in peers}
         for name in list(self.targets):
             if name not in wanted and not keep_others:
-                await self.targets.pop(name).aclose()
+                await self._forget(name)
         new = [n for n in wanted if n not in self.targets]
         for name in new:
             ep = connect_dealer(
@@ -66,20 +69,30 @@ class WeightPusher:
         `failed` and forgotten, the others are not held up by it."""
         start = time.perf_counter()
         names = [n for n in self.targets if only is None or n in only]
-        results = await asyncio.gather(*[self._push_one(n, version, buckets) for n in names], return_exceptions=True)
+        results = await self._deliver(version, buckets, names)
         applied, failed = {}, {}
-        for name, res in zip(names, results, strict=True):
+        for name, res in results.items():
             if isinstance(res, WeightSyncError):
                 failed[name] = res
-                gone = self.targets.pop(name, None)  # a Peers update may have dropped it already
-                if gone is not None:
-                    await gone.aclose()
+                await self._forget(name)  # a Peers update may have dropped it already
             elif isinstance(res, BaseException):
                 raise res
             else:
                 applied[name] = res
         nbytes = sum(t.numel() * t.element_size() for b in buckets for t in b.values())
         return PushResult(version, time.perf_counter() - start, nbytes, applied, failed)
+
+    async def _deliver(
+        self, version: int, buckets: list[dict[str, torch.Tensor]], names: list[str]
+    ) -> dict[str, wire.WeightsApplied | BaseException]:
+        """Send `version` to `names`; each one's `WeightsApplied` or the exception it failed with."""
+        results = await asyncio.gather(*[self._push_one(n, version, buckets) for n in names], return_exceptions=True)
+        return dict(zip(names, results, strict=True))
+
+    async def _forget(self, name: str) -> None:
+        gone = self.targets.pop(name, None)
+        if gone is not None:
+            await gone.aclose()
 
     async def _push_one(self, name: str, version: int, buckets: list[dict[str, torch.Tensor]]) -> wire.WeightsApplied:
         ep = self.targets.get(name)

@@ -160,3 +160,18 @@ def test_bench_h200x2_recipe_loads_and_validates() -> None:
     check_gpu_devices(cfg, device_count=2)
     with pytest.raises(ConfigError, match=r"placement\[1\] \(rollout\) asks for GPU 0 but node 0 has no GPU"):
         check_gpu_devices(cfg, device_count=0)
+
+
+def test_nccl_weight_sync_refuses_a_rollout_on_trainer_rank0s_gpu() -> None:
+    colocated = (
+        "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
+        " {role: trainer, count: 2, devices: [0, 1]}]"
+    )
+    with pytest.raises(ConfigError, match="NCCL cannot hold two ranks on one GPU"):
+        check_config(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=nccl"]))
+    check_config(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=zmq"]))
+    split = (
+        "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
+        " {role: trainer, count: 1, devices: [1]}]"
+    )
+    check_config(load_config("configs/tiny_cpu.yaml", [split, "weight_sync.backend=nccl"]))
