@@ -32,6 +32,7 @@ from transport.codec import Decoder, Encoder, WireError
 from transport.security import CurveKeys, apply_curve, log_refused_handshakes
 
 log = structlog.get_logger("transport")
+UNSTICK_S = 0.05
 
 Handler = Callable[["Envelope"], Awaitable[wire.Message | None]]
 PeerLost = Callable[[bytes | None], Awaitable[None] | None]
@@ -58,6 +59,7 @@ class ChannelStats:
     received: int = 0
     bytes_received: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    kicks: int = 0  # times the receive safety net found input waiting (see RpcEndpoint._unstick)
 
 
 @dataclass(slots=True)
@@ -181,6 +183,7 @@ class RpcEndpoint(Endpoint):
         self._loops = [
             asyncio.create_task(self._serve(handler), name=f"{self.name}.recv"),
             asyncio.create_task(self._heartbeat(), name=f"{self.name}.heartbeat"),
+            asyncio.create_task(self._unstick(), name=f"{self.name}.unstick"),
         ]
         if self.options.curve is not None and self.sock.curve_server:
             watch = log_refused_handshakes(self.sock, self.name)
@@ -280,6 +283,26 @@ class RpcEndpoint(Endpoint):
                 await self._send(error, env.peer, env.header.corr, wire.Flag.REPLY)
             except Exception as exc2:
                 log.warning("reply_unroutable", channel=self.name, error=repr(exc2))
+
+    async def _unstick(self) -> None:
+        """Safety net for a lost wake-up of the receive loop.
+
+        A zmq socket's descriptor is edge-triggered: an edge consumed without the waiting
+        receive being woken leaves a message in the socket until something else re-reads
+        its events. On a busy 2-core machine a rollout handled an Abort seconds after the
+        Generate sent just before it on the same socket; a lost edge is the suspected (not
+        proven) cause. Every UNSTICK_S this checks for input waiting and, if there is some,
+        has zmq.asyncio handle it (reading EVENTS through the asyncio socket schedules that),
+        so no message can wait longer than that; `stats.kicks` counts the checks that found
+        input waiting."""
+        shadow = zmq.Socket.shadow(self.sock.underlying)
+        while True:
+            await asyncio.sleep(UNSTICK_S)
+            if self.sock.closed:
+                return
+            if shadow.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.stats.kicks += 1
+                self.sock.get(zmq.EVENTS)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -61,6 +61,9 @@ class _Active:
     marks: list[tuple[int, int]] = field(default_factory=list)
 
 
+TOMBSTONE_S = 300.0  # how long an abort for a request not seen yet is remembered
+
+
 class RolloutEngine:
     """One `AsyncLLM` engine plus version bookkeeping; create, then `await start()`."""
 
@@ -74,6 +77,9 @@ class RolloutEngine:
         self._active: dict[str, _Active] = {}
         self._by_request: dict[str, set[str]] = {}  # request id -> sample ids, started or not
         self._aborted_early: set[str] = set()  # samples aborted before they started
+        # Requests aborted before this engine heard of them (the abort overtook the request):
+        # their samples end as aborted when they arrive. Entries expire after TOMBSTONE_S.
+        self._aborted_unknown: dict[str, float] = {}
         self._update_lock = asyncio.Lock()
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
@@ -112,7 +118,10 @@ class RolloutEngine:
     def expect(self, request_id: str, n: int) -> None:
         """Announce the samples of a request before they start, so an abort that arrives
         in between still reaches them."""
-        self._by_request.setdefault(request_id, set()).update(f"{request_id}#{i}" for i in range(n))
+        vids = {f"{request_id}#{i}" for i in range(n)}
+        self._by_request.setdefault(request_id, set()).update(vids)
+        if self._aborted_unknown.pop(request_id, None) is not None:
+            self._aborted_early.update(vids)
 
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
         """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
@@ -122,7 +131,7 @@ class RolloutEngine:
         self._by_request.setdefault(request_id, set()).add(vid)
         state = _Active(marks=[(0, self.version)])
         try:
-            if vid in self._aborted_early:
+            if vid in self._aborted_early or request_id in self._aborted_unknown:
                 return Sample([], [], [], FinishReason.ABORT, len(prompt_ids), 0.0)
             params = _sampling_params(spec, index, stream=not self.native_versions)
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
@@ -181,14 +190,22 @@ class RolloutEngine:
             versions = _versions_from_spans(len(state.tokens), spans, versions)
         return Sample(state.tokens, state.logprobs, versions, reason, prompt_len, time.perf_counter() - started)
 
-    async def abort(self, request_ids: list[str]) -> int:
-        """Abort every sample of the named requests; each returns with its tokens so far."""
+    async def abort(self, request_ids: list[str]) -> tuple[int, int]:
+        """Abort every sample of the named requests; each returns with its tokens so far.
+
+        Returns (samples aborted, requests not seen yet). A request not seen yet is
+        remembered for TOMBSTONE_S: if it arrives after its abort, its samples end at once
+        as aborted, so an abort always wins over the request it names."""
         vids = [v for r in request_ids for v in self._by_request.get(r, ())]
+        unknown = [r for r in request_ids if r not in self._by_request]
+        now = time.monotonic()
+        self._aborted_unknown = {r: t for r, t in self._aborted_unknown.items() if now - t < TOMBSTONE_S}
+        self._aborted_unknown.update((r, now) for r in unknown)
         running = [v for v in vids if v in self._active]
         self._aborted_early.update(v for v in vids if v not in self._active)
         if running:
             await self.engine.abort(running)
-        return len(vids)
+        return len(vids), len(unknown)
 
     async def abort_all(self) -> int:
         vids = list(self._active)

@@ -86,8 +86,10 @@ class RolloutRole(Role):
                 task.add_done_callback(self.samples.discard)
             return None
         if isinstance(msg, wire.Abort):
-            n = await self.engine.abort(msg.request_ids)
-            return wire.Ack(info=f"aborted {n}")
+            n, unknown = await self.engine.abort(msg.request_ids)
+            if unknown:
+                log.info("abort_before_request", request_ids=msg.request_ids, unknown=unknown)
+            return wire.Ack(info=f"aborted {n}" + (f", {unknown} not started yet" if unknown else ""))
         if isinstance(msg, wire.Shutdown):
             self.request_stop(msg.reason or "controller shutdown")
             return wire.Ack()

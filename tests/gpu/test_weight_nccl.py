@@ -41,7 +41,13 @@ from transport import wire
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TIMEOUT_S = 20.0
 ROLLOUT_GPU, TRAINER_GPU = "0", 1
-ENGINE = ("rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.3")
+# The comparison test starts a fresh vLLM engine inside this process, which blocks the
+# harness's event loop (the rollout's stand-in controller) for a minute: the rollout must
+# not take that silence for a lost controller (on 2026-11-30 it did, at 10 s, and exited).
+ENGINE = (
+    "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.3",
+    "transport.peer_timeout_s=600",
+)  # fmt: skip
 BENCH_MODEL = (
     "model.tiny.hidden_size=1536", "model.tiny.num_layers=28", "model.tiny.num_heads=12",
     "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=8960",

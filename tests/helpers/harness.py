@@ -46,7 +46,12 @@ class RoleHarness:
             self.zmq, address, name="harness", options=addresses.channel_options(self.cfg, run_dir)
         )
         self.server.start(self._on_message)
-        env = {**os.environ, addresses.CONTROLLER_ENV: address, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            addresses.CONTROLLER_ENV: address,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "OMP_NUM_THREADS": "1",
+        }
         out = open(run_dir / "logs" / f"{self.role}-{self.rank}.out", "ab")  # noqa: SIM115
         cmd = [
             sys.executable,

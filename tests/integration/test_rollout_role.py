@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoleHarness]:
     run_dir = tmp_path_factory.mktemp("rollout-role")
     # max_model_len: room for samples long enough that an abort always lands mid-way.
-    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"])
+    overrides = [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"]
+    cfg = load_config("configs/tiny_cpu.yaml", overrides)
     harness = RoleHarness(cfg, "rollout")
     await harness.start()
     yield harness
@@ -107,27 +108,27 @@ async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoin
 
 
 async def test_abort_returns_tokens_so_far(rollout: RoleHarness) -> None:
-    # Samples of LONG tokens take seconds even for the tiny model, so each abort below
-    # lands before its sample could finish, however slow or busy the machine is.
+    # 32 long fillers keep vLLM's batch busy for several seconds, so the aborted samples
+    # below cannot finish first even when the role is starved of CPU for a second or two
+    # (seen on a loaded 2-core machine). That the tokens so far come back (more than 0) is
+    # checked deterministically at the engine level (test_rollout_engine.py).
     long = 1000
-    # Sent back to back, the abort may arrive before the sample started: it must still win.
+    await rollout.send(generate("filler", 32, long))
+    # Sent back to back, the abort may even overtake the request: it must still win.
     await rollout.send(generate("doomed-early", 1, long))
     ack = await rollout.request(wire.Abort(request_ids=["doomed-early"]))
-    assert isinstance(ack, wire.Ack) and ack.info == "aborted 1"
-    c = await rollout.next(wire.Completion)
-    assert c.request_id == "doomed-early" and c.finish_reason == wire.FinishReason.ABORT
-    # Mid-generation (beside other samples), the completion returns with the tokens
-    # generated so far; the others are untouched.
-    await rollout.send(generate("filler", 4, 200))
+    assert isinstance(ack, wire.Ack) and ack.info in ("aborted 1", "aborted 0, 1 not started yet")
+    # Mid-generation: the completion returns early, with its tokens and their logprobs.
     await rollout.send(generate("doomed", 1, long))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)
     ack = await rollout.request(wire.Abort(request_ids=["doomed"]))
-    assert isinstance(ack, wire.Ack) and ack.info == "aborted 1"
-    got = {(c.request_id, c.sample_index): c for c in await completions(rollout, 5)}
-    c = got[("doomed", 0)]
-    assert c.finish_reason == wire.FinishReason.ABORT
-    assert 0 < c.token_ids.numel() < long and c.token_ids.numel() == c.logprobs.numel()
-    assert all(got[("filler", i)].token_ids.numel() == 200 for i in range(4))
+    assert isinstance(ack, wire.Ack) and ack.info.startswith("aborted")
+    got = {(c.request_id, c.sample_index): c for c in await completions(rollout, 34)}
+    for rid in ("doomed-early", "doomed"):
+        c = got[(rid, 0)]
+        assert c.finish_reason == wire.FinishReason.ABORT, rid
+        assert c.token_ids.numel() < long and c.token_ids.numel() == c.logprobs.numel(), rid
+    assert all(got[("filler", i)].token_ids.numel() == long for i in range(32)), "an abort touched other samples"
 
 
 async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHarness) -> None:
@@ -141,8 +142,16 @@ async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHa
     await rollout.send(generate("still-alive", 1, 3))
     c = await rollout.next(wire.Completion)
     assert c.request_id == "still-alive" and c.token_ids.numel() == 3
-    log = (Path(rollout.cfg.run_dir) / "logs" / "rollout-0.jsonl").read_text().splitlines()
-    reasons = {json.loads(line).get("reason") for line in log if '"message_dropped"' in line}
+    # The bad frames went to another socket (the weights server): their drops are logged
+    # on their own schedule, so wait for them rather than assume an order across sockets.
+    log = Path(rollout.cfg.run_dir) / "logs" / "rollout-0.jsonl"
+    deadline = time.monotonic() + 30
+    while True:
+        lines = log.read_text().splitlines()
+        reasons = {json.loads(line).get("reason") for line in lines if '"message_dropped"' in line}
+        if {"truncated", "bad_header", "schema_version"} <= reasons or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
     assert {"truncated", "bad_header", "schema_version"} <= reasons
 
 
