@@ -147,6 +147,8 @@ def variant_overrides(cfg: RunConfig, staleness: int, colocated_util: float | No
             "rollout.max_staleness=0",
             f"placement={json.dumps(colocated_placement(cfg))}",
             f"rollout.engine.gpu_memory_utilization={colocated_util}",
+            # NCCL cannot hold trainer rank 0 and a rollout on one GPU (runtime/gpu_check.py).
+            "weight_sync.backend=zmq",
         ]
     return out
 

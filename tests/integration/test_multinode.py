@@ -26,7 +26,7 @@ if reason:
     pytest.skip(f"multi-node tests skipped: {reason}", allow_module_level=True)
 
 PORT = 29600
-STEPS = 80
+STEPS = 120  # long enough for the joiner's vLLM engine to start (up to ~3 min on 2 busy cores)
 PLACEMENT = (
     "placement=[{role: controller}, {role: reward}, {role: trainer, count: 1, nodes: [0, 1]},"
     " {role: rollout, count: 1, nodes: [1, 2]}]"
@@ -40,6 +40,9 @@ def overrides(run: Path) -> list[str]:
         # Pace the run with an idle reward function, so the joiner's vLLM engine can start
         # while the run is still going on 2 CPU cores.
         "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:slow_zero]", "reward.concurrency=8",
+        # Short responses keep generation light: with the tiny recipe's 32 tokens, the
+        # joiner's engine took 185 s to start on 2 busy cores and the run ended first.
+        "rollout.max_tokens=12",
     ]  # fmt: skip
 
 
