@@ -35,7 +35,7 @@ from roles.trainer.weight_push import WeightPusher
 from runtime import addresses
 from runtime.config import EngineConfig
 from runtime.config_load import load_config
-from tests.helpers.harness import RoleHarness
+from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -52,6 +52,7 @@ BENCH_MODEL = (
     "model.tiny.hidden_size=1536", "model.tiny.num_layers=28", "model.tiny.num_heads=12",
     "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=8960",
 )  # fmt: skip
+MAX_TOKENS = 32  # greedy tokens compared per prompt
 PROMPTS = [[5, 6, 7], [97, 98, 99, 100], [257, 117, 115, 101, 114, 10]]
 
 
@@ -105,18 +106,6 @@ def buckets_of(tensors: dict[str, torch.Tensor], bucket_mb: int) -> list[dict[st
     return list(bucketed(iter(tensors.items()), bucket_mb << 20))
 
 
-async def greedy(h: RoleHarness, tag: str) -> tuple[list[list[int]], list[list[float]], set[int]]:
-    tokens, logprobs, versions = [], [], set()
-    for i, prompt in enumerate(PROMPTS):
-        spec = wire.SamplingSpec(max_tokens=32, temperature=0.0, ignore_eos=True)
-        await h.send(wire.Generate(request_id=f"{tag}-{i}", group_id=i, prompt_ids=prompt, sampling=spec))
-        c = await h.next(wire.Completion)
-        tokens.append(c.token_ids.tolist())
-        logprobs.append(c.logprobs.tolist())
-        versions |= set(c.versions.tolist())
-    return tokens, logprobs, versions
-
-
 def log_events(h: RoleHarness, event: str) -> list[dict]:
     path = Path(h.cfg.run_dir) / "logs" / f"rollout-{h.rank}.jsonl"
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == event]
@@ -146,7 +135,7 @@ async def test_update_over_nccl_equals_a_fresh_engine(rollout: RoleHarness, tmp_
     assert result.applied["rollout-0"].version == 1
     assert log_events(rollout, "weight_group_joined")[-1]["backend"] == "nccl"
     assert (await rollout.next(wire.WeightsApplied)).version == 1
-    tokens, logprobs, versions = await greedy(rollout, "updated")
+    tokens, logprobs, versions = await greedy(rollout, "updated", PROMPTS, MAX_TOKENS)
     assert versions == {1}
 
     fresh_dir = tmp_path / "fresh"
@@ -157,7 +146,7 @@ async def test_update_over_nccl_equals_a_fresh_engine(rollout: RoleHarness, tmp_
     with visible(str(TRAINER_GPU)):
         await fresh.start()
     try:
-        spec = wire.SamplingSpec(max_tokens=32, temperature=0.0, ignore_eos=True)
+        spec = wire.SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
         ref = [await fresh.generate(f"fresh-{i}", p, spec) for i, p in enumerate(PROMPTS)]
     finally:
         await fresh.shutdown()

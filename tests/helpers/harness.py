@@ -125,3 +125,21 @@ class RoleHarness:
             await self.server.aclose()
         self.zmq.destroy(linger=0)
         return self.proc.returncode if self.proc is not None else 0
+
+
+async def greedy(
+    h: RoleHarness, tag: str, prompts: list[list[int]], max_tokens: int
+) -> tuple[list[list[int]], list[list[float]], set[int]]:
+    """Greedy completions of `prompts`, one request at a time (the same batch shape every
+    time, so runs on the same weights compare token for token): their tokens, logprobs,
+    and the set of policy versions that produced them."""
+    tokens, logprobs, versions = [], [], set()
+    for i, prompt in enumerate(prompts):
+        spec = wire.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        await h.send(wire.Generate(request_id=f"{tag}-{i}", group_id=i, prompt_ids=prompt, sampling=spec))
+        c = await h.next(wire.Completion)
+        assert c.request_id == f"{tag}-{i}" and c.error == ""
+        tokens.append(c.token_ids.tolist())
+        logprobs.append(c.logprobs.tolist())
+        versions |= set(c.versions.tolist())
+    return tokens, logprobs, versions

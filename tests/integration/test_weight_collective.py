@@ -25,7 +25,7 @@ from roles.trainer.weight_collective import SLACK_S, CollectivePusher
 from roles.trainer.weight_push import PushResult
 from runtime import addresses
 from runtime.config_load import load_config
-from tests.helpers.harness import RoleHarness
+from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 from transport.channels import RpcEndpoint
 from transport.collective import WeightGroup, connect_store, host_store
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 on_module_loop = pytest.mark.asyncio(loop_scope="module")  # the shared rollout lives there
 TIMEOUT_S = 6.0
 NAME = "rollout-0"
+MAX_TOKENS = 16  # greedy tokens compared per prompt
 PROMPTS = [[5, 6, 7], [97, 98, 99, 100], [257, 117, 115, 101, 114, 10]]
 # A wider tiny model (~60 MB in bf16, 16 MiB buckets): an update outgrows the socket
 # buffers, so a sender whose receiver stalls is really held mid-broadcast.
@@ -73,20 +74,6 @@ def model_buckets(h: RoleHarness, scale: float) -> list[dict[str, torch.Tensor]]
 
     items = load_file(Path(h.cfg.run_dir) / "model" / "model.safetensors").items()
     return list(bucketed(((k, (v.float() * scale).to(v.dtype)) for k, v in items), BUCKET_BYTES))
-
-
-async def greedy(h: RoleHarness, tag: str) -> tuple[list[list[int]], list[list[float]], set[int]]:
-    """Greedy completions of PROMPTS, one request at a time (same batch shape every time)."""
-    tokens, logprobs, versions = [], [], set()
-    for i, prompt in enumerate(PROMPTS):
-        spec = wire.SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
-        await h.send(wire.Generate(request_id=f"{tag}-{i}", group_id=i, prompt_ids=prompt, sampling=spec))
-        c = await h.next(wire.Completion)
-        assert c.request_id == f"{tag}-{i}" and c.error == ""
-        tokens.append(c.token_ids.tolist())
-        logprobs.append(c.logprobs.tolist())
-        versions |= set(c.versions.tolist())
-    return tokens, logprobs, versions
 
 
 async def zmq_push(ep: RpcEndpoint, version: int, buckets: list[dict[str, torch.Tensor]]) -> wire.Message:
@@ -176,7 +163,7 @@ def test_join_without_peers_fails_within_the_timeout() -> None:
 @on_module_loop
 async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness, pusher: CollectivePusher) -> None:
     await target(pusher, rollout)
-    tokens0, logprobs0, versions0 = await greedy(rollout, "v0")
+    tokens0, logprobs0, versions0 = await greedy(rollout, "v0", PROMPTS, MAX_TOKENS)
     assert versions0 == {0}
     half = model_buckets(rollout, 0.5)
     result = await pusher.push(1, half)
@@ -190,7 +177,7 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
     told = await rollout.next(wire.WeightsApplied)
     assert told.version == 1 and told.rollout == NAME
 
-    tokens1, logprobs1, versions1 = await greedy(rollout, "v1")
+    tokens1, logprobs1, versions1 = await greedy(rollout, "v1", PROMPTS, MAX_TOKENS)
     assert versions1 == {1}
     gap = max(abs(a - b) for x, y in zip(logprobs0, logprobs1, strict=True) for a, b in zip(x, y, strict=False))
     assert gap > 0.05, "the update changed nothing"
@@ -205,7 +192,7 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
         await ep.aclose()
     assert isinstance(reply, wire.WeightsApplied) and reply.version == 2
     assert (await rollout.next(wire.WeightsApplied)).version == 2
-    tokens2, logprobs2, versions2 = await greedy(rollout, "v2")
+    tokens2, logprobs2, versions2 = await greedy(rollout, "v2", PROMPTS, MAX_TOKENS)
     assert versions2 == {2} and tokens2 == tokens1
     assert torch.allclose(torch.tensor(logprobs2), torch.tensor(logprobs1), atol=1e-4)
 
@@ -214,7 +201,7 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
     result = await pusher.push(3, model_buckets(rollout, 1.0))
     assert not result.failed and pusher.groups[NAME] is group
     assert (await rollout.next(wire.WeightsApplied)).version == 3
-    tokens3, logprobs3, versions3 = await greedy(rollout, "v3")
+    tokens3, logprobs3, versions3 = await greedy(rollout, "v3", PROMPTS, MAX_TOKENS)
     assert versions3 == {3} and tokens3 == tokens0
     assert torch.allclose(torch.tensor(logprobs3), torch.tensor(logprobs0), atol=1e-4)
 
@@ -226,7 +213,7 @@ async def test_an_older_plan_is_refused(rollout: RoleHarness, pusher: Collective
     assert (name, phase) == (NAME, "plan") and "refused" in text and "version 3" in text
     assert time.monotonic() - started < 2.0, "a refusal must not wait for a timeout"
     assert NAME not in pusher.targets and NAME not in pusher.groups  # failed targets are dropped
-    _, _, versions = await greedy(rollout, "still-v3")
+    _, _, versions = await greedy(rollout, "still-v3", PROMPTS, MAX_TOKENS)
     assert versions == {3}
 
 
@@ -261,7 +248,7 @@ async def test_stalled_receiver_fails_in_time_then_recovers(rollout: RoleHarness
     result = await pusher.push(6, model_buckets(rollout, 1.0))
     assert not result.failed, result.failed
     assert (await rollout.next(wire.WeightsApplied)).version == 6
-    _, _, versions = await greedy(rollout, "v6")
+    _, _, versions = await greedy(rollout, "v6", PROMPTS, MAX_TOKENS)
     assert versions == {6}
 
 
