@@ -7,8 +7,8 @@ Both checks are pure and fail with a one-line `ConfigError` naming the placement
   `tandem launch` refuses an over-committed GPU before anything starts, on any machine.
 * `check_gpu_devices(cfg, device_count, node)` compares the entries placed on `node` with
   the GPUs that node has. It needs the real count, which only torch knows, so it does not
-  run at config load (a recipe for 2 GPUs still loads and validates on a laptop):
-  `check_local_gpus(cfg, node)` asks torch and is what the launcher calls.
+  run at config load (a recipe for 2 GPUs still loads and validates on a laptop): the
+  launcher calls it with `placement.visible_gpus()`.
 
 Which processes use a GPU: rollout and reward processes given `devices`; trainer and
 critic processes unless `trainer.device=cpu`; never the controller. A role on the CPU may
@@ -115,21 +115,6 @@ def _process_devices(e: PlacementEntry) -> list[list[int]]:
     if len(e.devices) == e.count:
         return [[d] for d in e.devices]
     return [list(e.devices)] * e.count
-
-
-def visible_gpu_count() -> int:
-    """GPUs torch sees in this process (0 without torch or CUDA)."""
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception:
-        return 0
-
-
-def check_local_gpus(cfg: RunConfig, node: int = 0) -> None:
-    """`check_gpu_devices` against this machine's GPUs (for the launcher of `node`)."""
-    check_gpu_devices(cfg, visible_gpu_count(), node)
 
 
 def check_nccl_weight_sync(cfg: RunConfig) -> None:

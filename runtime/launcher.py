@@ -29,13 +29,13 @@ from runtime import addresses, checkpoint
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
-from runtime.gpu_check import check_local_gpus
+from runtime.gpu_check import check_gpu_devices
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
 from runtime.paths import model_dir
-from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes
+from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes, visible_gpus
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -73,8 +73,10 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
 def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
     """Run this node's share of the run; returns the process exit code."""
     opts = opts or LaunchOptions()
-    if cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg)):
-        check_local_gpus(cfg, opts.node_rank)  # before the model is made: a missing GPU fails at once
+    wants_gpus = cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg))
+    num_gpus = visible_gpus() if wants_gpus else 0  # asks torch once, only when GPUs are asked for
+    if wants_gpus:
+        check_gpu_devices(cfg, num_gpus, opts.node_rank)  # before the model is made: a missing GPU fails at once
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     check_topology(cfg, opts)
@@ -84,7 +86,7 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
         rendezvous = opts.master_port + 1 if opts.master_port else _free_port()
         specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=rendezvous)
     if any(s.devices for s in specs):
-        check_devices(specs)
+        check_devices(specs, num_gpus)  # the processes actually planned (a --join launcher's too)
     env = _base_env(cfg, run_dir, opts)
     console = Console(run_dir, cfg)
     if cfg.resume == "auto":

@@ -141,14 +141,15 @@ def _add_dist_env(specs: list[ProcSpec], cfg: RunConfig, counts: dict[str, int],
 def check_devices(specs: list[ProcSpec], num_gpus: int | None = None) -> None:
     """A device index that does not exist is an error naming the role."""
     if num_gpus is None:
-        num_gpus = _visible_gpus()
+        num_gpus = visible_gpus()
     for s in specs:
         for d in s.devices:
             if d >= num_gpus:
                 raise PlacementError(f"placement of {s.name}: GPU {d} does not exist (this node has {num_gpus})")
 
 
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
+    """GPUs torch sees in this process (0 without torch or CUDA)."""
     try:
         import torch
 

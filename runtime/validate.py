@@ -34,7 +34,7 @@ def check_config(cfg: RunConfig) -> None:
     for fn in cfg.reward.functions:
         if ":" not in fn:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
-    # Only the memory budget here: device indices need the real GPU count (gpu_check.check_local_gpus).
+    # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
 
