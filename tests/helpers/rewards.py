@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -22,4 +23,19 @@ def raises_sometimes(completion_ids: list[int], **_: object) -> float:
 def slow_zero(**_: object) -> float:
     """Takes a quarter second and adds nothing: paces a run without using the CPU."""
     time.sleep(0.25)
+    return 0.0
+
+
+HOLD_ENV = "TANDEM_TEST_HOLD"
+
+
+def held_zero(**_: object) -> float:
+    """Like slow_zero, and while the file named by $TANDEM_TEST_HOLD exists (at most 15 min)
+    does not return: a test holds the run still while something slow (a joiner's vLLM
+    engine) starts, instead of racing it against the run's remaining steps."""
+    time.sleep(0.25)
+    hold = os.environ.get(HOLD_ENV)
+    deadline = time.monotonic() + 900
+    while hold and os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return 0.0

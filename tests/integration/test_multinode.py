@@ -1,8 +1,9 @@
 """Three hosts on one machine (network namespaces + veth, one address each), one launcher
 per host, CurveZMQ on: controller and trainer rank 0 on host A, trainer rank 1 and a
-rollout on host B, a rollout on host C. Mid-run the rollout on C is SIGKILLed (its host
-"lost"); later a new launcher joins from C with `--join`. The run completes with every
-admitted prompt trained or dropped exactly once and the staleness bound held."""
+rollout on host B, a rollout on host C. Mid-run a new launcher joins from C with `--join`
+(the test holds the run still while its vLLM engine starts), then the original rollout on C
+is SIGKILLed (its host "lost"). The run completes with every admitted prompt trained or
+dropped exactly once and the staleness bound held."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.helpers.netns import Network, can_make_namespaces
+from tests.helpers.rewards import HOLD_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 reason = can_make_namespaces()
@@ -26,7 +28,7 @@ if reason:
     pytest.skip(f"multi-node tests skipped: {reason}", allow_module_level=True)
 
 PORT = 29600
-STEPS = 120  # long enough for the joiner's vLLM engine to start (up to ~3 min on 2 busy cores)
+STEPS = 40
 PLACEMENT = (
     "placement=[{role: controller}, {role: reward}, {role: trainer, count: 1, nodes: [0, 1]},"
     " {role: rollout, count: 1, nodes: [1, 2]}]"
@@ -37,12 +39,11 @@ def overrides(run: Path) -> list[str]:
     return [
         f"run_dir={run}", f"trainer.total_steps={STEPS}", "transport.curve=true", "transport.bind_host=0.0.0.0",
         "transport.heartbeat_s=0.5", "transport.peer_timeout_s=3", "rollout.elastic=true", PLACEMENT,
-        # Pace the run with an idle reward function, so the joiner's vLLM engine can start
-        # while the run is still going on 2 CPU cores.
-        "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:slow_zero]", "reward.concurrency=8",
-        # Short responses keep generation light: with the tiny recipe's 32 tokens, the
-        # joiner's engine took 185 s to start on 2 busy cores and the run ended first.
-        "rollout.max_tokens=12",
+        # The test holds the run still (rewards do not return) while the joiner's vLLM engine
+        # starts: on 2 busy cores that took 60-300 s, and a race against the remaining
+        # steps was lost in CI.
+        "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:held_zero]", "reward.concurrency=8",
+        "reward.timeout_s=900", "rollout.max_tokens=12",
     ]  # fmt: skip
 
 
@@ -76,11 +77,12 @@ def test_three_hosts_elastic_rollouts(net: Network, tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert subprocess.run([sys.executable, "-m", "runtime.cli", "keys", str(run)], cwd=ROOT).returncode == 0
     master = net.hosts[0].address
+    hold = tmp_path / "hold"
 
     def launcher(node: int, *extra: str) -> subprocess.Popen[str]:
         host = net.hosts[node]
         argv = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides(run), *extra]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.ifname}
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.ifname, HOLD_ENV: str(hold)}
         return subprocess.Popen(
             host.cmd(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -91,13 +93,18 @@ def test_three_hosts_elastic_rollouts(net: Network, tmp_path: Path) -> None:
     try:
         metrics = run / "metrics.jsonl"
         wait_until(lambda: len(records(metrics)) >= 3, 600, "3 steps", [a, b, c])
-        # A new worker joins from host C (its vLLM engine starts while the run goes on) ...
+        # A new worker joins from host C while the run is held still ...
+        hold.touch()
         joiner = launcher(2, "--join", f"{master}:{PORT}", "--node-rank", "2")
         procs.append(joiner)
         wait_until(
             lambda: events(run, "rollout-1200", "weights_applied"), 600, "the joiner to get weights", [a, b, c, joiner]
         )
-        # ... then host C's original worker is lost.
+        hold.unlink()
+        # ... then, once the run is moving again (so it likely has prompts in flight),
+        # host C's original worker is lost.
+        resumed_at = len(records(metrics))
+        wait_until(lambda: len(records(metrics)) >= resumed_at + 2, 300, "the run to go on", [a, b, c, joiner])
         victim = events(run, "rollout-1", "ready")[0]["pid"]
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
