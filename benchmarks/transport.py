@@ -1,9 +1,12 @@
 """Transport benchmark: zero-copy channel path vs pickle over the same zmq sockets.
 
-Run: `.venv/bin/python benchmarks/transport.py [--quick]`; prints ONE JSON object on stdout.
+Run: `.venv/bin/python benchmarks/transport.py [--quick] [--latency-only]`; prints ONE JSON
+object on stdout.
 
-Two processes (this one and a `spawn`ed peer), both on uvloop with zmq.asyncio, over
-`ipc://` (a temp dir) and `tcp://127.0.0.1`:
+Two processes (this one and a `spawn`ed peer), both on uvloop, over `ipc://` (a temp dir)
+and `tcp://127.0.0.1`. Our channels are what the runtime uses (fan-out sockets on
+zmq.asyncio; `RpcEndpoint` driving its socket from the descriptor); the baselines use
+zmq.asyncio sockets directly:
 
 * throughput — `TensorBatch(tensors={"x": float32 tensor of 1/16/64 MiB})` sent by this
   process through `connect_socket(PUSH)` (our codec: header + msgpack payload + one
@@ -398,6 +401,7 @@ def _percentiles(samples_us: list[float]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
+    parser.add_argument("--latency-only", action="store_true", help="only the round-trip latency rows")
     args = parser.parse_args()
     reps, n_rtt, warmup = (1, 200, 50) if args.quick else (9, 2000, 300)
     torch.set_num_threads(1)
@@ -411,7 +415,7 @@ def main() -> None:
         role_env = {"GLIBC_TUNABLES": ROLE_MALLOC_TUNABLES}
         for transport in ("ipc", "tcp"):
             throughput[transport] = {}
-            for size in SIZES_MIB:
+            for size in () if args.latency_only else SIZES_MIB:
                 # A fresh receiver per size, as a role receiving one kind of batch (a rollout
                 # receiving weight buckets) would be, with the malloc setting every Tandem role
                 # process gets from the launcher; the pickle path is measured the same way.
@@ -425,10 +429,12 @@ def main() -> None:
                 latency[transport] = measure_latency(peer, transport, n_rtt, warmup)
             finally:
                 peer.close()
-        if not args.quick:
+        if not (args.quick or args.latency_only):
             tuned = measure_tuned_receiver(tmp, reps)  # other malloc settings, for comparison
-    ipc_64 = throughput["ipc"]["64MiB"]["zero_copy_over_pickle"]
     ipc_p50 = latency["ipc"]["channel"]["p50_us"]
+    targets = {"ipc_rtt_p50_under_200us": ipc_p50 < 200.0}
+    if not args.latency_only:
+        targets["ipc_64MiB_zero_copy_over_pickle_ge_3"] = throughput["ipc"]["64MiB"]["zero_copy_over_pickle"] >= 3.0
     print(
         json.dumps(
             {
@@ -437,11 +443,8 @@ def main() -> None:
                 "machine": _machine(),
                 "throughput_mib_s": throughput,
                 "latency_us": latency,
-                **({} if args.quick else {"throughput_64MiB_by_receiver_malloc": tuned}),
-                "targets": {
-                    "ipc_64MiB_zero_copy_over_pickle_ge_3": ipc_64 >= 3.0,
-                    "ipc_rtt_p50_under_200us": ipc_p50 < 200.0,
-                },
+                **({} if args.quick or args.latency_only else {"throughput_64MiB_by_receiver_malloc": tuned}),
+                "targets": targets,
                 "seconds": round(time.time() - started, 1),
                 "loadavg_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
             }

@@ -1,4 +1,4 @@
-"""zmq.asyncio channels: request/reply with correlation ids, fan-out, heartbeats.
+"""ZeroMQ channels on asyncio: request/reply with correlation ids, fan-out, heartbeats.
 
 Guarantees a caller may rely on:
 
@@ -16,10 +16,12 @@ Guarantees a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
+import select
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from transport.security import CurveKeys, apply_curve, log_refused_handshakes
 
 log = structlog.get_logger("transport")
 UNSTICK_S = 0.05
+DRAIN_BATCH = 256  # messages one descriptor callback handles before yielding to the loop
 
 Handler = Callable[["Envelope"], Awaitable[wire.Message | None]]
 PeerLost = Callable[[bytes | None], Awaitable[None] | None]
@@ -59,7 +62,7 @@ class ChannelStats:
     received: int = 0
     bytes_received: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-    kicks: int = 0  # times the receive safety net found input waiting (see RpcEndpoint._unstick)
+    kicks: int = 0  # times the safety net found socket events nobody had handled (RpcEndpoint._unstick)
 
 
 @dataclass(slots=True)
@@ -89,9 +92,13 @@ class PeerUnreachable(ConnectionError):
 
 
 class Endpoint:
-    """One zmq.asyncio socket with the wire codec, size caps and drop accounting."""
+    """One zmq socket with the wire codec, size caps and drop accounting.
 
-    def __init__(self, sock: zmq.asyncio.Socket, name: str, options: ChannelOptions) -> None:
+    Fan-out endpoints (PUSH/PULL, PUB/SUB) use zmq.asyncio sockets: a receiver that does
+    not call `recv` leaves messages in the socket, so the high-water mark holds senders
+    back. `RpcEndpoint` drives its own socket (see there)."""
+
+    def __init__(self, sock: zmq.Socket, name: str, options: ChannelOptions) -> None:
         self.sock = sock
         self.name = name
         self.options = options
@@ -108,30 +115,42 @@ class Endpoint:
         await self._send(msg, peer, corr, flags)
 
     async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int, zmq_flags: int = 0) -> None:
+        frames = self._frames(msg, peer, corr, flags)
+        try:
+            await self.sock.send_multipart(frames, flags=zmq_flags, copy=False)
+        except zmq.ZMQError as exc:
+            self._raise_send_error(exc, peer)
+        self._sent(peer)
+
+    def _frames(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int) -> list[Any]:
         frames = self._encoder.encode(msg, corr=corr, flags=flags)
         if self.is_router:
             if peer is None:
                 raise ValueError(f"{self.name}: a ROUTER send needs a peer")
             frames.insert(0, peer)
-        try:
-            await self.sock.send_multipart(frames, flags=zmq_flags, copy=False)
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                raise PeerUnreachable(f"{self.name}: peer {_peer_name(peer)} is not connected") from None
-            raise
+        return frames
+
+    def _raise_send_error(self, exc: zmq.ZMQError, peer: bytes | None) -> None:
+        if exc.errno == zmq.EHOSTUNREACH:
+            raise PeerUnreachable(f"{self.name}: peer {_peer_name(peer)} is not connected") from None
+        raise exc
+
+    def _sent(self, peer: bytes | None) -> None:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
 
     async def recv(self) -> Envelope:
         """The next acceptable message; bad ones are dropped, logged and counted."""
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            peer = None
-            if self.is_router:
-                peer, frames = frames[0].bytes, frames[1:]
-            env = self._accept(frames, peer)
+            env = self._accept_frames(await self.sock.recv_multipart(copy=False))
             if env is not None:
                 return env
+
+    def _accept_frames(self, frames: list[Any]) -> Envelope | None:
+        peer = None
+        if self.is_router:
+            peer, frames = frames[0].bytes, frames[1:]
+        return self._accept(frames, peer)
 
     def _accept(self, frames: list[Any], peer: bytes | None) -> Envelope | None:
         self.last_seen[peer] = time.monotonic()
@@ -161,14 +180,24 @@ class Endpoint:
 class RpcEndpoint(Endpoint):
     """Request/reply and one-way messages over ROUTER (server) or DEALER (client).
 
-    Call `start(handler)` once: it runs the receive loop and the heartbeat loop as
-    tasks. Each incoming non-reply message is passed to `handler` in its own task;
-    a non-None return value is sent back as the reply when the message had a
-    correlation id. Handler exceptions become `wire.Error` replies.
+    Call `start(handler)` once: from then on every message is dispatched as it arrives,
+    and a heartbeat task runs. Each incoming non-reply message is passed to `handler` in
+    its own task; a non-None return value is sent back as the reply when the message had
+    a correlation id. Handler exceptions become `wire.Error` replies.
+
+    The socket is a plain zmq socket driven from its descriptor on the running loop: a
+    reader callback drains every message that has arrived (NOBLOCK receives, no future
+    per message) and resolves replies in place; a send goes out at once when the queue
+    has room and otherwise waits for room. Against zmq.asyncio this saves one event-loop
+    hop per side of a round trip and most of the per-message bookkeeping.
     """
 
-    def __init__(self, sock: zmq.asyncio.Socket, name: str, options: ChannelOptions) -> None:
+    def __init__(self, sock: zmq.Socket, name: str, options: ChannelOptions) -> None:
         super().__init__(sock, name, options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handler: Handler | None = None
+        self._send_waiters: deque[asyncio.Future[None]] = deque()
+        self._scheduled = False  # an _on_events call is queued on the loop
         self._corr = itertools.count(1)
         self._pending: dict[int, tuple[bytes | None, asyncio.Future[wire.Message]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -179,9 +208,11 @@ class RpcEndpoint(Endpoint):
 
     def start(self, handler: Handler | None = None, *, on_peer_lost: PeerLost | None = None) -> None:
         self.on_peer_lost = on_peer_lost
-        self.last_seen.setdefault(None, time.monotonic()) if not self.is_router else None
+        self._handler = handler
+        if not self.is_router:
+            self.last_seen.setdefault(None, time.monotonic())
+        self._watch()
         self._loops = [
-            asyncio.create_task(self._serve(handler), name=f"{self.name}.recv"),
             asyncio.create_task(self._heartbeat(), name=f"{self.name}.heartbeat"),
             asyncio.create_task(self._unstick(), name=f"{self.name}.unstick"),
         ]
@@ -199,23 +230,149 @@ class RpcEndpoint(Endpoint):
     async def request(self, msg: wire.Message, *, peer: bytes | None = None, timeout: float) -> wire.Message:
         """Send `msg` and wait for its reply; see the class docstring for errors."""
         corr = next(self._corr)
-        fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[wire.Message] = loop.create_future()
         self._pending[corr] = (peer, fut)
+        deadline = loop.time() + timeout
+        timer: asyncio.TimerHandle | None = None
         try:
-            # The timeout covers the send too: a send to a peer whose queue is full (or a
-            # DEALER whose server is gone) blocks until the high-water mark frees up.
-            async with asyncio.timeout(timeout):
-                await self._send(msg, peer, corr, 0)
-                reply = await fut
+            frames = self._frames(msg, peer, corr, 0)
+            if not self._try_send(frames, peer):
+                # The timeout covers the send too: a send to a peer whose queue is full (or
+                # a DEALER whose server is gone) waits until the high-water mark frees up.
+                async with asyncio.timeout_at(deadline):
+                    await self._send_frames(frames, peer, 0)
+            timer = loop.call_at(deadline, _expire, fut)
+            reply = await fut
         except TimeoutError:
             raise RequestTimeout(
                 f"{self.name}: {type(msg).__name__} to {_peer_name(peer)} got no reply in {timeout:g}s"
             ) from None
         finally:
             self._pending.pop(corr, None)
+            if timer is not None:
+                timer.cancel()
         if isinstance(reply, wire.Error):
             raise RemoteError(reply.code, reply.message)
         return reply
+
+    async def recv(self) -> Envelope:
+        raise TypeError(f"{self.name}: an RpcEndpoint delivers messages to its handler; see start()")
+
+    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int, zmq_flags: int = 0) -> None:
+        await self._send_frames(self._frames(msg, peer, corr, flags), peer, zmq_flags)
+
+    async def _send_frames(self, frames: list[Any], peer: bytes | None, zmq_flags: int) -> None:
+        attempt = 0
+        while not self._try_send(frames, peer):
+            if zmq_flags & zmq.NOBLOCK:
+                raise zmq.Again()
+            await self._room(attempt)
+            attempt += 1
+
+    def _try_send(self, frames: list[Any], peer: bytes | None) -> bool:
+        """Send now if the queue has room; False when it is full (the caller waits)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            sent = True
+        except zmq.Again:
+            sent = False
+        except zmq.ZMQError as exc:
+            self._raise_send_error(exc, peer)
+        if self._loop is not None:
+            self._recheck()
+        if sent:
+            self._sent(peer)
+        return sent
+
+    async def _room(self, attempt: int) -> None:
+        """Wait until the socket may take a message again."""
+        self._watch()
+        assert self._loop is not None
+        if self._recheck() & zmq.POLLOUT:
+            # Room, but not toward this peer (a ROUTER whose peer's queue is full): no
+            # descriptor event will say when that peer drains, so poll with a backoff.
+            await asyncio.sleep(min(0.001 * 2**attempt, 0.05))
+            return
+        fut = self._loop.create_future()
+        self._send_waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def _recheck(self) -> int:
+        """Read the socket's events and have `_on_events` act on them if needed.
+
+        Any operation on the socket (a send, even a failed one, or reading EVENTS) handles
+        its pending commands and so resets its descriptor: input that arrived meanwhile,
+        or room that opened for a waiting sender, would not be signalled again. Every such
+        operation outside `_on_events` is followed by this."""
+        events: int = self.sock.getsockopt(zmq.EVENTS)
+        if events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters):
+            self._schedule()
+        return events
+
+    def _watch(self) -> None:
+        """Start reacting to the socket's descriptor (idempotent; needs a running loop)."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.sock.FD, self._on_events)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Run `_on_events` soon (once, however often this is called before it runs)."""
+        if not self._scheduled:
+            self._scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._on_events)
+
+    def _on_events(self) -> None:
+        """Dispatch every message that has arrived, then wake senders waiting for room.
+
+        The descriptor is edge-triggered: reading ZMQ_EVENTS handles the socket's pending
+        commands and resets it, so every bit read must be acted on here."""
+        self._scheduled = False
+        sock = self.sock
+        if sock.closed:
+            return
+        try:
+            events = sock.getsockopt(zmq.EVENTS)
+            for _ in range(DRAIN_BATCH):
+                if not events & zmq.POLLIN:
+                    break
+                env = self._accept_frames(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                if env is not None:
+                    self._dispatch_safely(env)
+                events = sock.getsockopt(zmq.EVENTS)
+            else:
+                if events & zmq.POLLIN:
+                    self._schedule()  # more waiting: let other callbacks run first
+        except zmq.Again:  # EVENTS said POLLIN, yet nothing came: look again next round
+            events = sock.getsockopt(zmq.EVENTS)
+            if events & zmq.POLLIN:
+                self._schedule()
+        except zmq.ZMQError as exc:
+            if sock.closed:
+                return
+            # A socket error is no peer's message: the endpoint must outlive it.
+            log.warning("recv_failed", channel=self.name, error=repr(exc))
+            assert self._loop is not None
+            self._loop.call_later(0.01, self._on_events)
+            return
+        if events & zmq.POLLOUT:
+            while self._send_waiters:
+                waiter = self._send_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _dispatch_safely(self, env: Envelope) -> None:
+        try:
+            self._dispatch(env, self._handler)
+        except Exception as exc:  # a bug here must not stop the drain (nothing would resume it)
+            log.error("dispatch_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc))
 
     async def reply(self, env: Envelope, msg: wire.Message) -> None:
         await self._send(msg, env.peer, env.header.corr, wire.Flag.REPLY)
@@ -229,19 +386,6 @@ class RpcEndpoint(Endpoint):
                 fut.set_exception(PeerUnreachable(f"{self.name}: peer {_peer_name(peer)} was lost"))
                 self._pending.pop(corr, None)
 
-    async def _serve(self, handler: Handler | None) -> None:
-        while True:
-            try:
-                env = await self.recv()
-            except zmq.ZMQError as exc:
-                if self.sock.closed:
-                    return
-                # A socket error is no peer's message: the loop must outlive it.
-                log.warning("recv_failed", channel=self.name, error=repr(exc))
-                await asyncio.sleep(0.01)
-                continue
-            self._dispatch(env, handler)
-
     def _dispatch(self, env: Envelope, handler: Handler | None) -> None:
         if env.peer is not None:
             self.known_peers.add(env.peer)
@@ -252,9 +396,19 @@ class RpcEndpoint(Endpoint):
         if env.header.flags & wire.Flag.REPLY:
             self._resolve(env)
         elif handler is not None and not isinstance(env.msg, wire.Heartbeat):
-            task = asyncio.create_task(self._handle(handler, env))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._handle(handler, env))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` now up to its first wait, and the rest as a task (as Python 3.12's
+        eager tasks do): most handlers answer without waiting, and then no task is made."""
+        ctx = contextvars.copy_context()  # a task's context, as create_task would give it
+        try:
+            first = ctx.run(coro.send, None)
+        except StopIteration:
+            return
+        task = asyncio.get_running_loop().create_task(_finish(coro, first), context=ctx)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _resolve(self, env: Envelope) -> None:
         entry = self._pending.get(env.header.corr)
@@ -285,24 +439,22 @@ class RpcEndpoint(Endpoint):
                 log.warning("reply_unroutable", channel=self.name, error=repr(exc2))
 
     async def _unstick(self) -> None:
-        """Safety net for a lost wake-up of the receive loop.
-
-        A zmq socket's descriptor is edge-triggered: an edge consumed without the waiting
-        receive being woken leaves a message in the socket until something else re-reads
-        its events. On a busy 2-core machine a rollout handled an Abort seconds after the
-        Generate sent just before it on the same socket; a lost edge is the suspected (not
-        proven) cause. Every UNSTICK_S this checks for input waiting and, if there is some,
-        has zmq.asyncio handle it (reading EVENTS through the asyncio socket schedules that),
-        so no message can wait longer than that; `stats.kicks` counts the checks that found
-        input waiting."""
-        shadow = zmq.Socket.shadow(self.sock.underlying)
+        """Safety net for a lost wake-up: every UNSTICK_S, if the socket has input waiting
+        (or room while a sender waits for it) that no descriptor event announced, handle
+        it now, so nothing waits in the socket longer than that. `stats.kicks` counts the
+        times it acted. A zmq descriptor is edge-triggered, and any operation on the socket
+        can consume the edge; `_try_send` re-checks after each send, and this covers any
+        path that was missed."""
         while True:
             await asyncio.sleep(UNSTICK_S)
             if self.sock.closed:
                 return
-            if shadow.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self._scheduled or select.select([self.sock.FD], [], [], 0)[0]:
+                continue  # the loop will run _on_events anyway
+            events = self.sock.getsockopt(zmq.EVENTS)
+            if events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters):
                 self.stats.kicks += 1
-                self.sock.get(zmq.EVENTS)
+                self._on_events()
 
     async def _heartbeat(self) -> None:
         while True:
@@ -324,14 +476,13 @@ class RpcEndpoint(Endpoint):
                 log.warning("peer_silent", channel=self.name, peer=_peer_name(peer), silent_s=round(now - seen, 2))
                 await self._report_lost(peer)
             if now - self.last_sent.get(peer, 0.0) >= opts.heartbeat_s:
-                await self._greet(peer)
+                self._greet(peer)
 
-    async def _greet(self, peer: bytes | None) -> None:
-        """Send a heartbeat if it can leave soon; a full or dead peer queue must not stall liveness checks."""
+    def _greet(self, peer: bytes | None) -> None:
+        """Send a heartbeat if it can leave now; a full or dead peer queue must not stall liveness checks."""
         try:
-            async with asyncio.timeout(self.options.heartbeat_s):
-                await self._send(wire.Heartbeat(sent_at=time.time()), peer, 0, 0, zmq.NOBLOCK)
-        except (TimeoutError, PeerUnreachable, zmq.Again):
+            self._try_send(self._frames(wire.Heartbeat(sent_at=time.time()), peer, 0, 0), peer)
+        except (PeerUnreachable, zmq.ZMQError):
             pass
 
     async def _report_lost(self, peer: bytes | None) -> None:
@@ -349,10 +500,48 @@ class RpcEndpoint(Endpoint):
         for task in [*self._loops, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
-        for _, fut in self._pending.values():
+        for fut in [*(f for _, f in self._pending.values()), *self._send_waiters]:
             if not fut.done():
                 fut.set_exception(ConnectionError(f"{self.name}: closed"))
         self.close()
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed() and not self.sock.closed:
+            self._loop.remove_reader(self.sock.FD)
+        super().close()
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
+class _Resume:
+    """Awaitable that continues a coroutine already stepped once, which yielded `first`."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        yielded = self.first
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException as exc:  # cancellation and the like go to the coroutine
+                try:
+                    yielded = self.coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = self.coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+    return await _Resume(coro, first)
 
 
 def _peer_name(peer: bytes | None) -> str:
@@ -364,7 +553,7 @@ def _peer_name(peer: bytes | None) -> str:
         return peer.hex()
 
 
-def _configure(sock: zmq.asyncio.Socket, options: ChannelOptions) -> None:
+def _configure(sock: zmq.Socket, options: ChannelOptions) -> None:
     sock.setsockopt(zmq.SNDHWM, options.hwm)
     sock.setsockopt(zmq.RCVHWM, options.hwm)
     sock.setsockopt(zmq.LINGER, int(options.linger_s * 1000))
@@ -377,7 +566,7 @@ def bind_router(
     ctx: zmq.asyncio.Context, address: str, *, name: str, options: ChannelOptions = ChannelOptions()
 ) -> RpcEndpoint:
     """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`)."""
-    sock = ctx.socket(zmq.ROUTER)
+    sock = ctx.socket(zmq.ROUTER, socket_class=zmq.Socket)  # plain: RpcEndpoint drives it
     _configure(sock, options)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -397,7 +586,7 @@ def connect_dealer(
     options: ChannelOptions = ChannelOptions(),
 ) -> RpcEndpoint:
     """A DEALER with routing identity `identity`, connected to `address`."""
-    sock = ctx.socket(zmq.DEALER)
+    sock = ctx.socket(zmq.DEALER, socket_class=zmq.Socket)  # plain: RpcEndpoint drives it
     _configure(sock, options)
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     if options.curve is not None:
@@ -449,7 +638,7 @@ def connect_socket(
     return ep
 
 
-def _bind(sock: zmq.asyncio.Socket, address: str) -> str:
+def _bind(sock: zmq.Socket, address: str) -> str:
     if address.startswith("tcp://") and address.endswith(":0"):
         address = address[:-2] + ":*"
     sock.bind(address)

@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import uvloop
 import zmq
 import zmq.asyncio
 
 from transport import wire
 from transport.channels import (
+    UNSTICK_S,
     ChannelOptions,
     Endpoint,
     Envelope,
@@ -240,17 +242,17 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
     await server.aclose()
 
 
-async def test_receive_loop_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
+async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
     server = await serve(ctx, "tcp://127.0.0.1:0")
-    real_recv = server.recv
+    real_recv = server.sock.recv_multipart
     failures = [zmq.ZMQError(errno.EINTR)]
 
-    async def flaky_recv() -> Envelope:
+    def flaky_recv(*args: Any, **kwargs: Any) -> Any:
         if failures:
             raise failures.pop()
-        return await real_recv()
+        return real_recv(*args, **kwargs)
 
-    server.recv = flaky_recv  # type: ignore[method-assign]
+    server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
     c = client(ctx, server.address, "caller")
     reply = await c.request(wire.TensorBatch(seq=5), timeout=2)
     assert isinstance(reply, wire.TensorBatch) and reply.seq == 5 and not failures
@@ -377,6 +379,73 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
     await lost.wait(1)
     assert lost.events[0][0] is None
     await c.aclose()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_missed_descriptor_signal_delays_a_message_by_at_most_the_safety_interval(
+    ctx: zmq.asyncio.Context, tmp_path: Path, loop: str
+) -> None:
+    """The socket's descriptor is edge-triggered. Consume the edge of an arrived message
+    behind the endpoint's back: the safety net still delivers it within UNSTICK_S."""
+
+    async def scenario() -> None:
+        got: asyncio.Queue[int] = asyncio.Queue()
+
+        async def record(env: Envelope) -> None:
+            got.put_nowait(env.msg.seq)  # type: ignore[union-attr]
+
+        server = bind_router(ctx, f"ipc://{tmp_path}/s-{loop}", name="server")
+        server.start(record)
+        c = client(ctx, server.address, "c")
+        await c.send(wire.TensorBatch(seq=1))
+        assert await asyncio.wait_for(got.get(), 5) == 1
+        await c.send(wire.TensorBatch(seq=2))
+        time.sleep(0.1)  # blocks the loop: the message arrives, the descriptor fires ...
+        assert zmq.Socket.shadow(server.sock.underlying).getsockopt(zmq.EVENTS) & zmq.POLLIN  # ... and is reset
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(got.get(), 5) == 2
+        assert time.monotonic() - t0 < UNSTICK_S + 0.2
+        assert server.stats.kicks == 1
+        await c.aclose()
+        await server.aclose()
+
+    if loop == "uvloop":
+        # Run on uvloop (the runtime's loop) in a thread of its own; the context is thread-safe.
+        await asyncio.to_thread(uvloop.run, scenario())
+    else:
+        await scenario()
+
+
+async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    """With the peer's queue full a ROUTER send waits (the socket stays writable toward
+    other peers, so it polls with a backoff) and completes, in order, once the peer reads."""
+    server = bind_router(ctx, f"ipc://{tmp_path}/s", name="server", options=ChannelOptions(hwm=2))
+    server.start(echo)
+    raw = RawDealer(ctx, server.address)
+    raw.sock.setsockopt(zmq.RCVHWM, 2)
+    assert isinstance(await raw.ask(wire.TensorBatch(seq=0), corr=1), wire.TensorBatch)  # known to the server
+    mib = torch.zeros(1 << 18)  # 1 MiB: 32 of them fill the queues and the kernel's socket buffers
+
+    async def send_all() -> None:
+        for i in range(32):
+            await server.send(wire.TensorBatch(seq=i, tensors={"x": mib}), peer=b"raw")
+
+    sends = asyncio.ensure_future(send_all())
+    try:
+        await asyncio.sleep(0.3)
+        assert not sends.done(), "32 MiB cannot be queued toward a peer that does not read"
+        seqs = []
+        async with asyncio.timeout(10):
+            while len(seqs) < 32:
+                _, msg = raw.decoder.decode(await raw.sock.recv_multipart())
+                if isinstance(msg, wire.TensorBatch):
+                    seqs.append(msg.seq)
+            await sends
+        assert seqs == list(range(32))
+    finally:
+        sends.cancel()
+        raw.sock.close(linger=0)
+        await server.aclose()
 
 
 # --- fan-out ----------------------------------------------------------------------------
