@@ -207,7 +207,10 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
 
 
 class TrainerConfig(msgspec.Struct, **_STRUCT):
-    backend: Annotated[Literal["fsdp", "megatron"], Doc(description="Training engine.")] = "fsdp"
+    backend: Annotated[
+        Literal["fsdp", "megatron"],
+        Doc(description="Training engine (megatron: not in this build yet, refused at start-up)."),
+    ] = "fsdp"
     total_steps: Annotated[int, Doc(description="Training steps (policy versions) of the run.", ge=1)] = 20
     prompts_per_step: Annotated[
         int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)

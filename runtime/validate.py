@@ -5,6 +5,8 @@ Each failed check is a `ConfigError` with one line naming the keys involved.
 
 from __future__ import annotations
 
+import importlib.util
+
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
 from runtime.gpu_check import check_gpu_memory, check_nccl_weight_sync
@@ -59,3 +61,13 @@ def _check_megatron(cfg: RunConfig, world: int) -> None:
         )
     if cfg.trainer.device == "cpu":
         raise ConfigError("trainer.backend=megatron needs trainer.device=cuda (megatron-core does not run on CPU)")
+    if not megatron_engine_available():
+        raise ConfigError(
+            "trainer.backend=megatron: this build has no Megatron-core engine yet (roles/trainer/engine_megatron.py); "
+            "use trainer.backend=fsdp"
+        )
+
+
+def megatron_engine_available() -> bool:
+    """Whether this checkout has the Megatron-core trainer engine (not whether megatron-core is installed)."""
+    return importlib.util.find_spec("roles.trainer.engine_megatron") is not None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime import validate
 from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig
 from runtime.config_load import ConfigError, config_docs, load_config, parse_override, to_yaml
 from runtime.validate import check_config
@@ -165,6 +166,19 @@ def _megatron(*overrides: str) -> RunConfig:
     return load_config(None, ["trainer.backend=megatron", "trainer.device=cuda", *overrides])
 
 
+@pytest.fixture
+def megatron_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-field checks below, as they will apply once the engine exists."""
+    monkeypatch.setattr(validate, "megatron_engine_available", lambda: True)
+
+
+def test_megatron_backend_is_refused_while_this_build_has_no_engine() -> None:
+    assert not validate.megatron_engine_available()
+    with pytest.raises(ConfigError, match=r"trainer\.backend=megatron: this build has no Megatron-core engine"):
+        check_config(_megatron("fsdp.use_fsdp=false"))
+
+
+@pytest.mark.usefixtures("megatron_engine")
 def test_megatron_refuses_fsdp_full_shard() -> None:
     with pytest.raises(
         ConfigError, match=r"fsdp\.use_fsdp=false or fsdp\.sharding_strategy=NO_SHARD \(got FULL_SHARD\)"
@@ -174,6 +188,7 @@ def test_megatron_refuses_fsdp_full_shard() -> None:
     check_config(_megatron("fsdp.sharding_strategy=NO_SHARD"))
 
 
+@pytest.mark.usefixtures("megatron_engine")
 def test_megatron_world_size_must_be_a_multiple_of_tp_times_pp() -> None:
     # The default placement has 2 trainer ranks.
     bad = _megatron(
