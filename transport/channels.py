@@ -496,7 +496,13 @@ class RpcEndpoint(Endpoint):
             log.warning("on_peer_lost_failed", channel=self.name, peer=_peer_name(peer), error=repr(exc))
 
     async def aclose(self) -> None:
-        """Cancel the loops and handler tasks, fail pending requests, close the socket."""
+        """Cancel the loops and handler tasks, fail pending requests, close the socket;
+        logs the endpoint's counters (`channel_closed`)."""
+        st = self.stats
+        log.info(
+            "channel_closed", channel=self.name, sent=st.sent, received=st.received,
+            dropped=dict(st.dropped), kicks=st.kicks,
+        )  # fmt: skip
         for task in [*self._loops, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
