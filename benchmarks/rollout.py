@@ -34,6 +34,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 from runtime.config import RunConfig
 from runtime.config_load import load_config
+from runtime.logs import setup_logging
 
 
 def requests(num: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
@@ -137,6 +138,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
+    setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     if args.quick:
         args.prompts, args.max_tokens, args.reps = 16, 16, 1
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))

@@ -62,6 +62,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.launcher_env import ROLE_MALLOC_TUNABLES
+from runtime.logs import setup_logging
 from transport import wire
 from transport.channels import Envelope, bind_router, bind_socket, connect_dealer, connect_socket
 
@@ -76,6 +77,7 @@ LATENCY_PAYLOAD = [0.0, 1.0, 2.0, 3.0]
 def peer_main(conn: Connection) -> None:
     """Serve one experiment per command from `conn` until told to stop."""
     torch.set_num_threads(1)
+    setup_logging(None, "bench-peer", level="warning")  # stderr: stdout carries only the JSON
     while True:
         cmd = conn.recv()
         if cmd is None:
@@ -403,6 +405,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     parser.add_argument("--latency-only", action="store_true", help="only the round-trip latency rows")
     args = parser.parse_args()
+    setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     reps, n_rtt, warmup = (1, 200, 50) if args.quick else (9, 2000, 300)
     torch.set_num_threads(1)
     started = time.time()
