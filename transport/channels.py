@@ -279,8 +279,9 @@ class RpcEndpoint(Endpoint):
             sent = False
         except zmq.ZMQError as exc:
             self._raise_send_error(exc, peer)
-        if self._loop is not None:
-            self._recheck()
+        finally:
+            if self._loop is not None:
+                self._recheck()
         if sent:
             self._sent(peer)
         return sent
@@ -309,6 +310,8 @@ class RpcEndpoint(Endpoint):
         its pending commands and so resets its descriptor: input that arrived meanwhile,
         or room that opened for a waiting sender, would not be signalled again. Every such
         operation outside `_on_events` is followed by this."""
+        if self.sock.closed:
+            return 0
         events: int = self.sock.getsockopt(zmq.EVENTS)
         if events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters):
             self._schedule()
