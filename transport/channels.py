@@ -181,9 +181,10 @@ class RpcEndpoint(Endpoint):
     """Request/reply and one-way messages over ROUTER (server) or DEALER (client).
 
     Call `start(handler)` once: from then on every message is dispatched as it arrives,
-    and a heartbeat task runs. Each incoming non-reply message is passed to `handler` in
-    its own task; a non-None return value is sent back as the reply when the message had
-    a correlation id. Handler exceptions become `wire.Error` replies.
+    and a heartbeat task runs. Each incoming non-reply message is passed to `handler`,
+    which runs at once up to its first `await` and continues in a task of its own if it
+    waits; a non-None return value is sent back as the reply when the message had a
+    correlation id. Handler exceptions become `wire.Error` replies.
 
     The socket is a plain zmq socket driven from its descriptor on the running loop: a
     reader callback drains every message that has arrived (NOBLOCK receives, no future
@@ -313,9 +314,13 @@ class RpcEndpoint(Endpoint):
         if self.sock.closed:
             return 0
         events: int = self.sock.getsockopt(zmq.EVENTS)
-        if events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters):
+        if self._has_work(events):
             self._schedule()
         return events
+
+    def _has_work(self, events: int) -> bool:
+        """Whether `events` hold something for `_on_events`: input, or room a sender waits for."""
+        return bool(events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters))
 
     def _watch(self) -> None:
         """Start reacting to the socket's descriptor (idempotent; needs a running loop)."""
@@ -454,8 +459,7 @@ class RpcEndpoint(Endpoint):
                 return
             if self._scheduled or select.select([self.sock.FD], [], [], 0)[0]:
                 continue  # the loop will run _on_events anyway
-            events = self.sock.getsockopt(zmq.EVENTS)
-            if events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters):
+            if self._has_work(self.sock.getsockopt(zmq.EVENTS)):
                 self.stats.kicks += 1
                 self._on_events()
 
