@@ -138,10 +138,8 @@ def _add_dist_env(specs: list[ProcSpec], cfg: RunConfig, counts: dict[str, int],
                 s.env["LOCAL_WORLD_SIZE"] = str(n)
 
 
-def check_devices(specs: list[ProcSpec], num_gpus: int | None = None) -> None:
-    """A device index that does not exist is an error naming the role."""
-    if num_gpus is None:
-        num_gpus = visible_gpus()
+def check_devices(specs: list[ProcSpec], num_gpus: int) -> None:
+    """A device index that does not exist (`num_gpus` on this node) is an error naming the role."""
     for s in specs:
         for d in s.devices:
             if d >= num_gpus:
