@@ -33,7 +33,7 @@ def held_zero(**_: object) -> float:
     """Like slow_zero, and while the file named by $TANDEM_TEST_HOLD exists (at most 15 min)
     does not return: a test holds the run still while something slow (a joiner's vLLM
     engine) starts, instead of racing it against the run's remaining steps."""
-    time.sleep(0.25)
+    slow_zero()
     hold = os.environ.get(HOLD_ENV)
     deadline = time.monotonic() + 900
     while hold and os.path.exists(hold) and time.monotonic() < deadline:

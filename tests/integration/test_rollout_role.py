@@ -27,8 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoleHarness]:
     run_dir = tmp_path_factory.mktemp("rollout-role")
     # max_model_len: room for samples long enough that an abort always lands mid-way.
-    overrides = [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"]
-    cfg = load_config("configs/tiny_cpu.yaml", overrides)
+    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"])
     harness = RoleHarness(cfg, "rollout")
     await harness.start()
     yield harness
