@@ -16,12 +16,12 @@ Guarantees a caller may rely on:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import select
+import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,8 @@ from transport import wire
 from transport.codec import Decoder, Encoder, WireError
 from transport.security import CurveKeys, apply_curve, log_refused_handshakes
 
+# Python >= 3.12 starts handler tasks eagerly (asyncio.Task(eager_start=True)).
+_EAGER = sys.version_info >= (3, 12)
 log = structlog.get_logger("transport")
 UNSTICK_S = 0.05
 DRAIN_BATCH = 256  # messages one descriptor callback handles before yielding to the loop
@@ -182,9 +184,10 @@ class RpcEndpoint(Endpoint):
 
     Call `start(handler)` once: from then on every message is dispatched as it arrives,
     and a heartbeat task runs. Each incoming non-reply message is passed to `handler`,
-    which runs at once up to its first `await` and continues in a task of its own if it
-    waits; a non-None return value is sent back as the reply when the message had a
-    correlation id. Handler exceptions become `wire.Error` replies.
+    which runs in a task of its own (on Python >= 3.12 an eager one: it runs at once up to
+    its first `await`, and most handlers finish there); a non-None return value is sent
+    back as the reply when the message had a correlation id. Handler exceptions become
+    `wire.Error` replies.
 
     The socket is a plain zmq socket driven from its descriptor on the running loop: a
     reader callback drains every message that has arrived (NOBLOCK receives, no future
@@ -407,14 +410,17 @@ class RpcEndpoint(Endpoint):
             self._start(self._handle(handler, env))
 
     def _start(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` now up to its first wait, and the rest as a task (as Python 3.12's
-        eager tasks do): most handlers answer without waiting, and then no task is made."""
-        ctx = contextvars.copy_context()  # a task's context, as create_task would give it
-        try:
-            first = ctx.run(coro.send, None)
-        except StopIteration:
-            return
-        task = asyncio.get_running_loop().create_task(_finish(coro, first), context=ctx)
+        """Run a handler as a task of its own. On Python >= 3.12 the task starts eagerly:
+        it runs now, up to its first wait, and most handlers answer without ever being
+        scheduled. Either way the handler runs inside its task, so `asyncio.current_task()`,
+        `asyncio.timeout()` and (3.12) `asyncio.wait_for()` work before its first await."""
+        loop = asyncio.get_running_loop()
+        if _EAGER:
+            task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+            if task.done():
+                return
+        else:
+            task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -527,34 +533,6 @@ class RpcEndpoint(Endpoint):
 def _expire(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError())
-
-
-class _Resume:
-    """Awaitable that continues a coroutine already stepped once, which yielded `first`."""
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        yielded = self.first
-        while True:
-            try:
-                sent = yield yielded
-            except BaseException as exc:  # cancellation and the like go to the coroutine
-                try:
-                    yielded = self.coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    yielded = self.coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-
-
-async def _finish(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    return await _Resume(coro, first)
 
 
 def _peer_name(peer: bytes | None) -> str:

@@ -81,6 +81,10 @@ async def echo(env: Envelope) -> wire.Message | None:
         return wire.TensorBatch(seq=msg.seq, meta={"obj": object()})
     elif op == "jitter":
         await asyncio.sleep(random.random() * 0.005)
+    elif op == "in_task":
+        # Before any await: asyncio.timeout (and 3.12's wait_for) need the handler's own task.
+        async with asyncio.timeout(5):
+            return wire.TensorBatch(seq=msg.seq, meta={"task": asyncio.current_task() is not None})
     peer = env.peer.decode() if env.peer else ""
     return wire.TensorBatch(seq=msg.seq, tensors=msg.tensors, arrays=msg.arrays, meta={"peer": peer})
 
@@ -222,6 +226,20 @@ async def test_timeout_then_late_reply_is_dropped_harmlessly(ctx: zmq.asyncio.Co
     reply = await c.request(wire.TensorBatch(seq=2), timeout=2)
     assert isinstance(reply, wire.TensorBatch) and reply.seq == 2
     assert c.stats.dropped == Counter(late_reply=1)
+    await c.aclose()
+    await server.aclose()
+
+
+async def test_handlers_run_inside_their_own_task(ctx: zmq.asyncio.Context, address: str) -> None:
+    """A handler that uses asyncio.timeout before its first await works (it broke weight
+    sync on Python 3.12 while handlers were stepped by hand outside any task)."""
+    server = await serve(ctx, address)
+    c = client(ctx, server.address, "caller")
+    replies = await asyncio.gather(
+        *(c.request(wire.TensorBatch(seq=i, meta={"op": "in_task"}), timeout=2) for i in range(8))
+    )
+    assert all(isinstance(r, wire.TensorBatch) and r.meta == {"task": True} for r in replies)
+    assert server.stats.dropped == Counter()
     await c.aclose()
     await server.aclose()
 
