@@ -203,13 +203,23 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     use_distributed_optimizer: Annotated[bool, Doc(description="Shard optimizer state across data-parallel ranks.")] = (
         False
     )
-    micro_batch_size: Annotated[int, Doc(description="Sequences per pipeline micro-batch.", ge=1)] = 1
+    params_dtype: Annotated[
+        Literal["bfloat16", "float32"],
+        Doc(description="Model params; bfloat16 keeps fp32 master weights in the optimizer."),
+    ] = "bfloat16"
+    model_provider: Annotated[
+        str,
+        Doc(
+            description="`module:function(hf_config, transformer_config)` returning this rank's GPTModel stage "
+            "or a MegatronActor; empty = built from model.path's config."
+        ),
+    ] = ""
 
 
 class TrainerConfig(msgspec.Struct, **_STRUCT):
     backend: Annotated[
         Literal["fsdp", "megatron"],
-        Doc(description="Training engine (megatron: not in this build yet, refused at start-up)."),
+        Doc(description="Training engine: FSDP2 or Megatron-core (needs the megatron extra and CUDA)."),
     ] = "fsdp"
     total_steps: Annotated[int, Doc(description="Training steps (policy versions) of the run.", ge=1)] = 20
     prompts_per_step: Annotated[

@@ -61,13 +61,24 @@ def _check_megatron(cfg: RunConfig, world: int) -> None:
         )
     if cfg.trainer.device == "cpu":
         raise ConfigError("trainer.backend=megatron needs trainer.device=cuda (megatron-core does not run on CPU)")
-    if not megatron_engine_available():
+    if cfg.algorithm.kl.enabled and cfg.algorithm.kl.use == "loss":
         raise ConfigError(
-            "trainer.backend=megatron: this build has no Megatron-core engine yet (roles/trainer/engine_megatron.py); "
-            "use trainer.backend=fsdp"
+            "algorithm.kl.use=loss needs a reference policy, which trainer.backend=megatron does not hold; "
+            "use algorithm.kl.use=reward (critic) or trainer.backend=fsdp"
         )
+    if cfg.trainer.loss.entropy_coef > 0:
+        raise ConfigError(
+            "trainer.loss.entropy_coef > 0 is not supported by trainer.backend=megatron (entropy is logged)"
+        )
+    if m.use_distributed_optimizer and cfg.checkpoint.every:
+        raise ConfigError("trainer.megatron.use_distributed_optimizer=true cannot be checkpointed yet: "
+                          "set checkpoint.every=0 or use_distributed_optimizer=false")  # fmt: skip
+    if m.model_provider and ":" not in m.model_provider:
+        raise ConfigError(f"trainer.megatron.model_provider '{m.model_provider}' must be module:function")
+    if not megatron_core_installed():
+        raise ConfigError("trainer.backend=megatron needs megatron-core: pip install 'tandem-rl[megatron]'")
 
 
-def megatron_engine_available() -> bool:
-    """Whether this checkout has the Megatron-core trainer engine (not whether megatron-core is installed)."""
-    return importlib.util.find_spec("roles.trainer.engine_megatron") is not None
+def megatron_core_installed() -> bool:
+    """Whether megatron-core can be imported here (the trainer's node is assumed to match)."""
+    return importlib.util.find_spec("megatron.core") is not None

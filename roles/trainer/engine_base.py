@@ -91,19 +91,7 @@ class FSDPBase:
     def reduce(
         self, acc: dict[str, float], summed: tuple[str, ...], weighted: tuple[str, ...], maxed: tuple[str, ...]
     ) -> dict[str, float]:
-        """Sum `summed`, token-weight-average `weighted` (acc holds value*tokens), max `maxed`."""
-        names = ["tokens", *summed, *[k for k in weighted if k in acc]]
-        sums = torch.tensor([acc.get(k, 0.0) for k in names], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums)
-        maxes = torch.tensor([acc.get(k, 0.0) for k in maxed], dtype=torch.float64, device=self.device)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-        out = dict(zip(names, sums.tolist(), strict=True))
-        tokens = max(out.pop("tokens"), 1.0)
-        for k in weighted:
-            if k in out:
-                out[k] /= tokens
-        out.update(zip(maxed, maxes.tolist(), strict=True))
-        return out
+        return reduce_metrics(acc, summed, weighted, maxed, self.device)
 
     # --- checkpoints -----------------------------------------------------------------
     def save(self, directory: Path) -> None:
@@ -113,7 +101,7 @@ class FSDPBase:
         extra = {
             "version": self.version,
             "scheduler": self.scheduler.state_dict(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         torch.save(extra, directory / f"extra-rank{self.rank}.pt")
         dist.barrier()
@@ -130,10 +118,33 @@ class FSDPBase:
         extra = torch.load(path, weights_only=False)
         self.version = int(extra["version"])
         self.scheduler.load_state_dict(extra["scheduler"])
-        _set_rng_state(extra["rng"])
+        set_rng_state(extra["rng"])
 
 
-def _rng_state() -> dict[str, Any]:
+def reduce_metrics(
+    acc: dict[str, float],
+    summed: tuple[str, ...],
+    weighted: tuple[str, ...],
+    maxed: tuple[str, ...],
+    device: torch.device,
+) -> dict[str, float]:
+    """Over all ranks of the default group: sum `summed`, token-weight-average `weighted`
+    (`acc` holds value * tokens and "tokens"), max `maxed`. A collective."""
+    names = ["tokens", *summed, *[k for k in weighted if k in acc]]
+    sums = torch.tensor([acc.get(k, 0.0) for k in names], dtype=torch.float64, device=device)
+    dist.all_reduce(sums)
+    maxes = torch.tensor([acc.get(k, 0.0) for k in maxed], dtype=torch.float64, device=device)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    out = dict(zip(names, sums.tolist(), strict=True))
+    tokens = max(out.pop("tokens"), 1.0)
+    for k in weighted:
+        if k in out:
+            out[k] /= tokens
+    out.update(zip(maxed, maxes.tolist(), strict=True))
+    return out
+
+
+def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -144,7 +155,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

@@ -168,14 +168,37 @@ def _megatron(*overrides: str) -> RunConfig:
 
 @pytest.fixture
 def megatron_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cross-field checks below, as they will apply once the engine exists."""
-    monkeypatch.setattr(validate, "megatron_engine_available", lambda: True)
+    """The cross-field checks below hold whether or not megatron-core is installed here."""
+    monkeypatch.setattr(validate, "megatron_core_installed", lambda: True)
 
 
-def test_megatron_backend_is_refused_while_this_build_has_no_engine() -> None:
-    assert not validate.megatron_engine_available()
-    with pytest.raises(ConfigError, match=r"trainer\.backend=megatron: this build has no Megatron-core engine"):
+def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validate, "megatron_core_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"trainer\.backend=megatron needs megatron-core: pip install"):
         check_config(_megatron("fsdp.use_fsdp=false"))
+
+
+@pytest.mark.usefixtures("megatron_engine")
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (("algorithm.kl.enabled=true",), r"algorithm\.kl\.use=loss needs a reference policy"),
+        (("trainer.loss.entropy_coef=0.01",), r"trainer\.loss\.entropy_coef > 0 is not supported"),
+        (
+            ("trainer.megatron.use_distributed_optimizer=true", "checkpoint.every=5"),
+            r"use_distributed_optimizer=true cannot be checkpointed",
+        ),
+        (
+            ("trainer.megatron.model_provider=mymodels.build",),
+            r"model_provider 'mymodels\.build' must be module:function",
+        ),
+        (("trainer.device=cpu",), r"needs trainer\.device=cuda"),
+        (("fsdp.use_fsdp=false", "fsdp.cpu_offload=true"), r"fsdp\.cpu_offload does not apply"),
+    ],
+)
+def test_megatron_refuses_what_it_cannot_do(overrides: tuple[str, ...], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        check_config(_megatron("fsdp.use_fsdp=false", *overrides))
 
 
 @pytest.mark.usefixtures("megatron_engine")

@@ -1,0 +1,312 @@
+"""The Megatron-core actor engine: decoupled PPO on a tensor- and pipeline-parallel GPTModel.
+
+Process groups. The trainer ranks' default group (NCCL, made by `init_distributed`) carries
+only this engine's small bookkeeping collectives (metric sums). Megatron's parallel state
+makes its own TP / PP / DP groups from it; weight sync to the rollouts uses its own group
+(`roles/trainer/weight_collective.py`); nothing here is shared with an FSDP engine.
+
+Data. The controller gives every trainer rank a shard of the step's batch. The ranks of one
+model replica (its TP x PP ranks) must see the same sequences, so each replica first
+gathers its members' shards; data-parallel replicas train on different sequences. Losses
+are normalised by the step's global token (or sequence) count and scaled so that after
+megatron's pipeline schedule (which divides by the number of micro-batches) and its DDP
+(which averages over data-parallel ranks) the update is one step on the whole batch, as
+in the FSDP engine. Micro-batches follow `trainer.micro_batch_tokens`; with pipeline
+parallelism their shapes travel with them (`variable_seq_lengths`).
+
+Weights. The model is built from the HF directory's config and loaded from its safetensors
+(`roles/trainer/megatron_convert.py` documents the mapping); `export_weights` yields HF
+names and full tensors on the first pipeline stage. Megatron's mixed-precision optimizer
+keeps fp32 master weights when the params are bf16. Checkpoints are per rank and resume
+only with the same TP / PP / world size. All methods are blocking collectives, called from
+one thread, in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from roles.algo import ppo_policy_loss
+from roles.trainer.engine_base import (
+    accumulate,
+    init_distributed,
+    pick_device,
+    reduce_metrics,
+    rng_state,
+    set_rng_state,
+)
+from roles.trainer.engine_fsdp import MAXED, SUMMED
+from roles.trainer.fsdp import DTYPES
+from roles.trainer.megatron_convert import ModelDims
+from roles.trainer.megatron_model import (
+    export_hf_weights,
+    load_hf_weights,
+    make_actor,
+    transformer_config,
+    unwrap,
+)
+from roles.trainer.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from runtime.config import RunConfig
+from transport.wire import TrainBatch
+
+# The FSDP engine's metrics less kl_ref (no reference policy here). Every rank reduces every
+# key, so ranks that do not report (not last stage, or TP rank > 0) send zeros.
+WEIGHTED = ("clip_fraction", "kl_behaviour_proximal", "entropy", "importance_weight_mean", "truncated_fraction")
+_PER_TOKEN = ("input_ids", "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
+
+
+class MegatronEngine:
+    def __init__(self, cfg: RunConfig, model_path: Path) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        from transformers import AutoConfig
+
+        self.cfg = cfg
+        self.device = pick_device(cfg)
+        init_distributed(self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        m = cfg.trainer.megatron
+        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+        hf_config = AutoConfig.from_pretrained(str(model_path))
+        self.dims = ModelDims.from_hf_config(hf_config)
+        _check_divisible(self.dims, tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        torch.manual_seed(cfg.trainer.seed)
+        model_parallel_cuda_manual_seed(cfg.trainer.seed)
+        self.dtype = DTYPES[m.params_dtype]
+        config = transformer_config(
+            self.dims, tp=tp, pp=pp, dtype=self.dtype, recompute=cfg.trainer.gradient_checkpointing
+        )
+        spec = cfg.trainer.megatron.model_provider
+        self.actor = make_actor(spec, hf_config, config, self.dims, self.device)
+        load_hf_weights(self.actor, model_path, self.dims)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer
+        )
+        self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=self.actor)
+        o = cfg.trainer.optim
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam", lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0], adam_beta2=o.betas[1],
+                adam_eps=o.eps, clip_grad=o.grad_clip, bf16=self.dtype == torch.bfloat16, fp16=False,
+                params_dtype=self.dtype, use_distributed_optimizer=m.use_distributed_optimizer,
+            ),
+            [self.model],
+        )  # fmt: skip
+        config.no_sync_func = self.model.no_sync
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = self.optimizer.scale_loss
+        self.tp, self.pp = tp, pp
+        self.dp = ps.get_data_parallel_world_size()
+        self.replica_group = ps.get_model_parallel_group()
+        self.reports_metrics = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+        self.version = 0
+        self.steps = 0
+
+    # --- training ----------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on this replica's sequences; returns metrics reduced over ranks."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        start = time.perf_counter()
+        batch = gather_shards(batch, self.replica_group, self.device)
+        mbs = self._micro_batches(batch)
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lr = self._set_lr()
+        outputs = get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, batch=batch, num_microbatches=len(mbs)),
+            data_iterator=iter(mbs), model=[self.model], num_microbatches=len(mbs),
+            seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
+            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=False,
+        )  # fmt: skip
+        ok, grad_norm, _ = self.optimizer.step()
+        acc = dict.fromkeys(("tokens", *SUMMED, *WEIGHTED, *MAXED), 0.0)
+        if self.reports_metrics:
+            for m in outputs:
+                accumulate(acc, m, SUMMED, WEIGHTED, MAXED)
+        metrics = reduce_metrics(acc, SUMMED, WEIGHTED, MAXED, self.device)
+        self.version += 1
+        self.steps += 1
+        metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok),
+                       train_s=time.perf_counter() - start, micro_batches=len(mbs))  # fmt: skip
+        return metrics
+
+    def _micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
+        mbs = split_micro_batches(batch, self.cfg.trainer.micro_batch_tokens) if batch.cu_seqlens.numel() > 1 else []
+        return [mb.to(self.device) for mb in mbs or [dummy_micro_batch(batch)]]
+
+    def _set_lr(self) -> float:
+        """The FSDP engine's schedule: linear warm-up over `optim.warmup_steps`, then constant."""
+        o = self.cfg.trainer.optim
+        lr = o.lr * min(1.0, (self.steps + 1) / max(1, o.warmup_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _forward_step(
+        self, data: Iterator[MicroBatch], model: torch.nn.Module, *, batch: TrainBatch, num_microbatches: int
+    ) -> tuple[torch.Tensor, Any]:
+        mb = next(data)
+        logits = model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
+        return logits, partial(self._loss, mb, batch, num_microbatches)
+
+    def _loss(
+        self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        ids = mb.input_ids_BT
+        logits = logits[:, :-1]
+        with torch.no_grad():
+            entropy = vocab_parallel_entropy(logits)
+        logp = -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+        f = {k: v[:, 1:] for k, v in mb.fields.items()}
+        mask = f["loss_mask"]
+        lc = self.cfg.trainer.loss
+        loss, m = ppo_policy_loss(
+            logp, logp.detach(), f["behaviour_logprobs"], f["advantages"], mask,
+            clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, agg=lc.agg,
+            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
+        )  # fmt: skip
+        tokens = float(mask.sum())
+        m.update(loss=float(loss.detach()), entropy=float((entropy * mask).sum()) / max(tokens, 1.0), tokens=tokens)
+        # The schedule divides by num_microbatches and DDP averages over data-parallel ranks.
+        return loss * (num_microbatches * self.dp), m
+
+    @torch.no_grad()
+    def forward_logprobs(self, batch: TrainBatch) -> list[torch.Tensor] | None:
+        """Token logprobs of this replica's sequences (its members' shards, gathered), one
+        float32 CPU tensor per sequence: entry t-1 is log p(token t | tokens < t). Returned
+        on the rank that reports metrics (last stage, TP rank 0), None on the others."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batch = gather_shards(batch, self.replica_group, self.device)
+        mbs = self._micro_batches(batch)
+        self.model.eval()
+        outputs = get_forward_backward_func()(
+            forward_step_func=self._logprobs_step, data_iterator=iter(mbs), model=[self.model],
+            num_microbatches=len(mbs), seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
+            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=True,
+        )  # fmt: skip
+        if not self.reports_metrics:
+            return None
+        return [row for out in outputs for row in out["logprobs"]][: batch.cu_seqlens.numel() - 1]
+
+    def _logprobs_step(self, data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        mb = next(data)
+        logits = model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
+
+        def collect(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+            ids = mb.input_ids_BT
+            logp = -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
+            lengths = mb.attention_mask_BT.sum(-1).tolist()
+            rows = [logp[i, : max(0, n - 1)].float().cpu() for i, n in enumerate(lengths)]
+            return torch.zeros((), device=logits.device), {"logprobs": rows}
+
+        return logits, collect
+
+    # --- weights and checkpoints -----------------------------------------------------------
+    def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors by HF name, on CPU in `dtype`, complete on the first pipeline stage's
+        ranks (global rank 0 among them). A collective: every rank iterates it to the end."""
+        for name, tensor in export_hf_weights(self.model, self.dims, dtype):
+            yield name, tensor.to("cpu", dtype)
+
+    def _layout(self) -> dict[str, int]:
+        return {"tp": self.tp, "pp": self.pp, "world_size": self.world_size}
+
+    def save(self, directory: Path) -> None:
+        """This rank's model and optimizer shard into `directory/megatron-rank<r>.pt`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "layout": self._layout(),
+            "model": unwrap(self.model).state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "version": self.version,
+            "steps": self.steps,
+            "rng": rng_state(),
+        }
+        torch.save(state, directory / f"megatron-rank{self.rank}.pt")
+        dist.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote; ValueError when the layout (TP, PP, world size) differs."""
+        path = directory / f"megatron-rank{self.rank}.pt"
+        if not path.exists():
+            raise ValueError(f"{directory} has no Megatron checkpoint for rank {self.rank} (layout {self._layout()})")
+        state = torch.load(path, weights_only=False, map_location=self.device)
+        if state["layout"] != self._layout():
+            raise ValueError(f"{directory} was saved with {state['layout']}; this run has {self._layout()}")
+        unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.version, self.steps = int(state["version"]), int(state["steps"])
+        set_rng_state(state["rng"])
+
+
+def _check_divisible(dims: ModelDims, tp: int) -> None:
+    if dims.heads % tp or dims.kv_heads % tp:
+        raise ValueError(
+            f"trainer.megatron.tensor_model_parallel_size={tp} must divide the model's {dims.heads} attention "
+            f"heads and {dims.kv_heads} KV heads"
+        )
+    if dims.ffn % tp:
+        raise ValueError(f"trainer.megatron.tensor_model_parallel_size={tp} must divide intermediate_size {dims.ffn}")
+
+
+def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax over the full vocabulary from this TP rank's slice (no gradient)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    logits = logits.float()
+    top = logits.max(dim=-1).values
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - top.unsqueeze(-1)
+    exp = shifted.exp()
+    sums = torch.stack([exp.sum(-1), (exp * shifted).sum(-1)])
+    dist.all_reduce(sums, group=group)
+    return sums[0].log() - sums[1] / sums[0]
+
+
+def gather_shards(batch: TrainBatch, group: Any, device: torch.device) -> TrainBatch:
+    """The concatenation, in group-rank order, of every group member's `batch`."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return batch
+    lengths = batch.cu_seqlens.diff()
+    counts = torch.tensor([batch.input_ids.numel(), lengths.numel()], dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(counts) for _ in range(size)]
+    dist.all_gather(everyone, counts, group=group)
+    tokens, seqs = [int(c[0]) for c in everyone], [int(c[1]) for c in everyone]
+
+    def cat(t: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        local = torch.zeros(max(1, *sizes), dtype=t.dtype, device=device)
+        local[: t.numel()] = t.to(device)
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local, group=group)
+        return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)]).cpu()
+
+    fields = {name: cat(getattr(batch, name), tokens) for name in _PER_TOKEN if getattr(batch, name) is not None}
+    cu = torch.zeros(sum(seqs) + 1, dtype=batch.cu_seqlens.dtype)
+    cu[1:] = cat(lengths, seqs).cumsum(0)
+    return TrainBatch(
+        step=batch.step, cu_seqlens=cu, global_num_tokens=batch.global_num_tokens,
+        global_num_seqs=batch.global_num_seqs, **fields,
+    )  # fmt: skip

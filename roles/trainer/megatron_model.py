@@ -1,0 +1,275 @@
+"""A megatron-core `GPTModel` built from an HF model directory, and `MegatronActor`, the
+wrapper the Megatron trainer engine trains (built-in or brought by the user).
+
+Needs megatron-core's parallel state initialised (`parallel_state.initialize_model_parallel`)
+before a model is built or loaded. `load_hf_weights` and `export_hf_weights` are
+collectives over the tensor- and pipeline-parallel groups of the caller's model replica.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from roles.trainer.megatron_convert import (
+    ModelDims,
+    hf_to_megatron,
+    is_tp_sharded,
+    megatron_layer_to_hf,
+    megatron_top_to_hf,
+    stage_layers,
+    tp_shard,
+    tp_unshard,
+)
+
+# Logits of the padding rows of a TP-padded vocabulary: exp() of it is 0 and 0 * it is 0.
+_MASKED_LOGIT = -1.0e30
+
+
+class MegatronActor(nn.Module):
+    """A megatron-core `GPTModel` (one pipeline stage of it) behind a plain interface.
+
+    `forward(input_ids, attention_mask=None)` takes right-padded `[B, T]` token ids and
+    returns `{"logits": ..., "values": None}`. On the last pipeline stage `logits` are this
+    tensor-parallel rank's vocabulary slice, `[B, T, padded_vocab / tp]` in float32, with
+    the padding rows past `vocab_size` masked to -1e30; on other stages they are the
+    stage's output hidden states (what the pipeline schedule sends on). Positions are
+    `0..T-1` and attention is causal, so padded positions never affect real ones; their
+    outputs are meaningless. `attention_mask` is accepted for interface compatibility.
+
+    Bring your own model: build a `GPTModel` for this rank's stage and pass it here from
+    the function named by `trainer.megatron.model_provider`.
+    """
+
+    def __init__(self, model: nn.Module, vocab_size: int) -> None:
+        super().__init__()
+        self.module = model
+        self.config = model.config
+        self.vocab_size = vocab_size
+
+    def set_input_tensor(self, tensor: Any) -> None:
+        self.module.set_input_tensor(tensor)  # type: ignore[operator]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        del attention_mask  # causal attention over right padding needs no padding mask
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, -1)
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=input_ids.device), 1).view(1, 1, T, T)
+        out = self.module(input_ids, positions, causal)
+        if getattr(self.module, "post_process", True):
+            out = self._mask_padded_vocab(out.float())
+        return {"logits": out, "values": None}
+
+    def _mask_padded_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        local = logits.shape[-1]
+        start = ps.get_tensor_model_parallel_rank() * local
+        if start + local <= self.vocab_size:
+            return logits
+        keep = torch.arange(start, start + local, device=logits.device) < self.vocab_size
+        return logits.masked_fill(~keep, _MASKED_LOGIT)
+
+
+def transformer_config(dims: ModelDims, *, tp: int, pp: int, dtype: torch.dtype, recompute: bool) -> Any:
+    """The `TransformerConfig` of an HF Qwen2 / Llama architecture (local spec, no fusions)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    extra: dict[str, Any] = {}
+    if recompute:
+        extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return TransformerConfig(
+        num_layers=dims.layers, hidden_size=dims.hidden, num_attention_heads=dims.heads,
+        num_query_groups=dims.kv_heads, ffn_hidden_size=dims.ffn, kv_channels=dims.head_dim,
+        normalization="RMSNorm", layernorm_epsilon=dims.norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=dims.qkv_bias, bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16, params_dtype=dtype, pipeline_dtype=dtype,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        # Initialising is wasted on weights loaded next, but it is also what marks a param as
+        # tensor-parallel; unmarked, TP rank > 0's shards drop out of the gradient norm.
+        perform_initialization=True, bias_activation_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+        apply_rope_fusion=False, attention_softmax_in_fp32=True, hidden_dropout=0.0, attention_dropout=0.0,
+        # Pipeline micro-batches carry their own shapes; megatron refuses that beside its
+        # default MoE dispatcher (unused: no experts), so name the one that allows it.
+        variable_seq_lengths=pp > 1, moe_token_dispatcher_type="alltoall", **extra,
+    )  # fmt: skip
+
+
+def layer_spec() -> Any:
+    """TransformerEngine's layer spec when it imports, else megatron-core's local one."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    try:
+        import transformer_engine  # noqa: F401
+
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    except ImportError:
+        return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_actor(dims: ModelDims, config: Any, device: torch.device) -> MegatronActor:
+    """This rank's pipeline stage of the GPTModel for `dims`, on `device`, uninitialised."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    vocab = dims.padded_vocab(config.tensor_model_parallel_size)
+    model = GPTModel(
+        config=config, transformer_layer_spec=layer_spec(), vocab_size=vocab,
+        max_sequence_length=dims.max_positions, pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=dims.tied,
+        position_embedding_type="rope", rotary_base=int(dims.rope_theta),
+    )  # fmt: skip
+    return MegatronActor(model.to(device), dims.vocab)
+
+
+# TransformerEngine's spec fuses the norms into the next linear layer; the local spec's names are canonical.
+_TE_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def make_actor(provider: str, hf_config: Any, config: Any, dims: ModelDims, device: torch.device) -> MegatronActor:
+    """This rank's stage: built in (`provider` empty) or from `module:function`, which is
+    called as `function(hf_config, transformer_config)` and returns a GPTModel for this
+    rank's pipeline stage (read `parallel_state`) or a MegatronActor. Either way the HF
+    weights of `model.path` are loaded into it next, so its parameter names must be
+    megatron-core's GPTModel names (local or TransformerEngine spec)."""
+    if not provider:
+        return build_actor(dims, config, device)
+    module, _, name = provider.partition(":")
+    model = getattr(importlib.import_module(module), name)(hf_config, config)
+    actor = model if isinstance(model, MegatronActor) else MegatronActor(model, dims.vocab)
+    return actor.to(device)
+
+
+def parameters_by_name(actor: nn.Module) -> dict[str, torch.Tensor]:
+    """The GPTModel's tensors by local-spec Megatron name (wrappers and extra state left out)."""
+    out = {}
+    for name, t in unwrap(actor).state_dict(keep_vars=True).items():
+        if name.endswith("_extra_state") or t is None:
+            continue
+        for te, local in _TE_NAMES.items():
+            if name.endswith(te):
+                name = name[: -len(te)] + local
+        out[name] = t
+    return out
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The innermost module: through DDP's and MegatronActor's `.module`."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+@torch.no_grad()
+def load_hf_weights(actor: nn.Module, model_dir: Path, dims: ModelDims) -> None:
+    """Copy the HF safetensors of `model_dir` into this rank's shard of the model.
+
+    Raises ValueError when a Megatron parameter is left without an HF tensor or the
+    shapes disagree (names both sides)."""
+    from megatron.core import parallel_state as ps
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model.path: no *.safetensors in {model_dir}")
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    index = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+
+    def get(name: str) -> torch.Tensor:
+        if name not in index:
+            raise ValueError(f"model.path: {model_dir} has no tensor {name!r}")
+        return index[name].get_tensor(name)
+
+    tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    stage, pp = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+    params = parameters_by_name(actor)
+    loaded = set()
+    for name, full in hf_to_megatron(get, dims, stage=stage, pp=pp, tp=tp):
+        if name not in params:
+            raise ValueError(f"megatron model has no parameter {name!r} (from the HF weights)")
+        shard = tp_shard(name, full, tp_rank, tp)
+        if tuple(shard.shape) != tuple(params[name].shape):
+            raise ValueError(
+                f"{name}: HF gives {tuple(shard.shape)}, the megatron model has {tuple(params[name].shape)}"
+            )
+        params[name].copy_(shard)
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"megatron parameters not in the HF weights: {missing[:5]}")
+
+
+@torch.no_grad()
+def export_hf_weights(actor: nn.Module, dims: ModelDims, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every HF tensor in `dtype`, in HF order: embeddings, layers, final norm, lm_head.
+
+    A collective over this replica's TP and PP groups: every rank must iterate it to the
+    end. The first pipeline stage's ranks get every tensor (gathered over TP, broadcast from
+    the stage that owns it); other ranks get the tensors of their own stage.
+    """
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    stage = ps.get_pipeline_model_parallel_rank()
+    params = parameters_by_name(actor)
+
+    def full(name: str, owner: int, shape_key: str) -> torch.Tensor | None:
+        """The unsharded tensor `name` of stage `owner`, on stage 0 and on the owner."""
+        t = None
+        if stage == owner:
+            t = _gather_tp(name, params[name].detach().to(dtype), tp)
+        if pp == 1 or owner == 0:
+            return t
+        if stage not in (0, owner):
+            return None
+        device = next(iter(params.values())).device
+        buf = (
+            t.contiguous() if t is not None else torch.empty(dims.full_shape(shape_key, tp), dtype=dtype, device=device)
+        )
+        group = ps.get_pipeline_model_parallel_group()
+        ranks = dist.get_process_group_ranks(group)
+        if stage == owner:
+            dist.send(buf, dst=ranks[0], group=group)
+        else:
+            dist.recv(buf, src=ranks[owner], group=group)
+        return buf
+
+    emb = full("embedding.word_embeddings.weight", 0, "embedding.word_embeddings.weight")
+    if emb is not None:
+        yield megatron_top_to_hf("embedding.word_embeddings.weight", emb.cpu(), dims)
+    for s in range(pp):
+        for j, i in enumerate(stage_layers(dims, s, pp)):
+            layer = {}
+            for suffix in dims.layer_suffixes():
+                t = full(f"decoder.layers.{j}.{suffix}", s, suffix)
+                if t is not None:
+                    layer[suffix] = t.cpu()
+            if len(layer) == len(dims.layer_suffixes()):
+                yield from megatron_layer_to_hf(layer, i, dims)
+    last = pp - 1
+    for name in ("decoder.final_layernorm.weight", *(() if dims.tied else ("output_layer.weight",))):
+        t = full(name, last, name)
+        if t is not None:
+            yield megatron_top_to_hf(name, t.cpu(), dims)
+
+
+def _gather_tp(name: str, local: torch.Tensor, tp: int) -> torch.Tensor:
+    if tp == 1 or not is_tp_sharded(name):
+        return local
+    from megatron.core import parallel_state as ps
+
+    local = local.contiguous()
+    shards = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(shards, local, group=ps.get_tensor_model_parallel_group())
+    return tp_unshard(name, shards)

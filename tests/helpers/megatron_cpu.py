@@ -1,0 +1,61 @@
+"""Megatron-core on CPU for the tests: build the real `GPTModel` (construction runs on CPU;
+its forward does not), load an HF directory into it and export it back.
+
+`python -m tests.helpers.megatron_cpu MODEL_DIR TP PP [PROVIDER]` runs TP x PP gloo ranks and prints
+one JSON line from rank 0: the HF names it exported, and those whose tensors differ
+bit for bit from the HF files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, provider: str) -> None:
+    from megatron.core import parallel_state as ps
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from roles.trainer.megatron_convert import ModelDims
+    from roles.trainer.megatron_model import export_hf_weights, load_hf_weights, make_actor, transformer_config
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    config = transformer_config(dims, tp=tp, pp=pp, dtype=torch.float32, recompute=False)
+    config = dataclasses.replace(config, use_cpu_initialization=True)
+    actor = make_actor(provider, AutoConfig.from_pretrained(model_dir), config, dims, torch.device("cpu"))
+    load_hf_weights(actor, Path(model_dir), dims)
+    exported = dict(export_hf_weights(actor, dims, torch.float32))
+    if rank == 0:
+        want = load_file(str(Path(model_dir) / "model.safetensors"))
+        if dims.tied:
+            want.pop("lm_head.weight", None)
+        differ = sorted(k for k in want if k not in exported or not torch.equal(exported[k], want[k].float()))
+        print(json.dumps({"exported": sorted(exported), "expected": sorted(want), "differ": differ}), flush=True)
+    dist.barrier()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    model_dir, tp, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    provider = sys.argv[4] if len(sys.argv) > 4 else ""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(tp * pp, port, model_dir, tp, pp, provider), nprocs=tp * pp, join=True)
+
+
+if __name__ == "__main__":
+    main()

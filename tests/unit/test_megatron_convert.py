@@ -1,0 +1,151 @@
+"""HF <-> megatron-core weight layout: pure conversions (bit-exact both ways, every TP and PP
+split) and, with megatron-core installed, the real `GPTModel` built on CPU over gloo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from roles.trainer.megatron_convert import (
+    ModelDims,
+    fuse_qkv,
+    hf_to_megatron,
+    megatron_layer_to_hf,
+    megatron_top_to_hf,
+    split_qkv,
+    stage_layers,
+    tp_shard,
+    tp_unshard,
+)
+from runtime.tiny_model import make_tiny_model
+from tests.conftest import ROOT
+
+
+def dims(**kw: object) -> ModelDims:
+    base = dict(hidden=8, layers=4, heads=4, kv_heads=2, head_dim=2, ffn=12, vocab=11, tied=False, qkv_bias=True,
+                rope_theta=1e6, norm_eps=1e-6, max_positions=64)  # fmt: skip
+    base.update(kw)
+    return ModelDims(**base)  # type: ignore[arg-type]
+
+
+def random_hf(d: ModelDims) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    hf = {"model.embed_tokens.weight": r(d.vocab, d.hidden), "model.norm.weight": r(d.hidden)}
+    if not d.tied:
+        hf["lm_head.weight"] = r(d.vocab, d.hidden)
+    for i in range(d.layers):
+        p = f"model.layers.{i}."
+        hf.update({
+            p + "input_layernorm.weight": r(d.hidden), p + "post_attention_layernorm.weight": r(d.hidden),
+            p + "self_attn.q_proj.weight": r(q, d.hidden), p + "self_attn.k_proj.weight": r(kv, d.hidden),
+            p + "self_attn.v_proj.weight": r(kv, d.hidden), p + "self_attn.o_proj.weight": r(d.hidden, q),
+            p + "mlp.gate_proj.weight": r(d.ffn, d.hidden), p + "mlp.up_proj.weight": r(d.ffn, d.hidden),
+            p + "mlp.down_proj.weight": r(d.hidden, d.ffn),
+        })  # fmt: skip
+        if d.qkv_bias:
+            hf.update({p + "self_attn.q_proj.bias": r(q), p + "self_attn.k_proj.bias": r(kv),
+                       p + "self_attn.v_proj.bias": r(kv)})  # fmt: skip
+    return hf
+
+
+def round_trip(hf: dict[str, torch.Tensor], d: ModelDims, tp: int, pp: int) -> dict[str, torch.Tensor]:
+    """HF -> per-stage Megatron -> TP shards -> unsharded -> HF, as the engine does it."""
+    out: dict[str, torch.Tensor] = {}
+    for stage in range(pp):
+        mg = dict(hf_to_megatron(hf.__getitem__, d, stage=stage, pp=pp, tp=tp))
+        for name, full in mg.items():
+            assert tuple(full.shape) == d.full_shape(name.split(".", 3)[-1] if ".layers." in name else name, tp)
+        mg = {n: tp_unshard(n, [tp_shard(n, t, r, tp) for r in range(tp)]) for n, t in mg.items()}
+        for j, i in enumerate(stage_layers(d, stage, pp)):
+            layer = {s: mg[f"decoder.layers.{j}.{s}"] for s in d.layer_suffixes()}
+            out.update(megatron_layer_to_hf(layer, i, d))
+        for name in ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight"):
+            if name in mg:
+                out.__setitem__(*megatron_top_to_hf(name, mg[name], d))
+        if "output_layer.weight" in mg and not d.tied:
+            out.__setitem__(*megatron_top_to_hf("output_layer.weight", mg["output_layer.weight"], d))
+    return out
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (1, 2), (2, 2), (1, 4)])
+def test_hf_to_megatron_to_hf_is_bit_exact(tp: int, pp: int, tied: bool) -> None:
+    d = dims(tied=tied, qkv_bias=not tied)  # Qwen2-like (bias, tied) and Llama-like (no bias, untied)
+    hf = random_hf(d)
+    back = round_trip(hf, d, tp, pp)
+    assert sorted(back) == sorted(hf)
+    for name, t in hf.items():
+        assert torch.equal(back[name], t), name
+
+
+def test_qkv_is_grouped_by_kv_head() -> None:
+    d = dims(heads=4, kv_heads=2, head_dim=1, hidden=1)
+    q, k, v = torch.arange(4.0)[:, None], 10 + torch.arange(2.0)[:, None], 20 + torch.arange(2.0)[:, None]
+    fused = fuse_qkv(q, k, v, d)
+    # group 0: q0 q1 k0 v0, group 1: q2 q3 k1 v1 -- megatron's layout, so TP splits by group.
+    assert fused.flatten().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert all(torch.equal(a, b) for a, b in zip(split_qkv(fused, d), (q, k, v), strict=True))
+
+
+def test_tp_shards_of_fc1_hold_matching_gate_and_up_rows() -> None:
+    gate, up = torch.arange(4.0)[:, None], 100 + torch.arange(4.0)[:, None]
+    fc1 = torch.cat([gate, up])
+    shards = [tp_shard("decoder.layers.0.mlp.linear_fc1.weight", fc1, r, 2) for r in range(2)]
+    assert shards[0].flatten().tolist() == [0, 1, 100, 101]
+    assert shards[1].flatten().tolist() == [2, 3, 102, 103]
+
+
+def test_vocab_is_padded_to_the_tp_size_with_zero_rows() -> None:
+    d = dims(vocab=11)
+    hf = random_hf(d)
+    mg = dict(hf_to_megatron(hf.__getitem__, d, tp=2))
+    emb = mg["embedding.word_embeddings.weight"]
+    assert emb.shape[0] == 12 and torch.equal(emb[:11], hf["model.embed_tokens.weight"]) and not emb[11:].any()
+
+
+def test_unsupported_architectures_are_named() -> None:
+    from transformers import MistralConfig, Qwen2Config
+
+    with pytest.raises(ValueError, match=r"model_type 'mistral' is not supported .* qwen2, llama"):
+        ModelDims.from_hf_config(MistralConfig())
+    scaled = Qwen2Config(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6})
+    with pytest.raises(ValueError, match=r"rope scaling .* is not supported"):
+        ModelDims.from_hf_config(scaled)
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size=3 must divide the 4 layers"):
+        list(stage_layers(dims(), 0, 3))
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+    root = tmp_path_factory.mktemp("megatron-tiny")
+    return {tied: make_tiny_model(root / str(tied), num_layers=2, tie_word_embeddings=tied) for tied in (True, False)}
+
+
+# Tied embeddings with PP > 1 sync the last stage's copy over CUDA when the model is built:
+# GPU only (tests/gpu/test_megatron.py).
+# The provider case is a user's own GPTModel (tests/helpers/megatron_provider.py, the
+# README's example) going through the same load and export.
+@pytest.mark.parametrize(
+    ("tied", "tp", "pp", "provider"),
+    [(True, 1, 1, ""), (True, 2, 1, ""), (False, 1, 2, ""), (True, 2, 1, "tests.helpers.megatron_provider:my_gpt")],
+)
+def test_real_gpt_model_loads_and_exports_hf_weights_bit_exact(
+    tiny_dirs: dict[bool, Path], tied: bool, tp: int, pp: int, provider: str
+) -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core is installed by .ci/setup")
+    cmd = [sys.executable, "-m", "tests.helpers.megatron_cpu", str(tiny_dirs[tied]), str(tp), str(pp), provider]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["exported"] == result["expected"]
+    assert result["differ"] == []
