@@ -168,13 +168,9 @@ class MegatronEngine:
     def _loss(
         self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, logits: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-        ids = mb.input_ids_BT
-        logits = logits[:, :-1]
         with torch.no_grad():
-            entropy = vocab_parallel_entropy(logits)
-        logp = -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+            entropy = vocab_parallel_entropy(logits[:, :-1])
+        logp = next_token_logprobs(logits, mb.input_ids_BT)
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
         lc = self.cfg.trainer.loss
@@ -208,14 +204,11 @@ class MegatronEngine:
         return [row for out in outputs for row in out["logprobs"]][: batch.cu_seqlens.numel() - 1]
 
     def _logprobs_step(self, data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
         mb = next(data)
         logits = model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
 
         def collect(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
-            ids = mb.input_ids_BT
-            logp = -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
+            logp = next_token_logprobs(logits, mb.input_ids_BT)
             lengths = mb.attention_mask_BT.sum(-1).tolist()
             rows = [logp[i, : max(0, n - 1)].float().cpu() for i, n in enumerate(lengths)]
             return torch.zeros((), device=logits.device), {"logprobs": rows}
@@ -268,6 +261,14 @@ def _check_divisible(dims: ModelDims, tp: int) -> None:
         )
     if dims.ffn % tp:
         raise ValueError(f"trainer.megatron.tensor_model_parallel_size={tp} must divide intermediate_size {dims.ffn}")
+
+
+def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log p(ids[:, t+1] | ids[:, :t+1]) from `[B, T, vocab / tp]` logits: `[B, T-1]`, float32."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # megatron's cross entropy writes into its input: hand it a copy.
+    return -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
 
 
 def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
