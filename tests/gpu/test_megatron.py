@@ -21,9 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from runtime.config import EngineConfig
 from runtime.tiny_model import make_tiny_model
 from tests.conftest import ROOT
 from tests.gpu.test_gpu_run import GPU_ENGINE, launch
@@ -96,9 +94,15 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
 ) -> None:
     from safetensors.torch import load_file
 
-    from roles.rollout.engine import RolloutEngine
     from roles.trainer.weight_push import WeightPusher
-    from tests.gpu.test_weight_nccl import MAX_TOKENS, PROMPTS, buckets_of, pusher_for, start_rollout, visible
+    from tests.gpu.test_weight_nccl import (
+        MAX_TOKENS,
+        PROMPTS,
+        assert_fresh_engine_agrees,
+        buckets_of,
+        pusher_for,
+        start_rollout,
+    )
     from tests.helpers.harness import greedy
 
     _, out = ppo_step
@@ -121,17 +125,7 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     # The rollout above ran in this process and left CUDA initialised: a forked engine core
     # cannot use it (2026-11-30: "Cannot re-initialize CUDA in forked subprocess").
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    engine_cfg = EngineConfig(enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=256)
-    fresh = RolloutEngine(engine_cfg, str(out / "hf"))
-    with visible("1"):
-        await fresh.start()
-    try:
-        spec = wire.SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        ref = [await fresh.generate(f"fresh-{i}", p, spec) for i, p in enumerate(PROMPTS)]
-    finally:
-        await fresh.shutdown()
-    assert tokens == [s.token_ids for s in ref]
-    assert torch.allclose(torch.tensor(logprobs), torch.tensor([s.logprobs for s in ref]), atol=1e-3)
+    await assert_fresh_engine_agrees(out / "hf", tokens, logprobs)
     shutil.rmtree(out / "hf", ignore_errors=True)
 
 

@@ -106,6 +106,24 @@ def buckets_of(tensors: dict[str, torch.Tensor], bucket_mb: int) -> list[dict[st
     return list(bucketed(iter(tensors.items()), bucket_mb << 20))
 
 
+async def assert_fresh_engine_agrees(model_dir: Path, tokens: list[list[int]], logprobs: list[list[float]]) -> None:
+    """A fresh vLLM engine on `model_dir` (on the trainer's GPU) gives the same greedy tokens
+    for PROMPTS, and logprobs within 1e-3."""
+    from roles.rollout.engine import RolloutEngine
+
+    engine_cfg = EngineConfig(enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=256)
+    fresh = RolloutEngine(engine_cfg, str(model_dir))
+    with visible(str(TRAINER_GPU)):
+        await fresh.start()
+    try:
+        spec = wire.SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        ref = [await fresh.generate(f"fresh-{i}", p, spec) for i, p in enumerate(PROMPTS)]
+    finally:
+        await fresh.shutdown()
+    assert tokens == [s.token_ids for s in ref]
+    assert torch.allclose(torch.tensor(logprobs), torch.tensor([s.logprobs for s in ref]), atol=1e-3)
+
+
 def log_events(h: RoleHarness, event: str) -> list[dict]:
     path = Path(h.cfg.run_dir) / "logs" / f"rollout-{h.rank}.jsonl"
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == event]
@@ -120,8 +138,6 @@ async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rol
 
 async def test_update_over_nccl_equals_a_fresh_engine(rollout: RoleHarness, tmp_path: Path) -> None:
     from safetensors.torch import save_file
-
-    from roles.rollout.engine import RolloutEngine
 
     pusher = pusher_for(rollout)
     assert rollout.peer is not None
@@ -141,17 +157,7 @@ async def test_update_over_nccl_equals_a_fresh_engine(rollout: RoleHarness, tmp_
     fresh_dir = tmp_path / "fresh"
     shutil.copytree(Path(rollout.cfg.run_dir) / "model", fresh_dir)
     save_file(new, fresh_dir / "model.safetensors", metadata={"format": "pt"})
-    engine_cfg = EngineConfig(enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=256)
-    fresh = RolloutEngine(engine_cfg, str(fresh_dir))
-    with visible(str(TRAINER_GPU)):
-        await fresh.start()
-    try:
-        spec = wire.SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        ref = [await fresh.generate(f"fresh-{i}", p, spec) for i, p in enumerate(PROMPTS)]
-    finally:
-        await fresh.shutdown()
-    assert tokens == [s.token_ids for s in ref]
-    assert torch.allclose(torch.tensor(logprobs), torch.tensor([s.logprobs for s in ref]), atol=1e-3)
+    await assert_fresh_engine_agrees(fresh_dir, tokens, logprobs)
 
 
 async def test_killed_receiver_fails_within_the_timeout(rollout: RoleHarness, tmp_path: Path) -> None:
