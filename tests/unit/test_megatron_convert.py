@@ -149,3 +149,49 @@ def test_real_gpt_model_loads_and_exports_hf_weights_bit_exact(
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["exported"] == result["expected"]
     assert result["differ"] == []
+
+
+def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from roles.trainer.engine_megatron import gather_shards
+    from transport.wire import TrainBatch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    lengths = [[3, 5], [], [4]][rank]  # rank 1 holds no sequence
+    n = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int64)
+    base = 100 * (rank + 1)
+    batch = TrainBatch(
+        step=3, input_ids=torch.arange(base, base + n), cu_seqlens=cu, loss_mask=torch.ones(n),
+        behaviour_logprobs=-torch.arange(n, dtype=torch.float32), advantages=torch.full((n,), float(rank)),
+        global_num_tokens=12, global_num_seqs=3, returns=torch.zeros(n),
+    )  # fmt: skip
+    got = gather_shards(batch, dist.group.WORLD, torch.device("cpu"))
+    torch.save(
+        {k: getattr(got, k) for k in ("input_ids", "cu_seqlens", "advantages", "returns", "global_num_tokens")},
+        f"{out}/rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+def test_replica_ranks_gather_each_others_shards_in_rank_order(tmp_path: Path) -> None:
+    """What the Megatron engine does first: TP/PP ranks of a replica train the same sequences."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gather_worker, args=(3, port, str(tmp_path)), nprocs=3, join=True)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
+    want_ids = torch.cat([torch.arange(100, 108), torch.arange(300, 304)])
+    for r in results:
+        assert torch.equal(r["input_ids"], want_ids)
+        assert r["cu_seqlens"].tolist() == [0, 3, 8, 12]
+        assert r["advantages"].tolist() == [0.0] * 8 + [2.0] * 4
+        assert r["returns"].shape == (12,) and r["global_num_tokens"] == 12
