@@ -116,10 +116,10 @@ class Endpoint:
         """Send one message (to `peer` on a ROUTER). Raises PeerUnreachable if unrouted."""
         await self._send(msg, peer, corr, flags)
 
-    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int, zmq_flags: int = 0) -> None:
+    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int) -> None:
         frames = self._frames(msg, peer, corr, flags)
         try:
-            await self.sock.send_multipart(frames, flags=zmq_flags, copy=False)
+            await self.sock.send_multipart(frames, copy=False)
         except zmq.ZMQError as exc:
             self._raise_send_error(exc, peer)
         self._sent(peer)
@@ -245,7 +245,7 @@ class RpcEndpoint(Endpoint):
                 # The timeout covers the send too: a send to a peer whose queue is full (or
                 # a DEALER whose server is gone) waits until the high-water mark frees up.
                 async with asyncio.timeout_at(deadline):
-                    await self._send_frames(frames, peer, 0)
+                    await self._send_when_room(frames, peer)
             timer = loop.call_at(deadline, _expire, fut)
             reply = await fut
         except TimeoutError:
@@ -263,15 +263,18 @@ class RpcEndpoint(Endpoint):
     async def recv(self) -> Envelope:
         raise TypeError(f"{self.name}: an RpcEndpoint delivers messages to its handler; see start()")
 
-    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int, zmq_flags: int = 0) -> None:
-        await self._send_frames(self._frames(msg, peer, corr, flags), peer, zmq_flags)
+    async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int) -> None:
+        frames = self._frames(msg, peer, corr, flags)
+        if not self._try_send(frames, peer):
+            await self._send_when_room(frames, peer)
 
-    async def _send_frames(self, frames: list[Any], peer: bytes | None, zmq_flags: int) -> None:
+    async def _send_when_room(self, frames: list[Any], peer: bytes | None) -> None:
+        """After `_try_send` found the queue full: wait for room, send, repeat until sent."""
         attempt = 0
-        while not self._try_send(frames, peer):
-            if zmq_flags & zmq.NOBLOCK:
-                raise zmq.Again()
+        while True:
             await self._room(attempt)
+            if self._try_send(frames, peer):
+                return
             attempt += 1
 
     def _try_send(self, frames: list[Any], peer: bytes | None) -> bool:
