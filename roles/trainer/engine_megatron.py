@@ -219,8 +219,7 @@ class MegatronEngine:
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors by HF name, on CPU in `dtype`, complete on the first pipeline stage's
         ranks (global rank 0 among them). A collective: every rank iterates it to the end."""
-        for name, tensor in export_hf_weights(self.model, self.dims, dtype):
-            yield name, tensor.to("cpu", dtype)
+        return export_hf_weights(self.model, self.dims, dtype)
 
     def _layout(self) -> dict[str, int]:
         return {"tp": self.tp, "pp": self.pp, "world_size": self.world_size}
