@@ -90,8 +90,7 @@ class MegatronEngine:
         config = transformer_config(
             self.dims, tp=tp, pp=pp, dtype=self.dtype, recompute=cfg.trainer.gradient_checkpointing
         )
-        spec = cfg.trainer.megatron.model_provider
-        self.actor = make_actor(spec, hf_config, config, self.dims, self.device)
+        self.actor = make_actor(m.model_provider, hf_config, config, self.dims, self.device)
         load_hf_weights(self.actor, model_path, self.dims)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer
@@ -113,14 +112,11 @@ class MegatronEngine:
         self.dp = ps.get_data_parallel_world_size()
         self.replica_group = ps.get_model_parallel_group()
         self.reports_metrics = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-        self.version = 0
-        self.steps = 0
+        self.version = 0  # optimizer steps taken; the learning-rate warm-up counts them too
 
     # --- training ----------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on this replica's sequences; returns metrics reduced over ranks."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         start = time.perf_counter()
         batch = gather_shards(batch, self.replica_group, self.device)
         mbs = self._micro_batches(batch)
@@ -128,12 +124,8 @@ class MegatronEngine:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self._set_lr()
-        outputs = get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, batch=batch, num_microbatches=len(mbs)),
-            data_iterator=iter(mbs), model=[self.model], num_microbatches=len(mbs),
-            seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
-            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=False,
-        )  # fmt: skip
+        step = partial(self._forward_step, batch=batch, num_microbatches=len(mbs))
+        outputs = self._run_schedule(mbs, step, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         acc = dict.fromkeys(("tokens", *SUMMED, *WEIGHTED, *MAXED), 0.0)
         if self.reports_metrics:
@@ -141,10 +133,20 @@ class MegatronEngine:
                 accumulate(acc, m, SUMMED, WEIGHTED, MAXED)
         metrics = reduce_metrics(acc, SUMMED, WEIGHTED, MAXED, self.device)
         self.version += 1
-        self.steps += 1
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok),
                        train_s=time.perf_counter() - start, micro_batches=len(mbs))  # fmt: skip
         return metrics
+
+    def _run_schedule(self, mbs: list[MicroBatch], step: Any, *, forward_only: bool) -> list[Any]:
+        """megatron's schedule (pipelined when PP > 1) over `mbs`; what the last stage's loss
+        functions returned, one per micro-batch (empty elsewhere)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        return get_forward_backward_func()(  # type: ignore[no-any-return]
+            forward_step_func=step, data_iterator=iter(mbs), model=[self.model], num_microbatches=len(mbs),
+            seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
+            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=forward_only,
+        )  # fmt: skip
 
     def _micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         mbs = split_micro_batches(batch, self.cfg.trainer.micro_batch_tokens) if batch.cu_seqlens.numel() > 1 else []
@@ -153,7 +155,7 @@ class MegatronEngine:
     def _set_lr(self) -> float:
         """The FSDP engine's schedule: linear warm-up over `optim.warmup_steps`, then constant."""
         o = self.cfg.trainer.optim
-        lr = o.lr * min(1.0, (self.steps + 1) / max(1, o.warmup_steps))
+        lr = o.lr * min(1.0, (self.version + 1) / max(1, o.warmup_steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -189,16 +191,10 @@ class MegatronEngine:
         """Token logprobs of this replica's sequences (its members' shards, gathered), one
         float32 CPU tensor per sequence: entry t-1 is log p(token t | tokens < t). Returned
         on the rank that reports metrics (last stage, TP rank 0), None on the others."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         batch = gather_shards(batch, self.replica_group, self.device)
         mbs = self._micro_batches(batch)
         self.model.eval()
-        outputs = get_forward_backward_func()(
-            forward_step_func=self._logprobs_step, data_iterator=iter(mbs), model=[self.model],
-            num_microbatches=len(mbs), seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
-            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=True,
-        )  # fmt: skip
+        outputs = self._run_schedule(mbs, self._logprobs_step, forward_only=True)
         if not self.reports_metrics:
             return None
         return [row for out in outputs for row in out["logprobs"]][: batch.cu_seqlens.numel() - 1]
@@ -232,7 +228,6 @@ class MegatronEngine:
             "model": unwrap(self.model).state_dict(),
             "optim": self.optimizer.state_dict(),
             "version": self.version,
-            "steps": self.steps,
             "rng": rng_state(),
         }
         torch.save(state, directory / f"megatron-rank{self.rank}.pt")
@@ -248,7 +243,7 @@ class MegatronEngine:
             raise ValueError(f"{directory} was saved with {state['layout']}; this run has {self._layout()}")
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
-        self.version, self.steps = int(state["version"]), int(state["steps"])
+        self.version = int(state["version"])
         set_rng_state(state["rng"])
 
 
