@@ -24,6 +24,7 @@ Every conversion is a reshape, slice or concatenation: HF -> Megatron -> HF is b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ LAYER_SUFFIXES = (
     "mlp.linear_fc1.weight",
     "mlp.linear_fc2.weight",
 )
+_LAYER_PREFIX = re.compile(r"^decoder\.layers\.\d+\.")
 _ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
 _COLUMN_PARALLEL = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
 
@@ -98,8 +100,9 @@ class ModelDims:
     def layer_suffixes(self) -> tuple[str, ...]:
         return tuple(s for s in LAYER_SUFFIXES if self.qkv_bias or not s.endswith("linear_qkv.bias"))
 
-    def full_shape(self, suffix: str, tp: int) -> tuple[int, ...]:
-        """The unsharded Megatron shape of a layer suffix or a top-level name."""
+    def full_shape(self, name: str, tp: int) -> tuple[int, ...]:
+        """The unsharded shape of a Megatron name (`decoder.layers.<j>.` + suffix, or top-level)."""
+        suffix = _LAYER_PREFIX.sub("", name)
         h = self.hidden
         shapes = {
             "input_layernorm.weight": (h,),

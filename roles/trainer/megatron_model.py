@@ -215,7 +215,7 @@ def export_hf_weights(actor: nn.Module, dims: ModelDims, dtype: torch.dtype) -> 
     """Every HF tensor in `dtype`, in HF order: embeddings, layers, final norm, lm_head.
 
     A collective over this replica's TP and PP groups: every rank must iterate it to the
-    end. The first pipeline stage's ranks get every tensor (gathered over TP, broadcast from
+    end. The first pipeline stage's ranks get every tensor (gathered over TP, sent on from
     the stage that owns it); other ranks get the tensors of their own stage.
     """
     from megatron.core import parallel_state as ps
@@ -223,8 +223,9 @@ def export_hf_weights(actor: nn.Module, dims: ModelDims, dtype: torch.dtype) -> 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     stage = ps.get_pipeline_model_parallel_rank()
     params = parameters_by_name(actor)
+    device = next(iter(params.values())).device
 
-    def full(name: str, owner: int, shape_key: str) -> torch.Tensor | None:
+    def full(name: str, owner: int) -> torch.Tensor | None:
         """The unsharded tensor `name` of stage `owner`, on stage 0 and on the owner."""
         t = None
         if stage == owner:
@@ -233,10 +234,7 @@ def export_hf_weights(actor: nn.Module, dims: ModelDims, dtype: torch.dtype) -> 
             return t
         if stage not in (0, owner):
             return None
-        device = next(iter(params.values())).device
-        buf = (
-            t.contiguous() if t is not None else torch.empty(dims.full_shape(shape_key, tp), dtype=dtype, device=device)
-        )
+        buf = t.contiguous() if t is not None else torch.empty(dims.full_shape(name, tp), dtype=dtype, device=device)
         group = ps.get_pipeline_model_parallel_group()
         ranks = dist.get_process_group_ranks(group)
         if stage == owner:
@@ -245,21 +243,21 @@ def export_hf_weights(actor: nn.Module, dims: ModelDims, dtype: torch.dtype) -> 
             dist.recv(buf, src=ranks[owner], group=group)
         return buf
 
-    emb = full("embedding.word_embeddings.weight", 0, "embedding.word_embeddings.weight")
+    emb = full("embedding.word_embeddings.weight", 0)
     if emb is not None:
         yield megatron_top_to_hf("embedding.word_embeddings.weight", emb.cpu(), dims)
     for s in range(pp):
         for j, i in enumerate(stage_layers(dims, s, pp)):
             layer = {}
             for suffix in dims.layer_suffixes():
-                t = full(f"decoder.layers.{j}.{suffix}", s, suffix)
+                t = full(f"decoder.layers.{j}.{suffix}", s)
                 if t is not None:
                     layer[suffix] = t.cpu()
             if len(layer) == len(dims.layer_suffixes()):
                 yield from megatron_layer_to_hf(layer, i, dims)
     last = pp - 1
     for name in ("decoder.final_layernorm.weight", *(() if dims.tied else ("output_layer.weight",))):
-        t = full(name, last, name)
+        t = full(name, last)
         if t is not None:
             yield megatron_top_to_hf(name, t.cpu(), dims)
 

@@ -64,7 +64,7 @@ def round_trip(hf: dict[str, torch.Tensor], d: ModelDims, tp: int, pp: int) -> d
     for stage in range(pp):
         mg = dict(hf_to_megatron(hf.__getitem__, d, stage=stage, pp=pp, tp=tp))
         for name, full in mg.items():
-            assert tuple(full.shape) == d.full_shape(name.split(".", 3)[-1] if ".layers." in name else name, tp)
+            assert tuple(full.shape) == d.full_shape(name, tp)
         mg = {n: tp_unshard(n, [tp_shard(n, t, r, tp) for r in range(tp)]) for n, t in mg.items()}
         for j, i in enumerate(stage_layers(d, stage, pp)):
             layer = {s: mg[f"decoder.layers.{j}.{s}"] for s in d.layer_suffixes()}
