@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from runtime.tiny_model import make_tiny_model
 from tests.conftest import ROOT
 from tests.gpu.test_gpu_run import GPU_ENGINE, launch
+from tests.helpers.ports import free_port
 from transport import wire
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -41,9 +41,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def torchrun(case: str, model_dir: Path, out: Path, *args: str) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            "-m", "tests.gpu.megatron_worker", case, str(model_dir), str(out), *args]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

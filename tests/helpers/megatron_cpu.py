@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers.ports import free_port
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, provider: str) -> None:
@@ -51,10 +52,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
 def main() -> None:
     model_dir, tp, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     provider = sys.argv[4] if len(sys.argv) > 4 else ""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(tp * pp, port, model_dir, tp, pp, provider), nprocs=tp * pp, join=True)
+    mp.spawn(_worker, args=(tp * pp, free_port(), model_dir, tp, pp, provider), nprocs=tp * pp, join=True)
 
 
 if __name__ == "__main__":

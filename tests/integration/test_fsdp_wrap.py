@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -33,6 +32,7 @@ from roles.trainer.fsdp import (
     wrap_model_with_fsdp,
 )
 from runtime.config import FSDPConfig, MixedPrecisionConfig
+from tests.helpers.ports import free_port
 
 WORLD_SIZE = 2
 MAX_GRAD_NORM = 0.1  # well below the batch's gradient norm (~1.5), so clipping scales
@@ -245,17 +245,11 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Every rank's verdicts from one 2-process run of all cases."""
     out_dir = tmp_path_factory.mktemp("fsdp_wrap")
-    mp.spawn(worker, args=(_free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=True)
     return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 

@@ -24,6 +24,7 @@ from roles.trainer.megatron_convert import (
 )
 from runtime.tiny_model import make_tiny_model
 from tests.conftest import ROOT
+from tests.helpers.ports import free_port
 
 
 def dims(**kw: object) -> ModelDims:
@@ -180,14 +181,9 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_replica_ranks_gather_each_others_shards_in_rank_order(tmp_path: Path) -> None:
     """What the Megatron engine does first: TP/PP ranks of a replica train the same sequences."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_gather_worker, args=(3, port, str(tmp_path)), nprocs=3, join=True)
+    mp.spawn(_gather_worker, args=(3, free_port(), str(tmp_path)), nprocs=3, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
     want_ids = torch.cat([torch.arange(100, 108), torch.arange(300, 304)])
     for r in results:
