@@ -38,6 +38,13 @@ _EAGER = sys.version_info >= (3, 12)
 log = structlog.get_logger("transport")
 UNSTICK_S = 0.05
 DRAIN_BATCH = 256  # messages one descriptor callback handles before yielding to the loop
+# pyzmq's constants are enum.IntFlag members: every `events & zmq.POLLIN` builds a new
+# flag object (about a microsecond each, several per message). The hot path uses ints.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
 
 Handler = Callable[["Envelope"], Awaitable[wire.Message | None]]
 PeerLost = Callable[[bytes | None], Awaitable[None] | None]
@@ -280,7 +287,7 @@ class RpcEndpoint(Endpoint):
     def _try_send(self, frames: list[Any], peer: bytes | None) -> bool:
         """Send now if the queue has room; False when it is full (the caller waits)."""
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            _send_frames(self.sock, frames)
             sent = True
         except zmq.Again:
             sent = False
@@ -297,7 +304,7 @@ class RpcEndpoint(Endpoint):
         """Wait until the socket may take a message again."""
         self._watch()
         assert self._loop is not None
-        if self._recheck() & zmq.POLLOUT:
+        if self._recheck() & _POLLOUT:
             # Room, but not toward this peer (a ROUTER whose peer's queue is full): no
             # descriptor event will say when that peer drains, so poll with a backoff.
             await asyncio.sleep(min(0.001 * 2**attempt, 0.05))
@@ -319,14 +326,14 @@ class RpcEndpoint(Endpoint):
         operation outside `_on_events` is followed by this."""
         if self.sock.closed:
             return 0
-        events: int = self.sock.getsockopt(zmq.EVENTS)
+        events: int = self.sock.getsockopt(_EVENTS)
         if self._has_work(events):
             self._schedule()
         return events
 
     def _has_work(self, events: int) -> bool:
         """Whether `events` hold something for `_on_events`: input, or room a sender waits for."""
-        return bool(events & zmq.POLLIN or (events & zmq.POLLOUT and self._send_waiters))
+        return bool(events & _POLLIN or (events & _POLLOUT and self._send_waiters))
 
     def _watch(self) -> None:
         """Start reacting to the socket's descriptor (idempotent; needs a running loop)."""
@@ -353,20 +360,20 @@ class RpcEndpoint(Endpoint):
         if sock.closed:
             return
         try:
-            events = sock.getsockopt(zmq.EVENTS)
+            events = sock.getsockopt(_EVENTS)
             for _ in range(DRAIN_BATCH):
-                if not events & zmq.POLLIN:
+                if not events & _POLLIN:
                     break
-                env = self._accept_frames(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                env = self._accept_frames(_recv_frames(sock))
                 if env is not None:
                     self._dispatch_safely(env)
-                events = sock.getsockopt(zmq.EVENTS)
+                events = sock.getsockopt(_EVENTS)
             else:
-                if events & zmq.POLLIN:
+                if events & _POLLIN:
                     self._schedule()  # more waiting: let other callbacks run first
         except zmq.Again:  # EVENTS said POLLIN, yet nothing came: look again next round
-            events = sock.getsockopt(zmq.EVENTS)
-            if events & zmq.POLLIN:
+            events = sock.getsockopt(_EVENTS)
+            if events & _POLLIN:
                 self._schedule()
         except zmq.ZMQError as exc:
             if sock.closed:
@@ -376,7 +383,7 @@ class RpcEndpoint(Endpoint):
             assert self._loop is not None
             self._loop.call_later(0.01, self._on_events)
             return
-        if events & zmq.POLLOUT:
+        if events & _POLLOUT:
             while self._send_waiters:
                 waiter = self._send_waiters.popleft()
                 if not waiter.done():
@@ -468,7 +475,7 @@ class RpcEndpoint(Endpoint):
                 return
             if self._scheduled or select.select([self.sock.FD], [], [], 0)[0]:
                 continue  # the loop will run _on_events anyway
-            if self._has_work(self.sock.getsockopt(zmq.EVENTS)):
+            if self._has_work(self.sock.getsockopt(_EVENTS)):
                 self.stats.kicks += 1
                 self._on_events()
 
@@ -531,6 +538,26 @@ class RpcEndpoint(Endpoint):
         if self._loop is not None and not self._loop.is_closed() and not self.sock.closed:
             self._loop.remove_reader(self.sock.FD)
         super().close()
+
+
+def _send_frames(sock: zmq.Socket, frames: list[Any]) -> None:
+    """`send_multipart(frames, NOBLOCK, copy=False)` with int flags (see `_POLLIN`).
+    zmq takes a multipart message whole or not at all: only the first frame can raise
+    `zmq.Again`."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, _NOBLOCK | _SNDMORE if i < last else _NOBLOCK, copy=False)
+
+
+def _recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
+    """`recv_multipart(NOBLOCK, copy=False)` without a getsockopt call per frame: a
+    received `zmq.Frame` already knows whether more parts follow."""
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
