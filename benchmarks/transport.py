@@ -64,11 +64,12 @@ import zmq.asyncio
 from runtime.launcher_env import ROLE_MALLOC_TUNABLES
 from runtime.logs import setup_logging
 from transport import wire
-from transport.channels import Envelope, bind_router, bind_socket, connect_dealer, connect_socket
+from transport.channels import ChannelOptions, Envelope, bind_router, bind_socket, connect_dealer, connect_socket
 
 MiB = 1 << 20
 SIZES_MIB = (1, 16, 64)
 LATENCY_PAYLOAD = [0.0, 1.0, 2.0, 3.0]
+NO_POLL = ChannelOptions(busy_poll_us=0)  # the `channel_no_busy_poll` row
 
 
 # --- peer process (receiver / echo server) -----------------------------------------------
@@ -219,9 +220,11 @@ async def throughput_pickle(addrs: tuple[str, str], tensor: torch.Tensor, count:
     return seconds
 
 
-async def latency_channel(address: str, n: int, warmup: int, tensor: bool) -> tuple[list[float], float]:
+async def latency_channel(
+    address: str, n: int, warmup: int, tensor: bool, options: ChannelOptions = ChannelOptions()
+) -> tuple[list[float], float, dict[str, int]]:
     ctx = zmq.asyncio.Context()
-    client = connect_dealer(ctx, address, name="bench-client", identity="bench-client")
+    client = connect_dealer(ctx, address, name="bench-client", identity="bench-client", options=options)
     client.start(None)
     x = torch.tensor(LATENCY_PAYLOAD)
     samples = []
@@ -237,12 +240,13 @@ async def latency_channel(address: str, n: int, warmup: int, tensor: bool) -> tu
         samples.append(time.perf_counter_ns() - t0)
     cpu = time.process_time() - cpu0
     await client.request(wire.Shutdown(reason="done"), timeout=5.0)
+    polls = {"polled": client.stats.polled, "poll_misses": client.stats.poll_misses}
     await client.aclose()
     ctx.term()
-    return [s / 1000 for s in samples[warmup:]], cpu
+    return [s / 1000 for s in samples[warmup:]], cpu, polls
 
 
-async def latency_pickle(address: str, n: int, warmup: int) -> tuple[list[float], float]:
+async def latency_pickle(address: str, n: int, warmup: int) -> tuple[list[float], float, dict[str, int]]:
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(address)
@@ -258,10 +262,10 @@ async def latency_pickle(address: str, n: int, warmup: int) -> tuple[list[float]
     cpu = time.process_time() - cpu0
     sock.close(linger=0)
     ctx.term()
-    return [s / 1000 for s in samples[warmup : warmup + n]], cpu
+    return [s / 1000 for s in samples[warmup : warmup + n]], cpu, {}
 
 
-def latency_pickle_sync(address: str, n: int, warmup: int) -> tuple[list[float], float]:
+def latency_pickle_sync(address: str, n: int, warmup: int) -> tuple[list[float], float, dict[str, int]]:
     """The floor: blocking zmq sockets on both sides, no event loop at all."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -276,7 +280,7 @@ def latency_pickle_sync(address: str, n: int, warmup: int) -> tuple[list[float],
     cpu = time.process_time() - cpu0
     sock.close(linger=0)
     ctx.term()
-    return [s / 1000 for s in samples[warmup : warmup + n]], cpu
+    return [s / 1000 for s in samples[warmup : warmup + n]], cpu, {}
 
 
 def peer_latency_pickle_sync(conn: Connection, transport: str, p: dict[str, Any]) -> None:
@@ -350,17 +354,19 @@ def measure_latency(peer: Peer, transport: str, n: int, warmup: int) -> dict[str
     modes = (
         ("channel", "latency_channel", lambda a: latency_channel(a, n, warmup, tensor=False)),
         ("channel_tensor", "latency_channel", lambda a: latency_channel(a, n, warmup, tensor=True)),
+        ("channel_no_busy_poll", "latency_channel", lambda a: latency_channel(a, n, warmup, False, NO_POLL)),
         ("pickle_raw_zmq", "latency_pickle", lambda a: latency_pickle(a, n, warmup)),
         ("pickle_sync_zmq", "latency_pickle_sync", lambda a: latency_pickle_sync(a, n, warmup)),
     )
     for mode, kind, measure in modes:
-        (samples, cpu), server_cpu = peer.run(kind, transport, measure)
-        out[mode] = _percentiles(samples)
+        (samples, cpu, extra), server_cpu = peer.run(kind, transport, measure)
+        out[mode] = _percentiles(samples) | extra
         # CPU seconds per round trip (all threads, zmq's I/O thread included): steadier than
         # wall-clock percentiles when the machine is shared.
         out[mode]["client_cpu_us"] = round(cpu / (n + warmup) * 1e6, 1)
         out[mode]["server_cpu_us"] = round(server_cpu / (n + warmup) * 1e6, 1)
-    out["p50_channel_over_pickle"] = round(out["channel"]["p50_us"] / out["pickle_raw_zmq"]["p50_us"], 2)
+    for mode in ("channel", "channel_no_busy_poll"):
+        out[f"p50_{mode}_over_pickle"] = round(out[mode]["p50_us"] / out["pickle_raw_zmq"]["p50_us"], 2)
     return out
 
 

@@ -79,5 +79,6 @@ def channel_options(cfg: RunConfig, run_dir: str | Path) -> ChannelOptions:
         max_message_bytes=t.max_message_mb << 20,
         heartbeat_s=t.heartbeat_s,
         peer_timeout_s=t.peer_timeout_s,
+        busy_poll_us=t.busy_poll_us,
         curve=curve,
     )

@@ -38,6 +38,8 @@ _EAGER = sys.version_info >= (3, 12)
 log = structlog.get_logger("transport")
 UNSTICK_S = 0.05
 DRAIN_BATCH = 256  # messages one descriptor callback handles before yielding to the loop
+MAX_POLL_BACKOFF = 1024  # most requests of a type left unpolled after a slow reply
+SLOW_REPLY_WINDOWS = 4  # a reply later than this many poll windows is a slow one
 # pyzmq's constants are enum.IntFlag members: every `events & zmq.POLLIN` builds a new
 # flag object (about a microsecond each, several per message). The hot path uses ints.
 _EVENTS = int(zmq.EVENTS)
@@ -61,6 +63,9 @@ class ChannelOptions:
     peer_timeout_s: float = 10.0
     inline_threshold: int = 256
     curve: CurveKeys | None = None
+    # RpcEndpoint.request polls for its reply this long before it sleeps (0: never); see
+    # RpcEndpoint._busy_poll.
+    busy_poll_us: int = 200
 
 
 @dataclass
@@ -72,6 +77,8 @@ class ChannelStats:
     bytes_received: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     kicks: int = 0  # times the safety net found socket events nobody had handled (RpcEndpoint._unstick)
+    polled: int = 0  # requests answered while busy-polling (ChannelOptions.busy_poll_us)
+    poll_misses: int = 0  # busy polls that ran out of time; the request then slept
 
 
 @dataclass(slots=True)
@@ -201,6 +208,10 @@ class RpcEndpoint(Endpoint):
     per message) and resolves replies in place; a send goes out at once when the queue
     has room and otherwise waits for room. Against zmq.asyncio this saves one event-loop
     hop per side of a round trip and most of the per-message bookkeeping.
+
+    With `ChannelOptions.busy_poll_us` > 0, `request` polls the socket for its reply for
+    up to that long before it sleeps, when it is the endpoint's only outstanding request
+    (see `_busy_poll`; `stats.polled` and `stats.poll_misses` count the outcomes).
     """
 
     def __init__(self, sock: zmq.Socket, name: str, options: ChannelOptions) -> None:
@@ -216,6 +227,9 @@ class RpcEndpoint(Endpoint):
         self._lost: set[bytes | None] = set()
         self.on_peer_lost: PeerLost | None = None
         self.known_peers: set[bytes | None] = set() if self.is_router else {None}
+        self._busy_poll_s = options.busy_poll_us / 1e6
+        # Request type -> [requests still to skip, current backoff]; see _poll_missed.
+        self._poll_backoff: dict[type, list[int]] = {}
 
     def start(self, handler: Handler | None = None, *, on_peer_lost: PeerLost | None = None) -> None:
         self.on_peer_lost = on_peer_lost
@@ -246,6 +260,8 @@ class RpcEndpoint(Endpoint):
         self._pending[corr] = (peer, fut)
         deadline = loop.time() + timeout
         timer: asyncio.TimerHandle | None = None
+        missed: type | None = None  # the request type, when its busy poll ran out
+        poll_started = 0.0
         try:
             frames = self._frames(msg, peer, corr, 0)
             if not self._try_send(frames, peer):
@@ -253,7 +269,12 @@ class RpcEndpoint(Endpoint):
                 # a DEALER whose server is gone) waits until the high-water mark frees up.
                 async with asyncio.timeout_at(deadline):
                     await self._send_when_room(frames, peer)
-            timer = loop.call_at(deadline, _expire, fut)
+            if self._busy_poll_s and self._loop and len(self._pending) == 1 and self._may_poll(type(msg)):
+                poll_started = time.perf_counter()
+                if not self._busy_poll(fut, type(msg)):
+                    missed = type(msg)
+            if not fut.done():
+                timer = loop.call_at(deadline, _expire, fut)
             reply = await fut
         except TimeoutError:
             raise RequestTimeout(
@@ -263,9 +284,54 @@ class RpcEndpoint(Endpoint):
             self._pending.pop(corr, None)
             if timer is not None:
                 timer.cancel()
+            if missed is not None:
+                self._poll_missed(missed, time.perf_counter() - poll_started)
         if isinstance(reply, wire.Error):
             raise RemoteError(reply.code, reply.message)
         return reply
+
+    def _busy_poll(self, fut: asyncio.Future[wire.Message], kind: type) -> bool:
+        """Poll the socket for `fut`'s reply for up to `busy_poll_us`, handling whatever
+        arrives meanwhile as the descriptor callback would; True if `fut` is done.
+
+        A process asleep in the event loop's poll is woken by the kernel when the reply
+        lands; on a small VM that wake-up is a large share of a short round trip. Polling
+        instead costs CPU and holds the event loop, for at most the window. Request types
+        whose replies take far longer than the window stop being polled for (see
+        `_poll_missed`)."""
+        sock = self.sock
+        end = time.perf_counter() + self._busy_poll_s
+        while not fut.done() and not sock.closed:
+            if self._has_work(sock.getsockopt(_EVENTS)):
+                self._on_events()
+            elif time.perf_counter() >= end:
+                self.stats.poll_misses += 1
+                return False
+        if fut.done():
+            self.stats.polled += 1
+            self._poll_backoff.pop(kind, None)
+        return fut.done()
+
+    def _poll_missed(self, kind: type, waited_s: float) -> None:
+        """A poll for a `kind` request ran out; its reply (or failure) came `waited_s`
+        after the poll began. A near miss (within SLOW_REPLY_WINDOWS windows) changes
+        nothing: replies of this type are short and the next poll may well catch one.
+        A slow one (a training step) skips polling for the next 1, then 2, 4, ... (at
+        most MAX_POLL_BACKOFF) requests of that type, so a run of slow requests costs
+        about log2(n) windows; a poll that catches a reply resets it."""
+        if waited_s <= SLOW_REPLY_WINDOWS * self._busy_poll_s:
+            return
+        backoff = self._poll_backoff.setdefault(kind, [0, 0])
+        backoff[1] = min(max(1, 2 * backoff[1]), MAX_POLL_BACKOFF)
+        backoff[0] = backoff[1]
+
+    def _may_poll(self, kind: type) -> bool:
+        """False while requests of `kind` are skipped after slow replies (see `_poll_missed`)."""
+        backoff = self._poll_backoff.get(kind)
+        if backoff is None or backoff[0] == 0:
+            return True
+        backoff[0] -= 1
+        return False
 
     async def recv(self) -> Envelope:
         raise TypeError(f"{self.name}: an RpcEndpoint delivers messages to its handler; see start()")
@@ -524,7 +590,7 @@ class RpcEndpoint(Endpoint):
         st = self.stats
         log.info(
             "channel_closed", channel=self.name, sent=st.sent, received=st.received,
-            dropped=dict(st.dropped), kicks=st.kicks,
+            dropped=dict(st.dropped), kicks=st.kicks, polled=st.polled, poll_misses=st.poll_misses,
         )  # fmt: skip
         for task in [*self._loops, *self._tasks]:
             task.cancel()
