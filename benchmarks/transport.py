@@ -17,7 +17,7 @@ zmq.asyncio sockets directly:
   zero-copy socket path and only the serialisation differs); the peer `pickle.loads` it
   and reads one element. One rep = a burst of messages timed from the first send to the
   peer's acknowledgement of the last one; MiB/s is the median over reps, and
-  `zero_copy_over_pickle` is the ratio of the medians. `throughput_64MiB_tuned_receiver_malloc`
+  `zero_copy_over_pickle` is the ratio of the medians. `throughput_64MiB_by_receiver_malloc`
   repeats the 64 MiB rows with the receiving process's glibc malloc tuned through
   `GLIBC_TUNABLES` (see `RECEIVER_MALLOC`): libzmq's per-message allocations above glibc's
   32 MiB mmap ceiling otherwise fault in every 4 KiB page. Not run with `--quick`.
@@ -374,6 +374,7 @@ def measure_latency(peer: Peer, transport: str, n: int, warmup: int) -> dict[str
 RECEIVER_MALLOC = {
     "default": "",
     "hugetlb": "glibc.malloc.hugetlb=1",
+    "role": ROLE_MALLOC_TUNABLES,
     "heap_no_mmap": "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296",
 }
 
@@ -384,7 +385,8 @@ def measure_tuned_receiver(tmp: str, reps: int) -> dict[str, Any]:
     libzmq allocates every incoming message; above glibc's 32 MiB mmap ceiling each one is
     a fresh mapping whose every 4 KiB page faults on first write. `hugetlb` backs malloc
     with transparent huge pages; `heap_no_mmap` serves large blocks from one heap that is
-    never trimmed, so the pages of one message are reused by the next.
+    never trimmed, so the pages of one message are reused by the next; `role` (what the
+    launcher gives every role) is the same with a 1 GiB trim threshold.
     """
     out: dict[str, Any] = {}
     for name, tunables in RECEIVER_MALLOC.items():
