@@ -10,9 +10,7 @@ from __future__ import annotations
 # keep up to that much freed memory. Transparent huge pages (`glibc.malloc.hugetlb=1`, the
 # earlier setting) removed only part of the cost, and varied from run to run with the
 # availability of huge pages; see BENCHMARKS.md ("Transport"). A user's GLIBC_TUNABLES wins.
-ROLE_MALLOC_TUNABLES = (
-    "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
-)
+ROLE_MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824"
 
 ROLE_ENV_DEFAULTS = {
     "OMP_NUM_THREADS": "1",
