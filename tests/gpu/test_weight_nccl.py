@@ -181,7 +181,10 @@ async def test_killed_receiver_fails_within_the_timeout(rollout: RoleHarness, tm
     elapsed = time.monotonic() - started
     print(json.dumps({"killed_receiver_failed_after_s": round(elapsed, 2), "timeout_s": TIMEOUT_S}))
     err = result.failed["rollout-0"]
-    assert err.rollout == "rollout-0" and err.phase == "broadcast", err
+    # Which phase fails depends on the bucket size: NCCL may finish sending a small bucket
+    # into the stopped receiver's buffers, and then the missing confirmation ("load") is
+    # what times out; a large one blocks the broadcast itself. Either way: within the timeout.
+    assert err.rollout == "rollout-0" and err.phase in ("broadcast", "load"), err
     assert elapsed < TIMEOUT_S + SLACK_S + 2
     assert torch.ones(4, device=f"cuda:{TRAINER_GPU}").sum().item() == 4.0
 
