@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import select
 import sys
 import time
@@ -296,7 +297,9 @@ class RpcEndpoint(Endpoint):
 
         A process asleep in the event loop's poll is woken by the kernel when the reply
         lands; on a small VM that wake-up is a large share of a short round trip. Polling
-        instead costs CPU and holds the event loop, for at most the window. Request types
+        instead costs CPU and holds the event loop, for at most the window; it yields the
+        CPU between looks, so on a busy machine it does not hold up the threads that
+        produce the reply (or anyone else). Request types
         whose replies take far longer than the window stop being polled for (see
         `_poll_missed`)."""
         sock = self.sock
@@ -307,6 +310,8 @@ class RpcEndpoint(Endpoint):
             elif time.perf_counter() >= end:
                 self.stats.poll_misses += 1
                 return False
+            else:
+                os.sched_yield()  # anything runnable on this CPU (the peer, zmq's I/O thread) goes first
         if fut.done():
             self.stats.polled += 1
             self._poll_backoff.pop(kind, None)
