@@ -299,9 +299,8 @@ class RpcEndpoint(Endpoint):
         lands; on a small VM that wake-up is a large share of a short round trip. Polling
         instead costs CPU and holds the event loop, for at most the window; it yields the
         CPU between looks, so on a busy machine it does not hold up the threads that
-        produce the reply (or anyone else). Request types
-        whose replies take far longer than the window stop being polled for (see
-        `_poll_missed`)."""
+        produce the reply (or anyone else). Request types whose replies take far longer
+        than the window stop being polled for (see `_poll_missed`)."""
         sock = self.sock
         end = time.perf_counter() + self._busy_poll_s
         while not fut.done() and not sock.closed:
