@@ -261,8 +261,7 @@ class RpcEndpoint(Endpoint):
         self._pending[corr] = (peer, fut)
         deadline = loop.time() + timeout
         timer: asyncio.TimerHandle | None = None
-        missed: type | None = None  # the request type, when its busy poll ran out
-        poll_started = 0.0
+        missed_poll_from: float | None = None  # when a busy poll that ran out began
         try:
             frames = self._frames(msg, peer, corr, 0)
             if not self._try_send(frames, peer):
@@ -271,9 +270,9 @@ class RpcEndpoint(Endpoint):
                 async with asyncio.timeout_at(deadline):
                     await self._send_when_room(frames, peer)
             if self._busy_poll_s and self._loop and len(self._pending) == 1 and self._may_poll(type(msg)):
-                poll_started = time.perf_counter()
-                if not self._busy_poll(fut, type(msg)):
-                    missed = type(msg)
+                started = time.perf_counter()
+                if not self._busy_poll(fut, type(msg), started):
+                    missed_poll_from = started
             if not fut.done():
                 timer = loop.call_at(deadline, _expire, fut)
             reply = await fut
@@ -285,15 +284,16 @@ class RpcEndpoint(Endpoint):
             self._pending.pop(corr, None)
             if timer is not None:
                 timer.cancel()
-            if missed is not None:
-                self._poll_missed(missed, time.perf_counter() - poll_started)
+            if missed_poll_from is not None:
+                self._poll_missed(type(msg), time.perf_counter() - missed_poll_from)
         if isinstance(reply, wire.Error):
             raise RemoteError(reply.code, reply.message)
         return reply
 
-    def _busy_poll(self, fut: asyncio.Future[wire.Message], kind: type) -> bool:
-        """Poll the socket for `fut`'s reply for up to `busy_poll_us`, handling whatever
-        arrives meanwhile as the descriptor callback would; True if `fut` is done.
+    def _busy_poll(self, fut: asyncio.Future[wire.Message], kind: type, started: float) -> bool:
+        """Poll the socket for `fut`'s reply until `busy_poll_us` after `started` (a
+        `time.perf_counter()` reading), handling whatever arrives meanwhile as the
+        descriptor callback would; True if `fut` is done.
 
         A process asleep in the event loop's poll is woken by the kernel when the reply
         lands; on a small VM that wake-up is a large share of a short round trip. Polling
@@ -302,7 +302,7 @@ class RpcEndpoint(Endpoint):
         produce the reply (or anyone else). Request types whose replies take far longer
         than the window stop being polled for (see `_poll_missed`)."""
         sock = self.sock
-        end = time.perf_counter() + self._busy_poll_s
+        end = started + self._busy_poll_s
         while not fut.done() and not sock.closed:
             if self._has_work(sock.getsockopt(_EVENTS)):
                 self._on_events()
