@@ -17,16 +17,13 @@ from pathlib import Path
 import torch
 
 from roles.algo import token_logprobs, value_loss
-from roles.trainer.engine_base import FSDPBase, accumulate
-from roles.trainer.engine_fsdp import load_causal_lm
-from roles.trainer.fsdp import DTYPES, finish_backward, wrap_model_with_fsdp
-from roles.trainer.microbatch import MicroBatch
+from roles.training.engine import FSDPBase
+from roles.training.fsdp import finish_backward, wrap_model_with_fsdp
+from roles.training.metrics import CRITIC_METRICS, accumulate
+from roles.training.microbatch import MicroBatch
+from roles.training.models import DTYPES, load_causal_lm
 from runtime.config import RunConfig
 from transport.wire import TrainBatch, ValueRequest
-
-SUMMED = ("value_loss",)
-WEIGHTED = ("value_clip_fraction", "value_mean")
-MAXED: tuple[str, ...] = ()
 
 
 class CriticEngine(FSDPBase):
@@ -93,8 +90,8 @@ class CriticEngine(FSDPBase):
         for _ in range(self.cfg.critic.epochs):
             acc: dict[str, float] = {}
             for mb in mbs:
-                accumulate(acc, self._backward(mb.to(self.device), batch), SUMMED, WEIGHTED, MAXED)
-            metrics = self.reduce(acc, SUMMED, WEIGHTED, MAXED)
+                accumulate(acc, self._backward(mb.to(self.device), batch), CRITIC_METRICS)
+            metrics = self.reduce(acc, CRITIC_METRICS)
             metrics.update(self.optimizer_step())
         self.version += 1
         metrics["train_s"] = time.perf_counter() - start

@@ -29,29 +29,13 @@ from roles.algo import (
     ppo_policy_loss,
     token_logprobs,
 )
-from roles.trainer.engine_base import FSDPBase, accumulate
-from roles.trainer.fsdp import DTYPES, finish_backward, full_state_dict_items, wrap_model_with_fsdp
-from roles.trainer.microbatch import MicroBatch
+from roles.training.engine import FSDPBase
+from roles.training.fsdp import finish_backward, full_state_dict_items, wrap_model_with_fsdp
+from roles.training.metrics import ACTOR_METRICS, accumulate
+from roles.training.microbatch import MicroBatch
+from roles.training.models import DTYPES, load_causal_lm
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
-
-SUMMED = ("loss",)
-WEIGHTED = (
-    "clip_fraction",
-    "kl_behaviour_proximal",
-    "entropy",
-    "importance_weight_mean",
-    "truncated_fraction",
-    "kl_ref",
-)
-MAXED = ("importance_weight_max", "ratio_max")
-
-
-def load_causal_lm(model_path: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation="sdpa")
-    return model.to(device)
 
 
 class FSDPEngine(FSDPBase):
@@ -80,8 +64,8 @@ class FSDPEngine(FSDPBase):
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
         for mb in mbs:
-            accumulate(acc, self._backward(mb.to(self.device), batch), SUMMED, WEIGHTED, MAXED)
-        metrics = self.reduce(acc, SUMMED, WEIGHTED, MAXED)
+            accumulate(acc, self._backward(mb.to(self.device), batch), ACTOR_METRICS)
+        metrics = self.reduce(acc, ACTOR_METRICS)
         metrics.update(self.optimizer_step())
         self.version += 1
         if self.ref_model is not None:
@@ -129,18 +113,3 @@ class FSDPEngine(FSDPBase):
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
-def bucketed(items: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Group named tensors into dicts of at most `bucket_bytes` (one tensor may exceed it)."""
-    bucket: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, t in items:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name] = t
-        size += nbytes
-    if bucket:
-        yield bucket

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from roles.trainer.engine_fsdp import FSDPEngine, bucketed
-from roles.trainer.fsdp import DTYPES
-from roles.trainer.hf_export import export_hf
+from roles.trainer.engine_fsdp import FSDPEngine
 from roles.trainer.weight_push import PushResult, WeightPusher
+from roles.training.hf_export import bucketed, export_hf
+from roles.training.models import DTYPES
 from runtime import addresses
 from runtime.checkpoint import resume_dir
 from runtime.logs import get_logger, set_policy_version

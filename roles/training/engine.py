@@ -11,43 +11,20 @@ them in the same order, from one thread.
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from roles.trainer.fsdp import clip_grad_norm_, optimizer_param_groups
-from roles.trainer.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.distributed import init_distributed, pick_device
+from roles.training.fsdp import clip_grad_norm_, optimizer_param_groups
+from roles.training.metrics import MetricNames, reduce_metrics
+from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.rng import rng_state, set_rng_state
 from runtime.config import OptimConfig, RunConfig
 from transport.wire import TrainBatch
-
-
-def pick_device(cfg: RunConfig) -> torch.device:
-    """This rank's device. With `devices` in its placement the launcher gives each rank
-    exactly its own GPUs (CUDA_VISIBLE_DEVICES), so the rank uses the first visible one;
-    otherwise every GPU is visible and the local rank picks one."""
-    want = cfg.trainer.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        visible = torch.cuda.device_count()
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.device("cuda", local if local < visible else local % max(1, visible))
-    return torch.device("cpu")
-
-
-def init_distributed(device: torch.device) -> None:
-    """Join this role's world from the launcher's RANK/WORLD_SIZE/MASTER_* variables."""
-    if dist.is_initialized():
-        return
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
 
 
 class FSDPBase:
@@ -88,10 +65,8 @@ class FSDPBase:
         self.scheduler.step()
         return {"grad_norm": grad_norm, "lr": lr}
 
-    def reduce(
-        self, acc: dict[str, float], summed: tuple[str, ...], weighted: tuple[str, ...], maxed: tuple[str, ...]
-    ) -> dict[str, float]:
-        return reduce_metrics(acc, summed, weighted, maxed, self.device)
+    def reduce(self, acc: dict[str, float], names: MetricNames) -> dict[str, float]:
+        return reduce_metrics(acc, names, self.device)
 
     # --- checkpoints -----------------------------------------------------------------
     def save(self, directory: Path) -> None:
@@ -119,65 +94,3 @@ class FSDPBase:
         self.version = int(extra["version"])
         self.scheduler.load_state_dict(extra["scheduler"])
         set_rng_state(extra["rng"])
-
-
-def reduce_metrics(
-    acc: dict[str, float],
-    summed: tuple[str, ...],
-    weighted: tuple[str, ...],
-    maxed: tuple[str, ...],
-    device: torch.device,
-) -> dict[str, float]:
-    """Over all ranks of the default group: sum `summed`, token-weight-average `weighted`
-    (`acc` holds value * tokens and "tokens"), max `maxed`. A collective."""
-    names = ["tokens", *summed, *[k for k in weighted if k in acc]]
-    sums = torch.tensor([acc.get(k, 0.0) for k in names], dtype=torch.float64, device=device)
-    dist.all_reduce(sums)
-    maxes = torch.tensor([acc.get(k, 0.0) for k in maxed], dtype=torch.float64, device=device)
-    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-    out = dict(zip(names, sums.tolist(), strict=True))
-    tokens = max(out.pop("tokens"), 1.0)
-    for k in weighted:
-        if k in out:
-            out[k] /= tokens
-    out.update(zip(maxed, maxes.tolist(), strict=True))
-    return out
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def accumulate(
-    acc: dict[str, float],
-    m: dict[str, float],
-    summed: tuple[str, ...],
-    weighted: tuple[str, ...],
-    maxed: tuple[str, ...],
-) -> None:
-    """Fold one micro-batch's metrics (`m["tokens"]` its masked token count) into `acc`."""
-    tokens = m["tokens"]
-    acc["tokens"] = acc.get("tokens", 0.0) + tokens
-    for k in summed:
-        acc[k] = acc.get(k, 0.0) + m.get(k, 0.0)
-    for k in weighted:
-        if k in m:
-            acc[k] = acc.get(k, 0.0) + m[k] * tokens
-    for k in maxed:
-        if k in m:
-            acc[k] = max(acc.get(k, 0.0), m[k])
