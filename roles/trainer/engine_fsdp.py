@@ -46,9 +46,8 @@ class FSDPEngine(FSDPEngineBase):
     def __init__(self, cfg: RunConfig, model_path: Path) -> None:
         super().__init__(cfg, micro_batch_tokens=cfg.trainer.micro_batch_tokens)
         dtype = DTYPES[cfg.fsdp.param_dtype]
-        model = load_causal_lm(model_path, dtype, self.device)
-        if cfg.trainer.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        checkpointing = cfg.trainer.gradient_checkpointing
+        model = load_causal_lm(model_path, dtype, self.device, gradient_checkpointing=checkpointing)
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -116,7 +116,7 @@ class FSDPEngineBase(ABC):
         grad_norm = float(clip_grad_norm_(self.model, self.optim_cfg.grad_clip or float("inf")))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         return {"grad_norm": grad_norm, "lr": lr}
 
@@ -136,7 +136,7 @@ class FSDPEngineBase(ABC):
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote (the world size may differ; RNG only for known ranks)."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         path = directory / f"extra-rank{self.rank}.pt"
