@@ -121,19 +121,22 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
             raise next(iter(result.failed.values()))
         return sorted(result.failed)
 
-    async def _sync(self, rollouts: list[wire.PeerInfo]) -> None:
-        """Bring the named rollouts to the current version (all ranks gather, rank 0 sends)."""
+    async def _sync(self, rollouts: list[wire.PeerInfo]) -> list[str]:
+        """Bring the named rollouts to the current version (all ranks gather, rank 0 sends);
+        the rollouts the weights did not reach (none on other ranks)."""
         buckets = await self._in_thread(self._export)
-        if buckets is not None:
-            names = [f"{p.role}-{p.rank}" for p in rollouts]
-            result = await self.pusher.push(self.engine.version, buckets, only=names)
-            self._check_push(result)
-            log.info(
-                "rollouts_synced",
-                rollouts=sorted(result.applied),
-                version=self.engine.version,
-                seconds=round(result.seconds, 3),
-            )
+        if buckets is None:
+            return []
+        names = [f"{p.role}-{p.rank}" for p in rollouts]
+        result = await self.pusher.push(self.engine.version, buckets, only=names)
+        failed = self._check_push(result)
+        log.info(
+            "rollouts_synced",
+            rollouts=sorted(result.applied),
+            version=self.engine.version,
+            seconds=round(result.seconds, 3),
+        )
+        return failed
 
     def _save(self, directory: Path) -> None:
         """Sharded actor state into directory/actor, and the HF export into directory/hf."""
