@@ -1,11 +1,11 @@
-"""FSDP2 (`fully_shard`) wrapping of the trainer's model from verl-style `FSDPConfig` fields.
+"""FSDP2 (`fully_shard`) wrapping of the trainer's and critic's models from verl-style `FSDPConfig` fields.
 
 Invariant: after `loss.backward()` and `finish_backward(model)`, every rank holds the
 data-parallel *mean* of the per-rank gradients, for every parameter and every setting
 (sharded params as DTensor shards, ignored / `use_fsdp=False` params as full tensors).
 
-Loss scaling rule (the trainer relies on it). For a global loss `L = sum(token losses over
-all ranks) / num_global_tokens`, each rank backpropagates
+Loss scaling rule (`FSDPEngineBase.train_step` relies on it). For a global loss
+`L = sum(token losses over all ranks) / num_global_tokens`, each rank backpropagates
 
     loss_for_backward = sum(local token losses) / num_global_tokens * world_size
 
