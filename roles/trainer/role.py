@@ -4,47 +4,40 @@ Each rank registers with the controller and answers every `TrainBatch` (its shar
 step) with a `TrainResult`. After the optimizer step all ranks export the full weights
 (a collective) and rank 0 pushes them to every rollout; rank 0's reply, which carries
 the step's metrics, is sent only after every rollout acknowledged the new version.
-Torch work runs in one dedicated thread, so the event loop keeps heartbeats flowing
-during long steps.
+Torch work runs in one dedicated thread (`TorchRole`), so the event loop keeps
+heartbeats flowing during long steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from roles.trainer.engine_fsdp import FSDPEngine, bucketed
-from roles.trainer.fsdp import DTYPES
-from roles.trainer.hf_export import export_hf
+from roles.trainer.engine_fsdp import FSDPEngine
 from roles.trainer.weight_push import PushResult, WeightPusher
+from roles.training.hf_export import bucketed, export_hf
+from roles.training.models import DTYPES
+from roles.training.torch_role import TorchRole
 from runtime import addresses
-from runtime.checkpoint import resume_dir
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
-from runtime.role import Role
 from transport import wire
 from transport.channels import Envelope
+
+if TYPE_CHECKING:
+    from roles.trainer.engine_megatron import MegatronEngine
 
 log = get_logger("trainer")
 
 
-class TrainerRole(Role):
+class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
     kind = "trainer"
+    checkpoint_part = "actor"
 
     async def setup(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
-        started = time.perf_counter()
-        self.engine = await self._in_thread(self._build_engine)
-        resume = resume_dir()
-        if resume is not None:
-            await self._in_thread(self.engine.load, resume / "actor")
-            set_policy_version(self.engine.version)
-            log.info("resumed", checkpoint=str(resume), version=self.engine.version)
-        log.info("engine_ready", backend=self.cfg.trainer.backend, world_size=self.engine.world_size,
-                 device=str(self.engine.device), seconds=round(time.perf_counter() - started, 2))  # fmt: skip
+        await super().setup()
         self.pusher = self._make_pusher()
         self.step_lock = asyncio.Lock()
 
@@ -65,15 +58,18 @@ class TrainerRole(Role):
             workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
         )  # fmt: skip
 
-    def _build_engine(self) -> Any:
+    def build_engine(self) -> FSDPEngine | MegatronEngine:
         if self.cfg.trainer.backend == "megatron":
             from roles.trainer.engine_megatron import MegatronEngine
 
             return MegatronEngine(self.cfg, model_dir(self.cfg))
         return FSDPEngine(self.cfg, model_dir(self.cfg))
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    def resumed(self) -> None:
+        set_policy_version(self.engine.version)
+
+    def ready_fields(self) -> dict[str, Any]:
+        return {"backend": self.cfg.trainer.backend, **super().ready_fields()}
 
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
@@ -127,7 +123,7 @@ class TrainerRole(Role):
 
     async def _sync(self, rollouts: list[wire.PeerInfo]) -> list[str]:
         """Bring the named rollouts to the current version (all ranks gather, rank 0 sends);
-        the names it could not reach (elastic runs)."""
+        the rollouts the weights did not reach (none on other ranks)."""
         buckets = await self._in_thread(self._export)
         if buckets is None:
             return []
@@ -135,9 +131,11 @@ class TrainerRole(Role):
         result = await self.pusher.push(self.engine.version, buckets, only=names)
         failed = self._check_push(result)
         log.info(
-            "rollouts_synced", rollouts=sorted(result.applied), version=self.engine.version,
+            "rollouts_synced",
+            rollouts=sorted(result.applied),
+            version=self.engine.version,
             seconds=round(result.seconds, 3),
-        )  # fmt: skip
+        )
         return failed
 
     def _save(self, directory: Path) -> None:
@@ -159,5 +157,4 @@ class TrainerRole(Role):
     async def close(self) -> None:
         if hasattr(self, "pusher"):
             await self.pusher.aclose()
-        if hasattr(self, "pool"):
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        await super().close()

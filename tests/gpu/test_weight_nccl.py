@@ -101,7 +101,7 @@ def perturbed(tensors: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Te
 
 
 def buckets_of(tensors: dict[str, torch.Tensor], bucket_mb: int) -> list[dict[str, torch.Tensor]]:
-    from roles.trainer.engine_fsdp import bucketed
+    from roles.training.hf_export import bucketed
 
     return list(bucketed(iter(tensors.items()), bucket_mb << 20))
 

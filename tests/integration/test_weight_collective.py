@@ -70,7 +70,7 @@ def model_buckets(h: RoleHarness, scale: float) -> list[dict[str, torch.Tensor]]
     """The model's weights times `scale`, in buckets as the trainer makes them."""
     from safetensors.torch import load_file
 
-    from roles.trainer.engine_fsdp import bucketed
+    from roles.training.hf_export import bucketed
 
     items = load_file(Path(h.cfg.run_dir) / "model" / "model.safetensors").items()
     return list(bucketed(((k, (v.float() * scale).to(v.dtype)) for k, v in items), BUCKET_BYTES))
