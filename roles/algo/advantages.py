@@ -76,9 +76,13 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor | None, *, 
 
     `norm_by_std` applies to "grpo" only; `group_ids` may be None only for "reinforce_pp".
     """
+    if name in ("grpo", "rloo") and group_ids is None:
+        raise ValueError(f"advantage estimator {name!r} needs group ids")
     if name == "grpo":
+        assert group_ids is not None
         return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std)
     if name == "rloo":
+        assert group_ids is not None
         return rloo_advantages(rewards, group_ids)
     if name == "reinforce_pp":
         return reinforce_pp_advantages(rewards, group_ids)
