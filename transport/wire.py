@@ -41,7 +41,6 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
-    ABORT = 12
     ROLLOUT_STATS = 13
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
@@ -210,12 +209,6 @@ class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
     prompt_len: int = 0
     gen_s: float = 0.0
     error: str = ""
-
-
-class Abort(msgspec.Struct, **_msg(MsgType.ABORT)):
-    """Abort the named requests; their completions return with the tokens so far."""
-
-    request_ids: list[str]
 
 
 class RolloutStats(msgspec.Struct, **_msg(MsgType.ROLLOUT_STATS)):
@@ -415,7 +408,6 @@ Message = (
     | Ack
     | Generate
     | Completion
-    | Abort
     | RolloutStats
     | WeightBucket
     | WeightsApplied
