@@ -41,7 +41,6 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
-    ROLLOUT_STATS = 13
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
@@ -209,16 +208,6 @@ class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
     prompt_len: int = 0
     gen_s: float = 0.0
     error: str = ""
-
-
-class RolloutStats(msgspec.Struct, **_msg(MsgType.ROLLOUT_STATS)):
-    """Periodic rollout engine figures."""
-
-    version: int
-    tokens_per_s: float
-    running: int
-    waiting: int
-    kv_cache_usage: float
 
 
 # --- weights ---------------------------------------------------------------------------
@@ -408,7 +397,6 @@ Message = (
     | Ack
     | Generate
     | Completion
-    | RolloutStats
     | WeightBucket
     | WeightsApplied
     | SyncWeights
