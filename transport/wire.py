@@ -7,7 +7,7 @@ message's `MsgType` code. A message travels as frames:
 
 `header` (see `Header`) holds the schema version, the type code and a correlation id,
 so a receiver can refuse a message without decoding it. `payload` is msgpack. Tensors
-and numpy arrays above a small size are not in the payload: each is its own frame.
+above a small size are not in the payload: each is its own frame.
 
 Compatibility rule: a change that is not backwards compatible bumps `SCHEMA_VERSION`;
 messages of another version are dropped and counted by the receiver.
