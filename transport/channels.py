@@ -1,12 +1,12 @@
-"""ZeroMQ channels on asyncio: request/reply with correlation ids, fan-out, heartbeats.
+"""ZeroMQ channels on asyncio: request/reply with correlation ids, heartbeats.
 
 Guarantees a caller may rely on:
 
 * Every socket has explicit high-water marks, a linger bound and (ROUTER) mandatory
   routing, so a send to an unknown peer is an error, not a silent loss.
-* `Endpoint.recv` never raises for bad input: a malformed, truncated, oversized,
+* An endpoint never raises for bad input: a malformed, truncated, oversized,
   wrong-schema-version or unknown-type message is dropped, logged with the peer and the
-  reason, and counted in `Endpoint.stats`; the next good message is returned.
+  reason, and counted in `Endpoint.stats`.
 * `RpcEndpoint.request` resolves with the reply carrying the same correlation id, raises
   `RemoteError` when the peer answered `Error`, and `RequestTimeout` after `timeout`.
 * Heartbeats: every `heartbeat_s` an endpoint greets each peer it has not sent to
@@ -109,11 +109,8 @@ class PeerUnreachable(ConnectionError):
 
 
 class Endpoint:
-    """One zmq socket with the wire codec, size caps and drop accounting.
-
-    Fan-out endpoints (PUSH/PULL, PUB/SUB) use zmq.asyncio sockets: a receiver that does
-    not call `recv` leaves messages in the socket, so the high-water mark holds senders
-    back. `RpcEndpoint` drives its own socket (see there)."""
+    """One zmq socket with the wire codec, size caps and drop accounting (the base of
+    `RpcEndpoint`, which drives the socket)."""
 
     def __init__(self, sock: zmq.Socket, name: str, options: ChannelOptions) -> None:
         self.sock = sock
@@ -155,13 +152,6 @@ class Endpoint:
     def _sent(self, peer: bytes | None) -> None:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
-
-    async def recv(self) -> Envelope:
-        """The next acceptable message; bad ones are dropped, logged and counted."""
-        while True:
-            env = self._accept_frames(await self.sock.recv_multipart(copy=False))
-            if env is not None:
-                return env
 
     def _accept_frames(self, frames: list[Any]) -> Envelope | None:
         peer = None
@@ -336,9 +326,6 @@ class RpcEndpoint(Endpoint):
             return True
         backoff[0] -= 1
         return False
-
-    async def recv(self) -> Envelope:
-        raise TypeError(f"{self.name}: an RpcEndpoint delivers messages to its handler; see start()")
 
     async def _send(self, msg: wire.Message, peer: bytes | None, corr: int, flags: int) -> None:
         frames = self._frames(msg, peer, corr, flags)
@@ -684,47 +671,6 @@ def connect_dealer(
         apply_curve(sock, options.curve, server=False)
     sock.connect(address)
     ep = RpcEndpoint(sock, name, options)
-    ep.address = address
-    return ep
-
-
-def bind_socket(
-    ctx: zmq.asyncio.Context,
-    kind: int,
-    address: str,
-    *,
-    name: str,
-    options: ChannelOptions = ChannelOptions(),
-) -> Endpoint:
-    """A bound fan-out socket (zmq.PUB or zmq.PUSH, or the receiving PULL/SUB)."""
-    sock = ctx.socket(kind)
-    _configure(sock, options)
-    if options.curve is not None:
-        apply_curve(sock, options.curve, server=True)
-    if kind == zmq.SUB:
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-    ep = Endpoint(sock, name, options)
-    ep.address = _bind(sock, address)
-    return ep
-
-
-def connect_socket(
-    ctx: zmq.asyncio.Context,
-    kind: int,
-    address: str,
-    *,
-    name: str,
-    options: ChannelOptions = ChannelOptions(),
-) -> Endpoint:
-    """A connected fan-out socket (zmq.SUB subscribes to everything)."""
-    sock = ctx.socket(kind)
-    _configure(sock, options)
-    if options.curve is not None:
-        apply_curve(sock, options.curve, server=False)
-    if kind == zmq.SUB:
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(address)
-    ep = Endpoint(sock, name, options)
     ep.address = address
     return ep
 

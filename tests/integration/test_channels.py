@@ -3,7 +3,7 @@
 What is checked: a server survives every kind of bad input and counts each drop once;
 replies always match their requests under concurrency; timeouts, remote errors and
 unroutable peers surface as their typed errors; heartbeats detect a peer that left,
-whichever side it was; fan-out sockets deliver tensors intact.
+whichever side it was.
 """
 
 from __future__ import annotations
@@ -34,16 +34,13 @@ from transport import wire
 from transport.channels import (
     UNSTICK_S,
     ChannelOptions,
-    Endpoint,
     Envelope,
     PeerUnreachable,
     RemoteError,
     RequestTimeout,
     RpcEndpoint,
     bind_router,
-    bind_socket,
     connect_dealer,
-    connect_socket,
 )
 from transport.codec import Decoder, Encoder
 from transport.wire import SCHEMA_VERSION, Header
@@ -556,103 +553,6 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
         sends.cancel()
         raw.sock.close(linger=0)
         await server.aclose()
-
-
-# --- fan-out ----------------------------------------------------------------------------
-
-
-def tensor_batch(seq: int) -> wire.TensorBatch:
-    g = torch.Generator().manual_seed(seq)
-    return wire.TensorBatch(
-        seq=seq,
-        tensors={
-            "small": torch.arange(10) + seq,
-            "big": torch.randn(256, 1024, generator=g),  # 1 MiB: a zero-copy frame
-            "bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
-            "view": torch.randn(64, 64, generator=g).T,
-        },
-        arrays={"ids": np.arange(500, dtype=np.int32) * seq},
-        meta={"seq": seq},
-    )
-
-
-def assert_batch(got: wire.Message, want: wire.TensorBatch) -> None:
-    assert isinstance(got, wire.TensorBatch) and got.seq == want.seq and got.meta == want.meta
-    assert got.tensors.keys() == want.tensors.keys()
-    for name, t in want.tensors.items():
-        assert got.tensors[name].dtype == t.dtype and torch.equal(got.tensors[name], t)
-    assert np.array_equal(got.arrays["ids"], want.arrays["ids"])
-
-
-async def next_batch(ep: Endpoint, timeout: float = 5.0) -> wire.Message:
-    """The next message that is not a join probe."""
-    async with asyncio.timeout(timeout):
-        while True:
-            env = await ep.recv()
-            if not isinstance(env.msg, wire.Heartbeat):
-                return env.msg
-
-
-async def test_pub_sub_fans_tensor_batches_out_to_every_subscriber(ctx: zmq.asyncio.Context, address: str) -> None:
-    pub = bind_socket(ctx, zmq.PUB, address, name="pub")
-    subs = [connect_socket(ctx, zmq.SUB, pub.address, name=f"sub{i}") for i in range(3)]
-    for sub in subs:  # PUB drops until a subscription arrives: probe until each one hears
-        async with asyncio.timeout(5):
-            while True:
-                await pub.send(wire.Heartbeat())
-                try:
-                    async with asyncio.timeout(0.05):
-                        await sub.recv()
-                    break
-                except TimeoutError:
-                    continue
-    batches = [tensor_batch(seq) for seq in range(5)]
-    for batch in batches:
-        await pub.send(batch)
-    for sub in subs:
-        for batch in batches:
-            assert_batch(await next_batch(sub), batch)
-        assert sub.stats.dropped == Counter()
-    for ep in [pub, *subs]:
-        ep.close()
-
-
-async def test_push_pull_delivers_every_batch_once(ctx: zmq.asyncio.Context, address: str) -> None:
-    push = bind_socket(ctx, zmq.PUSH, address, name="push")
-    pulls = [connect_socket(ctx, zmq.PULL, push.address, name=f"pull{i}") for i in range(2)]
-    await asyncio.sleep(0.2)  # let both connect so the load is shared
-    batches = {seq: tensor_batch(seq) for seq in range(8)}
-    for batch in batches.values():
-        await push.send(batch)
-    received: dict[int, wire.Message] = {}
-    counts = []
-
-    async def drain(pull: Endpoint) -> None:
-        n = 0
-        while len(received) < len(batches):
-            try:
-                msg = await next_batch(pull, timeout=0.5)
-            except TimeoutError:
-                break
-            assert isinstance(msg, wire.TensorBatch) and msg.seq not in received
-            received[msg.seq] = msg
-            n += 1
-        counts.append(n)
-
-    await asyncio.gather(*(drain(p) for p in pulls))
-    assert sorted(received) == sorted(batches) and sum(counts) == len(batches)
-    for seq, msg in received.items():
-        assert_batch(msg, batches[seq])
-    # Fan-in: two PUSH sockets into one bound PULL.
-    sink = bind_socket(ctx, zmq.PULL, address.replace("sock", "sink"), name="sink")
-    sources = [connect_socket(ctx, zmq.PUSH, sink.address, name=f"src{i}") for i in range(2)]
-    for i, src in enumerate(sources):
-        await src.send(tensor_batch(10 + i))
-    got = sorted([await next_batch(sink), await next_batch(sink)], key=lambda m: m.seq)  # type: ignore[attr-defined]
-    for i, msg in enumerate(got):
-        assert_batch(msg, tensor_batch(10 + i))
-    for ep in [push, *pulls, sink, *sources]:
-        ep.close()
 
 
 # --- across processes -------------------------------------------------------------------
