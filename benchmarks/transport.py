@@ -64,7 +64,8 @@ import zmq.asyncio
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 from transport import wire
-from transport.channels import Envelope, bind_router, connect_dealer
+from transport.endpoint import Envelope
+from transport.sockets import bind_router, connect_dealer
 
 MiB = 1 << 20
 SIZES_MIB = (1, 16, 64)

@@ -27,7 +27,9 @@ from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
 from runtime.role import FatalError, Role
 from transport import wire
-from transport.channels import Envelope, PeerUnreachable, bind_router
+from transport.endpoint import Envelope
+from transport.rpc import PeerUnreachable
+from transport.sockets import bind_router
 
 log = get_logger("controller")
 

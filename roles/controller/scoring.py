@@ -15,7 +15,7 @@ from roles.controller.groups import Group, SampleRec
 from roles.controller.ppo import apply_values, sample_gae, value_requests
 from runtime.logs import get_logger
 from transport import wire
-from transport.channels import RemoteError, RequestTimeout
+from transport.rpc import RemoteError, RequestTimeout
 
 if TYPE_CHECKING:
     from roles.controller.role import Controller

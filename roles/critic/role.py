@@ -21,7 +21,7 @@ from runtime.logs import get_logger
 from runtime.paths import model_dir
 from runtime.role import Role
 from transport import wire
-from transport.channels import Envelope
+from transport.endpoint import Envelope
 
 log = get_logger("critic")
 

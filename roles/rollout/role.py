@@ -26,7 +26,9 @@ from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
 from transport import wire
-from transport.channels import Envelope, RpcEndpoint, bind_router
+from transport.endpoint import Envelope
+from transport.rpc import RpcEndpoint
+from transport.sockets import bind_router
 
 from .collective_recv import CollectiveReceiver
 from .engine import EngineDead, RolloutEngine, Sample, StaleUpdate

@@ -26,7 +26,7 @@ from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
 from transport import wire
-from transport.channels import Envelope
+from transport.endpoint import Envelope
 
 log = get_logger("trainer")
 

@@ -9,14 +9,11 @@ whichever side it was.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
-import queue
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -26,23 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import uvloop
 import zmq
 import zmq.asyncio
 
 from transport import wire
-from transport.channels import (
-    UNSTICK_S,
-    ChannelOptions,
-    Envelope,
-    PeerUnreachable,
-    RemoteError,
-    RequestTimeout,
-    RpcEndpoint,
-    bind_router,
-    connect_dealer,
-)
 from transport.codec import Decoder, Encoder
+from transport.endpoint import ChannelOptions, Envelope
+from transport.rpc import PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint
+from transport.sockets import bind_router, connect_dealer
 from transport.wire import SCHEMA_VERSION, Header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,8 +249,8 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
 
 
 async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
-    server = await serve(ctx, "tcp://127.0.0.1:0")
-    real_recv = server.sock.recv
+    server = bind_router(ctx, "tcp://127.0.0.1:0", name="server")
+    real_recv = server.sock.recv_multipart
     failures = [zmq.ZMQError(errno.EINTR)]
 
     def flaky_recv(*args: Any, **kwargs: Any) -> Any:
@@ -270,7 +258,8 @@ async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) ->
             raise failures.pop()
         return real_recv(*args, **kwargs)
 
-    server.sock.recv = flaky_recv  # type: ignore[method-assign]
+    server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
+    server.start(echo)
     c = client(ctx, server.address, "caller")
     reply = await c.request(wire.TensorBatch(seq=5), timeout=2)
     assert isinstance(reply, wire.TensorBatch) and reply.seq == 5 and not failures
@@ -399,130 +388,6 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
     await c.aclose()
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-async def test_a_missed_descriptor_signal_delays_a_message_by_at_most_the_safety_interval(
-    ctx: zmq.asyncio.Context, tmp_path: Path, loop: str
-) -> None:
-    """The socket's descriptor is edge-triggered. Consume the edge of an arrived message
-    behind the endpoint's back: the safety net still delivers it within UNSTICK_S."""
-
-    async def scenario() -> None:
-        got: asyncio.Queue[int] = asyncio.Queue()
-
-        async def record(env: Envelope) -> None:
-            got.put_nowait(env.msg.seq)  # type: ignore[union-attr]
-
-        server = bind_router(ctx, f"ipc://{tmp_path}/s-{loop}", name="server")
-        server.start(record)
-        c = client(ctx, server.address, "c")
-        await c.send(wire.TensorBatch(seq=1))
-        assert await asyncio.wait_for(got.get(), 5) == 1
-        await c.send(wire.TensorBatch(seq=2))
-        time.sleep(0.1)  # blocks the loop: the message arrives, the descriptor fires ...
-        assert zmq.Socket.shadow(server.sock.underlying).getsockopt(zmq.EVENTS) & zmq.POLLIN  # ... and is reset
-        t0 = time.monotonic()
-        assert await asyncio.wait_for(got.get(), 5) == 2
-        assert time.monotonic() - t0 < UNSTICK_S + 0.2
-        assert server.stats.kicks == 1
-        await c.aclose()
-        await server.aclose()
-
-    if loop == "uvloop":
-        # Run on uvloop (the runtime's loop) in a thread of its own; the context is thread-safe.
-        await asyncio.to_thread(uvloop.run, scenario())
-    else:
-        await scenario()
-
-
-# --- busy polling ----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def server_in_thread(ctx: zmq.asyncio.Context, address: str) -> Iterator[str]:
-    """The echo server on a uvloop of its own in a thread: it answers while this test's
-    loop is held by a busy-polling request. Yields the server's address."""
-    ready: queue.Queue[tuple[str, asyncio.AbstractEventLoop, asyncio.Event]] = queue.Queue()
-
-    async def main() -> None:
-        server = await serve(ctx, address)
-        stop = asyncio.Event()
-        ready.put((server.address, asyncio.get_running_loop(), stop))
-        await stop.wait()
-        await server.aclose()
-
-    thread = threading.Thread(target=uvloop.run, args=(main(),), daemon=True)
-    thread.start()
-    bound, loop, stop = ready.get(timeout=10)
-    try:
-        yield bound
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-
-
-@pytest.mark.parametrize("window_us", [0, 2_000_000])
-async def test_busy_poll_takes_the_reply_without_an_event_loop_turn(
-    ctx: zmq.asyncio.Context, tmp_path: Path, window_us: int
-) -> None:
-    """With a window, a request whose reply comes within it returns without the loop
-    ever running (a callback queued before it has not run); without one the loop turns."""
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=window_us))
-        await c.request(wire.TensorBatch(seq=0), timeout=5)  # connected
-        turned: list[int] = []
-        asyncio.get_running_loop().call_soon(turned.append, 1)
-        reply = await c.request(wire.TensorBatch(seq=1, meta={"x": [1.0]}), timeout=5)
-        assert isinstance(reply, wire.TensorBatch) and reply.seq == 1 and reply.meta["peer"] == "c"
-        assert bool(turned) == (window_us == 0)
-        assert c.stats.polled == (2 if window_us else 0) and c.stats.poll_misses == 0
-        await c.aclose()
-
-
-async def test_busy_poll_backs_off_for_request_types_that_outlast_the_window(
-    ctx: zmq.asyncio.Context, tmp_path: Path
-) -> None:
-    """After a poll of some request type runs out, the next 1, 2, 4, ... requests of
-    that type are not polled for; other types are; a reply caught while polling ends it."""
-    slow = wire.TensorBatch(seq=0, meta={"op": "sleep", "s": 0.3})
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=50_000))
-        for _ in range(3):  # polled (miss), skipped, polled (miss): the next 2 are skipped
-            assert (await c.request(slow, timeout=5)).seq == 0  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 0)
-        assert isinstance(await c.request(wire.Ack(), timeout=5), wire.Ack)  # another type: polled
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 1)
-        for seq in range(1, 5):  # fast now: skipped, skipped, then polled (a hit), polled again
-            assert (await c.request(wire.TensorBatch(seq=seq), timeout=5)).seq == seq  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 3)
-        await c.aclose()
-
-
-async def test_busy_poll_keeps_polling_after_a_near_miss(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
-    """Replies that come a little after the window (here 30 ms against 20 ms) are short
-    ones: every request of that type is still polled for."""
-    late = wire.TensorBatch(seq=0, meta={"op": "sleep", "s": 0.03})
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=20_000))
-        for _ in range(4):
-            assert (await c.request(late, timeout=5)).seq == 0  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (4, 0)
-        await c.aclose()
-
-
-async def test_busy_poll_against_a_server_on_the_same_loop_falls_back_to_sleeping(
-    ctx: zmq.asyncio.Context, tmp_path: Path
-) -> None:
-    """A server on the requester's own loop cannot answer while the loop is held: each
-    poll runs out, and the request sleeps and is answered."""
-    server = await serve(ctx, f"ipc://{tmp_path}/s")
-    c = client(ctx, server.address, "c", ChannelOptions(busy_poll_us=1000))
-    for seq in range(4):
-        assert (await c.request(wire.TensorBatch(seq=seq), timeout=5)).seq == seq  # type: ignore[union-attr]
-    assert c.stats.polled == 0 and c.stats.poll_misses >= 1
-    await c.aclose()
-    await server.aclose()
-
-
 async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
     """With the peer's queue full a ROUTER send waits (the socket stays writable toward
     other peers, so it polls with a backoff) and completes, in order, once the peer reads."""
@@ -561,7 +426,8 @@ SERVER_SCRIPT = r"""
 import asyncio, sys
 import structlog
 from transport import wire
-from transport.channels import ChannelOptions, bind_router
+from transport.endpoint import ChannelOptions
+from transport.sockets import bind_router
 import zmq.asyncio
 
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))

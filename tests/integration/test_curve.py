@@ -14,8 +14,10 @@ import zmq.asyncio
 from structlog.testing import capture_logs
 
 from transport import wire
-from transport.channels import ChannelOptions, Envelope, RequestTimeout, bind_router, connect_dealer
+from transport.endpoint import ChannelOptions, Envelope
+from transport.rpc import RequestTimeout
 from transport.security import CurveKeys, generate_keys, load_keys, refused_count, start_authenticator
+from transport.sockets import bind_router, connect_dealer
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import zmq.asyncio
 from runtime.config_load import load_config
 from tests.helpers.harness import RoleHarness
 from transport import wire
-from transport.channels import RemoteError, RpcEndpoint
+from transport.rpc import RemoteError, RpcEndpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
