@@ -20,7 +20,6 @@ from enum import IntEnum
 from typing import Any
 
 import msgspec
-import numpy as np
 import torch
 
 SCHEMA_VERSION = 1
@@ -29,7 +28,11 @@ _HEADER = struct.Struct("<BBBxQ")
 
 
 class MsgType(IntEnum):
-    """One-byte type codes; the first header field after the schema version."""
+    """One-byte type codes; the first header field after the schema version.
+
+    Codes of retired messages are never reused (12 Abort, 13 RolloutStats, 90 TensorBatch):
+    a peer that still sends one has it dropped as `unknown_type`, and the other messages'
+    encoding is unchanged, so retiring a code needs no `SCHEMA_VERSION` bump."""
 
     REGISTER = 1
     REGISTERED = 2
@@ -55,7 +58,6 @@ class MsgType(IntEnum):
     CHECKPOINT_SAVED = 43
     VALUE_REQUEST = 50
     VALUE_RESULT = 51
-    TENSOR_BATCH = 90
 
 
 class Flag(IntEnum):
@@ -377,15 +379,6 @@ class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
     ref_logprobs: torch.Tensor | None = None
 
 
-class TensorBatch(msgspec.Struct, **_msg(MsgType.TENSOR_BATCH)):
-    """A generic batch of named tensors and arrays (demos, tests, benchmarks)."""
-
-    seq: int
-    tensors: dict[str, torch.Tensor] = {}
-    arrays: dict[str, np.ndarray] = {}
-    meta: dict[str, Any] = {}
-
-
 Message = (
     Register
     | Registered
@@ -408,7 +401,6 @@ Message = (
     | CheckpointSaved
     | ValueRequest
     | ValueResult
-    | TensorBatch
     | WeightGroupInit
     | WeightCollectivePlan
     | WeightsSent

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import random
 import subprocess
@@ -56,25 +57,47 @@ def address(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def echo(env: Envelope) -> wire.Message | None:
-    """A toy service: echoes a TensorBatch (with the caller's identity), obeys a few `meta` ops."""
+    """A toy service over real messages. A `WeightBucket` comes back as it came. A
+    `Generate` is answered with a `Completion` of its prompt whose request id starts with
+    the caller's identity, after the op its request id names: `sleep:S`, `raise`,
+    `unencodable`, `jitter` or `in_task`. Anything else gets an `Ack` naming its type."""
     msg = env.msg
-    if not isinstance(msg, wire.TensorBatch):
+    if isinstance(msg, wire.WeightBucket):
+        return msg
+    if not isinstance(msg, wire.Generate):
         return wire.Ack(info=type(msg).__name__)
-    op = msg.meta.get("op")
+    op, _, arg = msg.request_id.partition(":")
     if op == "sleep":
-        await asyncio.sleep(msg.meta["s"])
+        await asyncio.sleep(float(arg))
     elif op == "raise":
         raise ValueError("boom")
     elif op == "unencodable":
-        return wire.TensorBatch(seq=msg.seq, meta={"obj": object()})
+        return wire.Ack(info=object())  # type: ignore[arg-type]
     elif op == "jitter":
         await asyncio.sleep(random.random() * 0.005)
     elif op == "in_task":
         # Before any await: asyncio.timeout (and 3.12's wait_for) need the handler's own task.
         async with asyncio.timeout(5):
-            return wire.TensorBatch(seq=msg.seq, meta={"task": asyncio.current_task() is not None})
-    peer = env.peer.decode() if env.peer else ""
-    return wire.TensorBatch(seq=msg.seq, tensors=msg.tensors, arrays=msg.arrays, meta={"peer": peer})
+            return wire.Ack(info=f"in a task: {asyncio.current_task() is not None}")
+    n = len(msg.prompt_ids)
+    return wire.Completion(
+        request_id=f"{env.peer.decode() if env.peer else ''}/{msg.request_id}",
+        group_id=msg.group_id,
+        sample_index=0,
+        token_ids=torch.tensor(msg.prompt_ids, dtype=torch.int64),
+        logprobs=torch.zeros(n),
+        versions=torch.zeros(n, dtype=torch.int32),
+        finish_reason=wire.FinishReason.STOP,
+    )
+
+
+def ask(op: str = "echo", group_id: int = 0, prompt_ids: list[int] | None = None) -> wire.Generate:
+    """A request for `echo`: `op` is the request id."""
+    return wire.Generate(request_id=op, group_id=group_id, prompt_ids=prompt_ids or [group_id])
+
+
+def bucket(version: int, **tensors: torch.Tensor) -> wire.WeightBucket:
+    return wire.WeightBucket(version=version, index=0, last=True, tensors=tensors)
 
 
 async def serve(ctx: zmq.asyncio.Context, address: str, options: ChannelOptions = ChannelOptions()) -> RpcEndpoint:
@@ -120,11 +143,11 @@ class RawDealer:
 def bad_messages() -> dict[str, list[bytes]]:
     """One message per drop reason, for a server with max_message_bytes=4096."""
     enc = Encoder()
-    good = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(100)}))]
-    big = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(2000)}))]
+    good = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(100)))]
+    big = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(2000)))]
     return {
         "bad_header": [b"\x01\x02\x03", *good[1:]],
-        "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), *good[1:]],
+        "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), *good[1:]],
         "unknown_type": [Header(SCHEMA_VERSION, 200, 0, 0).pack(), *good[1:]],
         "malformed": [good[0], b"\xc1 this is not msgpack"],
         "truncated": good[:2],  # the tensor's frame is missing
@@ -139,8 +162,8 @@ async def check_survives_bad_input(raw: RawDealer, dropped: Any) -> None:
     for frames in bad_messages().values():
         await raw.send(frames)
         x = torch.arange(float(corr))
-        reply = await raw.ask(wire.TensorBatch(seq=corr, tensors={"x": x}), corr=corr)
-        assert isinstance(reply, wire.TensorBatch) and reply.seq == corr and torch.equal(reply.tensors["x"], x)
+        reply = await raw.ask(bucket(corr, x=x), corr=corr)
+        assert isinstance(reply, wire.WeightBucket) and reply.version == corr and torch.equal(reply.tensors["x"], x)
         corr += 1
     counts = Counter(await dropped())
     counts.subtract(before)
@@ -163,17 +186,17 @@ async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx
     """zmq cuts a peer sending a frame over 4x max_message_bytes; the server serves the reconnection."""
     server = await serve(ctx, "tcp://127.0.0.1:0", SMALL)
     raw = RawDealer(ctx, server.address)
-    huge = [Header(SCHEMA_VERSION, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
+    huge = [Header(SCHEMA_VERSION, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
     await raw.send(huge)
     for corr in range(1, 50):  # messages in flight while the connection drops are lost
         try:
-            reply = await raw.ask(wire.TensorBatch(seq=corr), corr=corr, timeout=0.2)
+            reply = await raw.ask(bucket(corr), corr=corr, timeout=0.2)
             break
         except TimeoutError:
             continue
     else:
         pytest.fail("the server never answered again")
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == corr
+    assert isinstance(reply, wire.WeightBucket) and reply.version == corr
     await server.aclose()
 
 
@@ -183,11 +206,15 @@ async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx
 async def many_requests(clients: list[RpcEndpoint], per_client: int) -> None:
     async def one(i: int, k: int) -> None:
         seq = i * 1000 + k
-        x = torch.full((k * 20 + 1,), float(seq))  # small ones inline, larger ones as frames
-        reply = await clients[i].request(wire.TensorBatch(seq=seq, tensors={"x": x}, meta={"op": "jitter"}), timeout=20)
-        assert isinstance(reply, wire.TensorBatch)
-        assert reply.seq == seq and torch.equal(reply.tensors["x"], x)
-        assert reply.meta["peer"] == f"client-{i}"
+        if k % 2:  # tensors out and back: small ones inline, larger ones as frames
+            x = torch.full((k * 20 + 1,), float(seq))
+            reply = await clients[i].request(bucket(seq, x=x), timeout=20)
+            assert isinstance(reply, wire.WeightBucket) and reply.version == seq and torch.equal(reply.tensors["x"], x)
+            return
+        prompt = list(range(seq, seq + k * 20 + 1))
+        reply = await clients[i].request(ask("jitter", seq, prompt), timeout=20)
+        assert isinstance(reply, wire.Completion) and reply.group_id == seq
+        assert reply.request_id == f"client-{i}/jitter" and reply.token_ids.tolist() == prompt
 
     await asyncio.gather(*(one(i, k) for i in range(len(clients)) for k in range(per_client)))
 
@@ -206,13 +233,13 @@ async def test_timeout_then_late_reply_is_dropped_harmlessly(ctx: zmq.asyncio.Co
     c = client(ctx, server.address, "impatient")
     t0 = time.monotonic()
     with pytest.raises(RequestTimeout):
-        await c.request(wire.TensorBatch(seq=1, meta={"op": "sleep", "s": 0.4}), timeout=0.1)
+        await c.request(ask("sleep:0.4"), timeout=0.1)
     assert time.monotonic() - t0 < 0.35
     async with asyncio.timeout(3):  # the reply arrives after the caller gave up
         while not c.stats.dropped["late_reply"]:
             await asyncio.sleep(0.02)
-    reply = await c.request(wire.TensorBatch(seq=2), timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 2
+    reply = await c.request(ask(group_id=2), timeout=2)
+    assert isinstance(reply, wire.Completion) and reply.group_id == 2
     assert c.stats.dropped == Counter(late_reply=1)
     await c.aclose()
     await server.aclose()
@@ -223,10 +250,8 @@ async def test_handlers_run_inside_their_own_task(ctx: zmq.asyncio.Context, addr
     sync on Python 3.12 while handlers were stepped by hand outside any task)."""
     server = await serve(ctx, address)
     c = client(ctx, server.address, "caller")
-    replies = await asyncio.gather(
-        *(c.request(wire.TensorBatch(seq=i, meta={"op": "in_task"}), timeout=2) for i in range(8))
-    )
-    assert all(isinstance(r, wire.TensorBatch) and r.meta == {"task": True} for r in replies)
+    replies = await asyncio.gather(*(c.request(ask("in_task", i), timeout=2) for i in range(8)))
+    assert replies == [wire.Ack(info="in a task: True")] * 8
     assert server.stats.dropped == Counter()
     await c.aclose()
     await server.aclose()
@@ -236,11 +261,11 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
     server = await serve(ctx, address)
     c = client(ctx, server.address, "caller")
     with pytest.raises(RemoteError) as info:
-        await c.request(wire.TensorBatch(seq=1, meta={"op": "raise"}), timeout=2)
+        await c.request(ask("raise"), timeout=2)
     assert info.value.code == wire.ErrorCode.INTERNAL and "boom" in info.value.message
     # A reply that cannot be encoded is an error too, not a silent timeout.
     with pytest.raises(RemoteError) as info:
-        await c.request(wire.TensorBatch(seq=2, meta={"op": "unencodable"}), timeout=2)
+        await c.request(ask("unencodable"), timeout=2)
     assert "TypeError" in info.value.message
     reply = await c.request(wire.Shutdown(reason="x"), timeout=2)
     assert reply == wire.Ack(info="Shutdown")
@@ -261,8 +286,8 @@ async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) ->
     server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
     server.start(echo)
     c = client(ctx, server.address, "caller")
-    reply = await c.request(wire.TensorBatch(seq=5), timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 5 and not failures
+    reply = await c.request(ask(group_id=5), timeout=2)
+    assert isinstance(reply, wire.Completion) and reply.group_id == 5 and not failures
     await c.aclose()
     await server.aclose()
 
@@ -286,14 +311,14 @@ async def test_server_requests_a_known_client(ctx: zmq.asyncio.Context, address:
     c = connect_dealer(ctx, server.address, name="worker", identity="worker")
 
     async def work(env: Envelope) -> wire.Message:
-        assert isinstance(env.msg, wire.TensorBatch)
-        return wire.TensorBatch(seq=env.msg.seq + 1, tensors={"y": env.msg.tensors["x"] * 2})
+        assert isinstance(env.msg, wire.WeightBucket)
+        return bucket(env.msg.version + 1, y=env.msg.tensors["x"] * 2)
 
     c.start(work)
-    await c.request(wire.TensorBatch(seq=0), timeout=2)  # the server now knows "worker"
+    await c.request(wire.Ack(), timeout=2)  # the server now knows "worker"
     x = torch.randn(1000)
-    reply = await server.request(wire.TensorBatch(seq=7, tensors={"x": x}), peer=b"worker", timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 8 and torch.equal(reply.tensors["y"], x * 2)
+    reply = await server.request(bucket(7, x=x), peer=b"worker", timeout=2)
+    assert isinstance(reply, wire.WeightBucket) and reply.version == 8 and torch.equal(reply.tensors["y"], x * 2)
     await c.aclose()
     await server.aclose()
 
@@ -332,8 +357,8 @@ async def test_server_reports_a_client_that_stops(ctx: zmq.asyncio.Context, addr
     server.start(echo, on_peer_lost=lost)
     first = client(ctx, server.address, "first", FAST)
     second = client(ctx, server.address, "second", FAST)
-    await first.request(wire.TensorBatch(seq=0), timeout=2)
-    await second.request(wire.TensorBatch(seq=0), timeout=2)
+    await first.request(wire.Ack(), timeout=2)
+    await second.request(wire.Ack(), timeout=2)
     await asyncio.sleep(2 * FAST.peer_timeout_s)  # heartbeats alone keep both alive
     assert lost.events == []
 
@@ -348,7 +373,7 @@ async def test_server_reports_a_client_that_stops(ctx: zmq.asyncio.Context, addr
 
     # A peer that comes back is watched again: its next silence is reported too.
     back = client(ctx, server.address, "first", FAST)
-    await back.request(wire.TensorBatch(seq=1), timeout=2)
+    await back.request(wire.Ack(), timeout=2)
     stopped = time.monotonic()
     await back.aclose()
     await lost.wait(3)
@@ -361,7 +386,7 @@ async def test_client_reports_a_server_that_stops(ctx: zmq.asyncio.Context, addr
     lost = LostPeers()
     c = connect_dealer(ctx, server.address, name="c", identity="c", options=FAST)
     c.start(None, on_peer_lost=lost)
-    await c.request(wire.TensorBatch(seq=0), timeout=2)
+    await c.request(wire.Ack(), timeout=2)
     await asyncio.sleep(2 * FAST.peer_timeout_s)
     assert lost.events == []
     stopped = time.monotonic()
@@ -381,7 +406,7 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
     for _ in range(3):
         t0 = time.monotonic()
         with pytest.raises(RequestTimeout):
-            await c.request(wire.TensorBatch(seq=0), timeout=0.1)
+            await c.request(wire.Ack(), timeout=0.1)
         assert time.monotonic() - t0 < 0.6
     await lost.wait(1)
     assert lost.events[0][0] is None
@@ -395,12 +420,12 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
     server.start(echo)
     raw = RawDealer(ctx, server.address)
     raw.sock.setsockopt(zmq.RCVHWM, 2)
-    assert isinstance(await raw.ask(wire.TensorBatch(seq=0), corr=1), wire.TensorBatch)  # known to the server
+    assert isinstance(await raw.ask(wire.Ack(), corr=1), wire.Ack)  # known to the server
     mib = torch.zeros(1 << 18)  # 1 MiB: 32 of them fill the queues and the kernel's socket buffers
 
     async def send_all() -> None:
         for i in range(32):
-            await server.send(wire.TensorBatch(seq=i, tensors={"x": mib}), peer=b"raw")
+            await server.send(bucket(i, x=mib), peer=b"raw")
 
     sends = asyncio.ensure_future(send_all())
     try:
@@ -410,8 +435,8 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
         async with asyncio.timeout(10):
             while len(seqs) < 32:
                 _, msg = raw.decoder.decode(await raw.sock.recv_multipart())
-                if isinstance(msg, wire.TensorBatch):
-                    seqs.append(msg.seq)
+                if isinstance(msg, wire.WeightBucket):
+                    seqs.append(msg.version)
             await sends
         assert seqs == list(range(32))
     finally:
@@ -423,7 +448,7 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
 # --- across processes -------------------------------------------------------------------
 
 SERVER_SCRIPT = r"""
-import asyncio, sys
+import asyncio, json, sys
 import structlog
 from transport import wire
 from transport.endpoint import ChannelOptions
@@ -440,8 +465,8 @@ async def main(address, max_bytes):
     )
 
     async def handle(env):
-        if isinstance(env.msg, wire.TensorBatch) and env.msg.meta.get("op") == "stats":
-            return wire.TensorBatch(seq=env.msg.seq, meta={"dropped": dict(server.stats.dropped)})
+        if isinstance(env.msg, wire.Generate) and env.msg.request_id == "stats":
+            return wire.Ack(info=json.dumps(server.stats.dropped))
         return await echo(env)
 
     server.start(handle)
@@ -478,9 +503,9 @@ async def test_remote_server_survives_bad_input(ctx: zmq.asyncio.Context, remote
     stats_corr = iter(range(10_000, 20_000))
 
     async def dropped() -> dict[str, int]:
-        reply = await raw.ask(wire.TensorBatch(seq=0, meta={"op": "stats"}), corr=next(stats_corr))
-        assert isinstance(reply, wire.TensorBatch)
-        return reply.meta["dropped"]
+        reply = await raw.ask(ask("stats"), corr=next(stats_corr))
+        assert isinstance(reply, wire.Ack)
+        return json.loads(reply.info)
 
     await check_survives_bad_input(raw, dropped)
 
@@ -499,14 +524,14 @@ async def test_client_reports_a_server_process_that_dies(ctx: zmq.asyncio.Contex
         c = connect_dealer(ctx, address, name="c", identity="c", options=FAST)
         c.start(None, on_peer_lost=lost)
         x = torch.randn(128, 1024)
-        reply = await c.request(wire.TensorBatch(seq=3, tensors={"x": x}), timeout=5)
-        assert isinstance(reply, wire.TensorBatch) and torch.equal(reply.tensors["x"], x)
+        reply = await c.request(bucket(3, x=x), timeout=5)
+        assert isinstance(reply, wire.WeightBucket) and torch.equal(reply.tensors["x"], x)
         killed = time.monotonic()
         proc.kill()
         await lost.wait(1)
         assert lost.events == [(None, lost.events[0][1])] and lost.events[0][1] - killed < DETECT_WITHIN
         with pytest.raises(RequestTimeout):
-            await c.request(wire.TensorBatch(seq=4), timeout=0.2)
+            await c.request(wire.Ack(), timeout=0.2)
         await c.aclose()
     finally:
         proc.kill()
