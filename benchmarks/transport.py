@@ -4,9 +4,11 @@ Run: `.venv/bin/python benchmarks/transport.py [--quick] [--latency-only]`; prin
 object on stdout.
 
 Two processes, both on uvloop, over `ipc://` (a temp dir) and `tcp://127.0.0.1`: this one
-sends, a `spawn`ed peer serves. The peer starts with the environment the launcher gives
-every role (`runtime/launcher_env.py`, variables already set win, as in the launcher).
-Every row is a sequence of round trips, one at a time: a request, then its answer.
+sends, a `spawn`ed peer serves: a fresh one for each throughput size and for the latency
+rows (with `--quick`, one for everything). The peer starts with the environment the
+launcher gives every role (`runtime/launcher_env.py`; variables already set win, as in
+the launcher). Every row is a sequence of round trips, one at a time: a request, then
+its answer.
 
 * throughput — a weight update as the trainer sends it: each request is a
   `WeightBucket` of 4 named bf16 tensors (1/16/64 MiB in all), sent with
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -49,7 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -299,6 +302,19 @@ class Peer:
         self.proc.join(10)
 
 
+@contextlib.contextmanager
+def serving(tmp: str, env: dict[str, str], shared: Peer | None) -> Iterator[Peer]:
+    """`shared` if given, else a fresh peer process, closed afterwards."""
+    if shared is not None:
+        yield shared
+        return
+    peer = Peer(tmp, env)
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
 def measure_throughput(peer: Peer, transport: str, size_mib: int, reps: int, quick: bool) -> dict[str, Any]:
     tensors = bucket_tensors(size_mib)
     count = 2 if quick else max(4, min(32, 128 // size_mib))
@@ -351,11 +367,8 @@ def measure_tuned_receiver(tmp: str, role_env: dict[str, str], reps: int) -> dic
     """
     out: dict[str, Any] = {}
     for name, tunables in RECEIVER_MALLOC.items():
-        peer = Peer(tmp, {**role_env, "GLIBC_TUNABLES": tunables})
-        try:
+        with serving(tmp, {**role_env, "GLIBC_TUNABLES": tunables}, None) as peer:
             out[name] = {t: measure_throughput(peer, t, 64, reps, quick=False) for t in ("ipc", "tcp")}
-        finally:
-            peer.close()
     return out
 
 
@@ -384,20 +397,17 @@ def main() -> None:
     latency: dict[str, Any] = {}
     tuned: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
-        for transport in ("ipc", "tcp"):
-            throughput[transport] = {}
-            for size in () if args.latency_only else SIZES_MIB:
-                # A fresh server per size, as a rollout receiving weight buckets would be.
-                peer = Peer(tmp, role_env)
-                try:
-                    throughput[transport][f"{size}MiB"] = measure_throughput(peer, transport, size, reps, args.quick)
-                finally:
-                    peer.close()
-            peer = Peer(tmp, role_env)
-            try:
-                latency[transport] = measure_latency(peer, transport, n_rtt, warmup)
-            finally:
-                peer.close()
+        # A smoke test needs no fresh server process per row: one serves them all.
+        with serving(tmp, role_env, None) if args.quick else contextlib.nullcontext() as shared:
+            for transport in ("ipc", "tcp"):
+                throughput[transport] = {}
+                for size in () if args.latency_only else SIZES_MIB:
+                    # A fresh server per size, as a rollout receiving weight buckets would be.
+                    with serving(tmp, role_env, shared) as peer:
+                        row = measure_throughput(peer, transport, size, reps, args.quick)
+                    throughput[transport][f"{size}MiB"] = row
+                with serving(tmp, role_env, shared) as peer:
+                    latency[transport] = measure_latency(peer, transport, n_rtt, warmup)
         if not (args.quick or args.latency_only):
             tuned = measure_tuned_receiver(tmp, role_env, reps)
     targets = {"ipc_rtt_p50_under_200us": latency["ipc"]["rpc"]["p50_us"] < 200.0}
