@@ -63,10 +63,10 @@ async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, r
     )
 
     async def one(i: int, ids: list[int], tag: str) -> int:
-        last = None
         async for out in engine.generate({"prompt_token_ids": ids}, params, request_id=f"{tag}-{i}"):
-            last = out
-        return len(last.outputs[0].token_ids)
+            if out.finished:  # FINAL_ONLY: the one output there is
+                return len(out.outputs[0].token_ids)
+        raise RuntimeError(f"request {tag}-{i} ended without a final output")
 
     rates = []
     try:

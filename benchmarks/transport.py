@@ -1,46 +1,48 @@
-"""Transport benchmark: zero-copy channel path vs pickle over the same zmq sockets.
+"""Transport benchmark: the roles' request path (RpcEndpoint) vs pickle over raw zmq sockets.
 
 Run: `.venv/bin/python benchmarks/transport.py [--quick] [--latency-only]`; prints ONE JSON
 object on stdout.
 
-Two processes (this one and a `spawn`ed peer), both on uvloop, over `ipc://` (a temp dir)
-and `tcp://127.0.0.1`. Our channels are what the runtime uses (fan-out sockets on
-zmq.asyncio; `RpcEndpoint` driving its socket from the descriptor); the baselines use
-zmq.asyncio sockets directly:
+Two processes, both on uvloop, over `ipc://` (a temp dir) and `tcp://127.0.0.1`: this one
+sends, a `spawn`ed peer serves: a fresh one for each throughput size and for the latency
+rows (with `--quick`, one for everything). The peer starts with the environment the
+launcher gives every role (`runtime/launcher_env.py`; variables already set win, as in
+the launcher). Every row is a sequence of round trips, one at a time: a request, then
+its answer.
 
-* throughput — `TensorBatch(tensors={"x": float32 tensor of 1/16/64 MiB})` sent by this
-  process through `connect_socket(PUSH)` (our codec: header + msgpack payload + one
-  zero-copy tensor frame, `send_multipart(copy=False)`) to the peer's `bind_socket(PULL)`,
-  which decodes every message (`torch.frombuffer` over the received frame) and reads one
-  element. Baseline: `pickle.dumps({"seq": i, "x": tensor}, protocol=5)` sent as one frame
-  over raw PUSH/PULL sockets (also `copy=False` both ways, so the baseline gets the same
-  zero-copy socket path and only the serialisation differs); the peer `pickle.loads` it
-  and reads one element. One rep = a burst of messages timed from the first send to the
-  peer's acknowledgement of the last one; MiB/s is the median over reps, and
-  `zero_copy_over_pickle` is the ratio of the medians. `throughput_64MiB_by_receiver_malloc`
-  repeats the 64 MiB rows with the receiving process's glibc malloc tuned through
-  `GLIBC_TUNABLES` (see `RECEIVER_MALLOC`): libzmq's per-message allocations above glibc's
-  32 MiB mmap ceiling otherwise fault in every 4 KiB page. Not run with `--quick`.
-* latency — sequential round trips of a small message after a warm-up, p50/p90/p99 in µs:
-  - `channel`: `RpcEndpoint.request(TensorBatch(seq=i, meta={"x": [4 floats]}))` from a
-    `connect_dealer` client to a `bind_router` server whose handler (run as a task, as
-    in the runtime) echoes the message back; both sides decode. Same payload as the
-    pickle baseline; the acceptance target (p50 < 200 µs on ipc) is read off this row.
-  - `channel_tensor`: the same with the 4 floats as a tensor (`tensors={"x": ...}`),
-    which the client materialises and reads.
-  - `pickle_raw_zmq` (baseline): the pickled dict `{"seq": i, "x": [4 floats]}` over raw
-    zmq.asyncio DEALER/ROUTER sockets on uvloop with an inline echo loop.
+* throughput — a weight update as the trainer sends it: each request is a
+  `WeightBucket` of 4 named bf16 tensors (1/16/64 MiB in all), sent with
+  `RpcEndpoint.request` from a `connect_dealer` client to the peer's `bind_router`
+  server, whose handler (a task, as in the runtime) decodes it (`torch.frombuffer` over
+  the received frames), reads one element of each tensor and answers `Ack`.
+  - `zero_copy_mib_s`: that path (header + msgpack payload + one zero-copy frame per
+    tensor, `send_multipart(copy=False)`).
+  - `pickle_mib_s` (baseline): `pickle.dumps({"version", "index", "last", "tensors"},
+    protocol=5)` as one frame over raw zmq.asyncio DEALER/ROUTER sockets (`copy=False`
+    both ways, so only the serialisation differs); the peer `pickle.loads` it, reads one
+    element of each tensor and answers with a pickled ack.
+  One rep = `msgs_per_rep` buckets, timed from the first send to the last answer; MiB/s
+  is the median over reps after one warm-up rep, `zero_copy_over_pickle` the ratio of
+  the medians. `throughput_64MiB_by_receiver_malloc` repeats the 64 MiB rows with other
+  glibc malloc settings for the peer (`RECEIVER_MALLOC`; not run with `--quick`).
+* latency — the controller's small request: a `Generate` (a 128-token prompt, n=8)
+  answered with `Ack`, p50/p90/p99 in µs after a warm-up:
+  - `rpc`: `RpcEndpoint.request` from a `connect_dealer` client to a `bind_router`
+    server whose handler (a task) answers; both sides decode.
+  - `pickle_raw_zmq` (baseline): the same request as a pickled dict over raw zmq.asyncio
+    DEALER/ROUTER sockets on uvloop, answered inline with a pickled dict.
   - `pickle_sync_zmq` (floor): the same over blocking zmq sockets, no event loop at all.
   `client_cpu_us` / `server_cpu_us` are process CPU seconds per round trip (zmq's I/O
   thread included), steadier than wall-clock percentiles on a shared machine.
 
-Numbers on a shared 2-core machine are noisy; compare medians from the same run.
+Numbers on a shared 2-core machine are noisy; compare rows of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -50,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -61,18 +64,58 @@ import uvloop
 import zmq
 import zmq.asyncio
 
-from runtime.launcher_env import ROLE_MALLOC_TUNABLES
+from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 from transport import wire
-from transport.channels import ChannelOptions, Envelope, bind_router, bind_socket, connect_dealer, connect_socket
+from transport.endpoint import Envelope
+from transport.sockets import bind_router, connect_dealer
 
 MiB = 1 << 20
 SIZES_MIB = (1, 16, 64)
-LATENCY_PAYLOAD = [0.0, 1.0, 2.0, 3.0]
-NO_POLL = ChannelOptions(busy_poll_us=0)  # the `channel_no_busy_poll` row
+TENSORS_PER_BUCKET = 4
+PROMPT_IDS = list(range(1000, 1128))
+SAMPLING = wire.SamplingSpec(n=8, temperature=1.0, max_tokens=32)
+TIMEOUT_S = 30.0
+
+# Each row's client: (address, number of round trips) -> (seconds of each, client CPU seconds).
+Client = Callable[[str, int], Coroutine[Any, Any, tuple[list[float], float]]]
 
 
-# --- peer process (receiver / echo server) -----------------------------------------------
+# --- what travels ----------------------------------------------------------------------
+
+
+def bucket_tensors(size_mib: int) -> dict[str, torch.Tensor]:
+    """`size_mib` MiB of bf16 weights as named tensors, as the trainer buckets them."""
+    rows = size_mib * MiB // TENSORS_PER_BUCKET // 2 // 1024
+    return {
+        f"model.layers.{k}.mlp.down_proj.weight": torch.randn(rows, 1024, dtype=torch.bfloat16)
+        for k in range(TENSORS_PER_BUCKET)
+    }
+
+
+def weight_bucket(i: int, tensors: dict[str, torch.Tensor]) -> wire.WeightBucket:
+    return wire.WeightBucket(version=1, index=i, last=False, tensors=tensors)
+
+
+def pickled_bucket(i: int, tensors: dict[str, torch.Tensor]) -> bytes:
+    return pickle.dumps({"version": 1, "index": i, "last": False, "tensors": tensors}, protocol=5)
+
+
+def generate(i: int) -> wire.Generate:
+    return wire.Generate(request_id=f"bench-{i}", group_id=i, prompt_ids=PROMPT_IDS, sampling=SAMPLING)
+
+
+def pickled_generate(i: int) -> bytes:
+    sampling = {"n": SAMPLING.n, "temperature": SAMPLING.temperature, "max_tokens": SAMPLING.max_tokens}
+    return pickle.dumps({"request_id": f"bench-{i}", "group_id": i, "prompt_ids": PROMPT_IDS, "sampling": sampling})
+
+
+def touch(tensors: dict[str, torch.Tensor]) -> float:
+    """Read one element of each tensor, as a receiver that uses them would."""
+    return sum(float(t[-1, -1]) for t in tensors.values())
+
+
+# --- peer process (the server) -----------------------------------------------------------
 
 
 def peer_main(conn: Connection) -> None:
@@ -83,304 +126,238 @@ def peer_main(conn: Connection) -> None:
         cmd = conn.recv()
         if cmd is None:
             return
-        kind, transport, params = cmd
-        if kind == "latency_pickle_sync":
-            peer_latency_pickle_sync(conn, transport, params)
+        kind, transport, tmp = cmd
+        address = f"ipc://{tmp}/{kind}" if transport == "ipc" else "tcp://127.0.0.1:0"
+        if kind == "pickle_sync":
+            serve_pickle_sync(conn, address)
         else:
-            uvloop.run(PEER_EXPERIMENTS[kind](conn, transport, params))
+            uvloop.run(PEER_SERVERS[kind](conn, address))
 
 
-def _address(transport: str, tmp: str, name: str) -> str:
-    return f"ipc://{tmp}/{name}" if transport == "ipc" else "tcp://127.0.0.1:0"
-
-
-async def peer_throughput_channel(conn: Connection, transport: str, p: dict[str, Any]) -> None:
+async def serve_rpc(conn: Connection, address: str) -> None:
+    """A `bind_router` server: buckets are read and acknowledged, generate requests acknowledged."""
     ctx = zmq.asyncio.Context()
-    data = bind_socket(ctx, zmq.PULL, _address(transport, p["tmp"], "data"), name="bench-pull")
-    ack = bind_socket(ctx, zmq.PUSH, _address(transport, p["tmp"], "ack"), name="bench-ack")
-    conn.send((data.address, ack.address))
-    for _ in range(p["bursts"]):
-        touched = 0.0
-        for _ in range(p["count"]):
-            env = await data.recv()
-            touched += float(env.msg.tensors["x"][-1])
-        await ack.send(wire.Ack(info=str(touched)))
-    conn.send(dict(data.stats.dropped))
-    data.close()
-    ack.close()
-    ctx.term()
-
-
-async def peer_throughput_pickle(conn: Connection, transport: str, p: dict[str, Any]) -> None:
-    ctx = zmq.asyncio.Context()
-    data, ack = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    conn.send((_bind_raw(data, transport, p["tmp"], "pdata"), _bind_raw(ack, transport, p["tmp"], "pack")))
-    for _ in range(p["bursts"]):
-        touched = 0.0
-        for _ in range(p["count"]):
-            frame = await data.recv(copy=False)
-            obj = pickle.loads(frame.buffer)
-            touched += float(obj["x"][-1])
-        await ack.send(str(touched).encode())
-    conn.send({})
-    data.close(linger=0)
-    ack.close(linger=1000)
-    ctx.term()
-
-
-async def peer_latency_channel(conn: Connection, transport: str, p: dict[str, Any]) -> None:
-    ctx = zmq.asyncio.Context()
-    server = bind_router(ctx, _address(transport, p["tmp"], "rpc"), name="bench-server")
+    server = bind_router(ctx, address, name="bench-server")
     stop = asyncio.Event()
-    cpu0 = time.process_time()
 
-    async def echo(env: Envelope) -> wire.Message | None:
+    async def handle(env: Envelope) -> wire.Message | None:
+        if isinstance(env.msg, wire.WeightBucket):
+            return wire.Ack(info=str(touch(env.msg.tensors)))
         if isinstance(env.msg, wire.Shutdown):
             stop.set()
-            return wire.Ack()
-        return env.msg
+        return wire.Ack()
 
-    server.start(echo)
+    server.start(handle)
     conn.send(server.address)
+    cpu0 = time.process_time()
     await stop.wait()
     cpu = time.process_time() - cpu0
-    await asyncio.sleep(0.05)  # let the Ack leave
+    await asyncio.sleep(0.05)  # let the last Ack leave
     await server.aclose()
-    conn.send({"server_cpu_s": cpu})
+    conn.send({"server_cpu_s": cpu, "dropped": dict(server.stats.dropped)})
     ctx.term()
 
 
-async def peer_latency_pickle(conn: Connection, transport: str, p: dict[str, Any]) -> None:
+async def serve_pickle(conn: Connection, address: str) -> None:
+    """Raw zmq.asyncio ROUTER: unpickle, read any tensors, answer with a pickled ack."""
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.ROUTER)
-    conn.send(_bind_raw(sock, transport, p["tmp"], "prpc"))
+    conn.send(_bind_raw(sock, address))
     cpu0 = time.process_time()
     while True:
-        peer, payload = await sock.recv_multipart()
-        obj = pickle.loads(payload)
-        await sock.send_multipart([peer, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)])
+        peer, frame = await sock.recv_multipart(copy=False)
+        obj = pickle.loads(frame.buffer)
+        info = str(touch(obj["tensors"])) if "tensors" in obj else ""
+        await sock.send_multipart([peer, pickle.dumps({"info": info})])
         if obj.get("stop"):
             break
-    conn.send({"server_cpu_s": time.process_time() - cpu0})
+    conn.send({"server_cpu_s": time.process_time() - cpu0, "dropped": {}})
     sock.close(linger=1000)
     ctx.term()
 
 
-PEER_EXPERIMENTS = {
-    "throughput_channel": peer_throughput_channel,
-    "throughput_pickle": peer_throughput_pickle,
-    "latency_channel": peer_latency_channel,
-    "latency_pickle": peer_latency_pickle,
-}
-
-
-def _bind_raw(sock: zmq.asyncio.Socket, transport: str, tmp: str, name: str) -> str:
-    if transport == "ipc":
-        sock.bind(f"ipc://{tmp}/{name}")
-    else:
-        sock.bind("tcp://127.0.0.1:*")
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-
-# --- measuring side -------------------------------------------------------------------
-
-
-async def throughput_channel(addrs: tuple[str, str], tensor: torch.Tensor, count: int, bursts: int) -> list[float]:
-    ctx = zmq.asyncio.Context()
-    data = connect_socket(ctx, zmq.PUSH, addrs[0], name="bench-push")
-    ack = connect_socket(ctx, zmq.PULL, addrs[1], name="bench-ack")
-    seconds = []
-    for _ in range(bursts):
-        t0 = time.perf_counter()
-        for i in range(count):
-            await data.send(wire.TensorBatch(seq=i, tensors={"x": tensor}))
-        await ack.recv()
-        seconds.append(time.perf_counter() - t0)
-    data.close()
-    ack.close()
-    ctx.term()
-    return seconds
-
-
-async def throughput_pickle(addrs: tuple[str, str], tensor: torch.Tensor, count: int, bursts: int) -> list[float]:
-    ctx = zmq.asyncio.Context()
-    data, ack = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    data.connect(addrs[0])
-    ack.connect(addrs[1])
-    seconds = []
-    for _ in range(bursts):
-        t0 = time.perf_counter()
-        for i in range(count):
-            await data.send(pickle.dumps({"seq": i, "x": tensor}, protocol=pickle.HIGHEST_PROTOCOL), copy=False)
-        await ack.recv()
-        seconds.append(time.perf_counter() - t0)
-    data.close(linger=1000)
-    ack.close(linger=0)
-    ctx.term()
-    return seconds
-
-
-async def latency_channel(
-    address: str, n: int, warmup: int, tensor: bool, options: ChannelOptions = ChannelOptions()
-) -> tuple[list[float], float, dict[str, int]]:
-    ctx = zmq.asyncio.Context()
-    client = connect_dealer(ctx, address, name="bench-client", identity="bench-client", options=options)
-    client.start(None)
-    x = torch.tensor(LATENCY_PAYLOAD)
-    samples = []
-    cpu0 = time.process_time()
-    for i in range(warmup + n):
-        t0 = time.perf_counter_ns()
-        if tensor:
-            reply = await client.request(wire.TensorBatch(seq=i, tensors={"x": x}), timeout=5.0)
-            float(reply.tensors["x"][-1])  # type: ignore[union-attr]
-        else:
-            reply = await client.request(wire.TensorBatch(seq=i, meta={"x": LATENCY_PAYLOAD}), timeout=5.0)
-            float(reply.meta["x"][-1])  # type: ignore[union-attr]
-        samples.append(time.perf_counter_ns() - t0)
-    cpu = time.process_time() - cpu0
-    await client.request(wire.Shutdown(reason="done"), timeout=5.0)
-    polls = {"polled": client.stats.polled, "poll_misses": client.stats.poll_misses}
-    await client.aclose()
-    ctx.term()
-    return [s / 1000 for s in samples[warmup:]], cpu, polls
-
-
-async def latency_pickle(address: str, n: int, warmup: int) -> tuple[list[float], float, dict[str, int]]:
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(address)
-    samples = []
-    cpu0 = time.process_time()
-    for i in range(warmup + n + 1):
-        stop = i == warmup + n
-        t0 = time.perf_counter_ns()
-        await sock.send(pickle.dumps({"seq": i, "x": LATENCY_PAYLOAD, "stop": stop}, protocol=pickle.HIGHEST_PROTOCOL))
-        obj = pickle.loads(await sock.recv())
-        float(obj["x"][-1])
-        samples.append(time.perf_counter_ns() - t0)
-    cpu = time.process_time() - cpu0
-    sock.close(linger=0)
-    ctx.term()
-    return [s / 1000 for s in samples[warmup : warmup + n]], cpu, {}
-
-
-def latency_pickle_sync(address: str, n: int, warmup: int) -> tuple[list[float], float, dict[str, int]]:
-    """The floor: blocking zmq sockets on both sides, no event loop at all."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(address)
-    samples = []
-    cpu0 = time.process_time()
-    for i in range(warmup + n + 1):
-        t0 = time.perf_counter_ns()
-        sock.send(pickle.dumps({"seq": i, "x": LATENCY_PAYLOAD, "stop": i == warmup + n}, protocol=5))
-        float(pickle.loads(sock.recv())["x"][-1])
-        samples.append(time.perf_counter_ns() - t0)
-    cpu = time.process_time() - cpu0
-    sock.close(linger=0)
-    ctx.term()
-    return [s / 1000 for s in samples[warmup : warmup + n]], cpu, {}
-
-
-def peer_latency_pickle_sync(conn: Connection, transport: str, p: dict[str, Any]) -> None:
+def serve_pickle_sync(conn: Connection, address: str) -> None:
+    """The floor's server: blocking sockets, no event loop."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    conn.send(_bind_raw(sock, transport, p["tmp"], "srpc"))  # type: ignore[arg-type]
+    conn.send(_bind_raw(sock, address))
     cpu0 = time.process_time()
     while True:
         peer, payload = sock.recv_multipart()
         obj = pickle.loads(payload)
-        sock.send_multipart([peer, pickle.dumps(obj, protocol=5)])
+        sock.send_multipart([peer, pickle.dumps({"info": ""})])
         if obj.get("stop"):
             break
-    conn.send({"server_cpu_s": time.process_time() - cpu0})
+    conn.send({"server_cpu_s": time.process_time() - cpu0, "dropped": {}})
     sock.close(linger=1000)
     ctx.term()
 
 
-class Peer:
-    """The spawned receiving process and the control pipe to it (not on the measured path)."""
+PEER_SERVERS = {"rpc": serve_rpc, "pickle": serve_pickle}
 
-    def __init__(self, tmp: str, env: dict[str, str] | None = None) -> None:
+
+def _bind_raw(sock: zmq.Socket[Any], address: str) -> str:
+    sock.bind(address.replace(":0", ":*"))
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+# --- measuring side (the client) ---------------------------------------------------------
+
+
+def rpc_client(message: Callable[[int], wire.Message]) -> Client:
+    """Round trips of `message(i)` through `RpcEndpoint.request`."""
+
+    async def run(address: str, n: int) -> tuple[list[float], float]:
+        ctx = zmq.asyncio.Context()
+        client = connect_dealer(ctx, address, name="bench-client", identity="bench-client")
+        client.start()
+        seconds = []
+        cpu0 = time.process_time()
+        for i in range(n):
+            t0 = time.perf_counter()
+            reply = await client.request(message(i), timeout=TIMEOUT_S)
+            seconds.append(time.perf_counter() - t0)
+            assert isinstance(reply, wire.Ack)
+        cpu = time.process_time() - cpu0
+        await client.request(wire.Shutdown(reason="done"), timeout=TIMEOUT_S)
+        await client.aclose()
+        ctx.term()
+        return seconds, cpu
+
+    return run
+
+
+def pickle_client(payload: Callable[[int], bytes]) -> Client:
+    """Round trips of `payload(i)` (pickled) over a raw zmq.asyncio DEALER."""
+
+    async def run(address: str, n: int) -> tuple[list[float], float]:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(address)
+        seconds = []
+        cpu0 = time.process_time()
+        for i in range(n):
+            t0 = time.perf_counter()
+            await sock.send(payload(i), copy=False)
+            pickle.loads(await sock.recv())
+            seconds.append(time.perf_counter() - t0)
+        cpu = time.process_time() - cpu0
+        await sock.send(pickle.dumps({"stop": True}))
+        await sock.recv()
+        sock.close(linger=0)
+        ctx.term()
+        return seconds, cpu
+
+    return run
+
+
+def pickle_sync_client(address: str, n: int) -> tuple[list[float], float]:
+    """The floor's client: blocking sockets, no event loop."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    seconds = []
+    cpu0 = time.process_time()
+    for i in range(n):
+        t0 = time.perf_counter()
+        sock.send(pickled_generate(i))
+        pickle.loads(sock.recv())
+        seconds.append(time.perf_counter() - t0)
+    cpu = time.process_time() - cpu0
+    sock.send(pickle.dumps({"stop": True}))
+    sock.recv()
+    sock.close(linger=0)
+    ctx.term()
+    return seconds, cpu
+
+
+class Peer:
+    """The spawned serving process and the control pipe to it (not on the measured path)."""
+
+    def __init__(self, tmp: str, env: dict[str, str]) -> None:
         self.tmp = tmp
         self.conn, child = mp.get_context("spawn").Pipe()
         self.proc = mp.get_context("spawn").Process(target=peer_main, args=(child,), daemon=True)
         saved = dict(os.environ)
-        os.environ.update(env or {})  # a spawned child takes the environment of this moment
+        os.environ.update(env)  # a spawned child takes the environment of this moment
         try:
             self.proc.start()
         finally:
             os.environ.clear()
             os.environ.update(saved)
 
-    def run(self, kind: str, transport: str, measure: Any, **params: Any) -> Any:
-        self.conn.send((kind, transport, {"tmp": self.tmp, **params}))
-        addrs = self.conn.recv()
-        result = measure(addrs) if kind == "latency_pickle_sync" else uvloop.run(measure(addrs))
+    def run(self, server: str, transport: str, client: Client | None, n: int) -> tuple[list[float], float, float]:
+        """`n` round trips of `client` against a fresh `server`: the seconds of each, the
+        client's and the server's CPU seconds. `client` None: the blocking floor."""
+        self.conn.send((server, transport, self.tmp))
+        address = self.conn.recv()
+        seconds, cpu = pickle_sync_client(address, n) if client is None else uvloop.run(client(address, n))
         report = self.conn.recv()
-        if kind.startswith("latency"):
-            return result, report["server_cpu_s"]
-        if report:
-            raise RuntimeError(f"{kind}/{transport}: receiver dropped messages {report}")
-        return result
+        if report["dropped"]:
+            raise RuntimeError(f"{server}/{transport}: the server dropped messages {report['dropped']}")
+        return seconds, cpu, report["server_cpu_s"]
 
     def close(self) -> None:
         self.conn.send(None)
         self.proc.join(10)
 
 
+@contextlib.contextmanager
+def serving(tmp: str, env: dict[str, str], shared: Peer | None) -> Iterator[Peer]:
+    """`shared` if given, else a fresh peer process, closed afterwards."""
+    if shared is not None:
+        yield shared
+        return
+    peer = Peer(tmp, env)
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
 def measure_throughput(peer: Peer, transport: str, size_mib: int, reps: int, quick: bool) -> dict[str, Any]:
-    tensor = torch.randn(size_mib * MiB // 4)
+    tensors = bucket_tensors(size_mib)
     count = 2 if quick else max(4, min(32, 128 // size_mib))
-    bursts = reps + 1  # the first burst warms up connections and allocators
     result: dict[str, Any] = {"msgs_per_rep": count, "reps": reps}
-    for mode, measure in (("zero_copy", throughput_channel), ("pickle", throughput_pickle)):
-        seconds = peer.run(
-            f"throughput_{'channel' if mode == 'zero_copy' else 'pickle'}",
-            transport,
-            lambda addrs, m=measure: m(addrs, tensor, count, bursts),
-            count=count,
-            bursts=bursts,
-        )
-        rates = [count * size_mib / s for s in seconds[1:]]
-        result[f"{mode}_mib_s"] = round(statistics.median(rates), 1)
+    paths: dict[str, tuple[str, Client]] = {
+        "zero_copy": ("rpc", rpc_client(lambda i: weight_bucket(i, tensors))),
+        "pickle": ("pickle", pickle_client(lambda i: pickled_bucket(i, tensors))),
+    }
+    for mode, (server, client) in paths.items():
+        seconds, _, _ = peer.run(server, transport, client, (reps + 1) * count)
+        rep_seconds = [sum(seconds[r * count : (r + 1) * count]) for r in range(1, reps + 1)]  # rep 0: warm-up
+        result[f"{mode}_mib_s"] = round(statistics.median(count * size_mib / s for s in rep_seconds), 1)
     result["zero_copy_over_pickle"] = round(result["zero_copy_mib_s"] / result["pickle_mib_s"], 2)
     return result
 
 
 def measure_latency(peer: Peer, transport: str, n: int, warmup: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    modes = (
-        ("channel", "latency_channel", lambda a: latency_channel(a, n, warmup, tensor=False)),
-        ("channel_tensor", "latency_channel", lambda a: latency_channel(a, n, warmup, tensor=True)),
-        ("channel_no_busy_poll", "latency_channel", lambda a: latency_channel(a, n, warmup, False, NO_POLL)),
-        ("pickle_raw_zmq", "latency_pickle", lambda a: latency_pickle(a, n, warmup)),
-        ("pickle_sync_zmq", "latency_pickle_sync", lambda a: latency_pickle_sync(a, n, warmup)),
-    )
-    for mode, kind, measure in modes:
-        (samples, cpu, extra), server_cpu = peer.run(kind, transport, measure)
-        out[mode] = _percentiles(samples) | extra
-        # CPU seconds per round trip (all threads, zmq's I/O thread included): steadier than
-        # wall-clock percentiles when the machine is shared.
+    paths: dict[str, tuple[str, Client | None]] = {
+        "rpc": ("rpc", rpc_client(generate)),
+        "pickle_raw_zmq": ("pickle", pickle_client(pickled_generate)),
+        "pickle_sync_zmq": ("pickle_sync", None),
+    }
+    for mode, (server, client) in paths.items():
+        seconds, cpu, server_cpu = peer.run(server, transport, client, warmup + n)
+        out[mode] = _percentiles([s * 1e6 for s in seconds[warmup:]])
         out[mode]["client_cpu_us"] = round(cpu / (n + warmup) * 1e6, 1)
         out[mode]["server_cpu_us"] = round(server_cpu / (n + warmup) * 1e6, 1)
-    for mode in ("channel", "channel_no_busy_poll"):
-        out[f"p50_{mode}_over_pickle"] = round(out[mode]["p50_us"] / out["pickle_raw_zmq"]["p50_us"], 2)
+    out["p50_rpc_over_pickle"] = round(out["rpc"]["p50_us"] / out["pickle_raw_zmq"]["p50_us"], 2)
     return out
 
 
-# glibc settings for the receiving process (GLIBC_TUNABLES is read at process start).
+# glibc settings for the serving process (GLIBC_TUNABLES is read at process start).
 RECEIVER_MALLOC = {
     "default": "",
     "hugetlb": "glibc.malloc.hugetlb=1",
-    "role": ROLE_MALLOC_TUNABLES,
+    "role": ROLE_ENV_DEFAULTS["GLIBC_TUNABLES"],
     "heap_no_mmap": "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296",
 }
 
 
-def measure_tuned_receiver(tmp: str, reps: int) -> dict[str, Any]:
-    """64 MiB again, with the receiving process's allocator tuned (same for both paths).
+def measure_tuned_receiver(tmp: str, role_env: dict[str, str], reps: int) -> dict[str, Any]:
+    """64 MiB again, with the serving process's allocator set otherwise (same for both paths).
 
     libzmq allocates every incoming message; above glibc's 32 MiB mmap ceiling each one is
     a fresh mapping whose every 4 KiB page faults on first write. `hugetlb` backs malloc
@@ -390,11 +367,8 @@ def measure_tuned_receiver(tmp: str, reps: int) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name, tunables in RECEIVER_MALLOC.items():
-        peer = Peer(tmp, env={"GLIBC_TUNABLES": tunables})
-        try:
+        with serving(tmp, {**role_env, "GLIBC_TUNABLES": tunables}, None) as peer:
             out[name] = {t: measure_throughput(peer, t, 64, reps, quick=False) for t in ("ipc", "tcp")}
-        finally:
-            peer.close()
     return out
 
 
@@ -409,7 +383,7 @@ def _percentiles(samples_us: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     parser.add_argument("--latency-only", action="store_true", help="only the round-trip latency rows")
     args = parser.parse_args()
@@ -418,49 +392,40 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.time()
     load_before = os.getloadavg()[0]
+    role_env = {k: v for k, v in ROLE_ENV_DEFAULTS.items() if k not in os.environ}  # as the launcher does
     throughput: dict[str, Any] = {}
     latency: dict[str, Any] = {}
+    tuned: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
-        # The receiving peer gets the malloc setting every Tandem role process gets from the
-        # launcher (both the zero-copy and the pickle path are measured with it).
-        role_env = {"GLIBC_TUNABLES": ROLE_MALLOC_TUNABLES}
-        for transport in ("ipc", "tcp"):
-            throughput[transport] = {}
-            for size in () if args.latency_only else SIZES_MIB:
-                # A fresh receiver per size, as a role receiving one kind of batch (a rollout
-                # receiving weight buckets) would be, with the malloc setting every Tandem role
-                # process gets from the launcher; the pickle path is measured the same way.
-                peer = Peer(tmp, env=role_env)
-                try:
-                    throughput[transport][f"{size}MiB"] = measure_throughput(peer, transport, size, reps, args.quick)
-                finally:
-                    peer.close()
-            peer = Peer(tmp, env=role_env)
-            try:
-                latency[transport] = measure_latency(peer, transport, n_rtt, warmup)
-            finally:
-                peer.close()
+        # A smoke test needs no fresh server process per row: one serves them all.
+        with serving(tmp, role_env, None) if args.quick else contextlib.nullcontext() as shared:
+            for transport in ("ipc", "tcp"):
+                throughput[transport] = {}
+                for size in () if args.latency_only else SIZES_MIB:
+                    # A fresh server per size, as a rollout receiving weight buckets would be.
+                    with serving(tmp, role_env, shared) as peer:
+                        row = measure_throughput(peer, transport, size, reps, args.quick)
+                    throughput[transport][f"{size}MiB"] = row
+                with serving(tmp, role_env, shared) as peer:
+                    latency[transport] = measure_latency(peer, transport, n_rtt, warmup)
         if not (args.quick or args.latency_only):
-            tuned = measure_tuned_receiver(tmp, reps)  # other malloc settings, for comparison
-    ipc_p50 = latency["ipc"]["channel"]["p50_us"]
-    targets = {"ipc_rtt_p50_under_200us": ipc_p50 < 200.0}
+            tuned = measure_tuned_receiver(tmp, role_env, reps)
+    targets = {"ipc_rtt_p50_under_200us": latency["ipc"]["rpc"]["p50_us"] < 200.0}
     if not args.latency_only:
         targets["ipc_64MiB_zero_copy_over_pickle_ge_3"] = throughput["ipc"]["64MiB"]["zero_copy_over_pickle"] >= 3.0
-    print(
-        json.dumps(
-            {
-                "benchmark": "transport",
-                "quick": args.quick,
-                "machine": _machine(),
-                "throughput_mib_s": throughput,
-                "latency_us": latency,
-                **({} if args.quick or args.latency_only else {"throughput_64MiB_by_receiver_malloc": tuned}),
-                "targets": targets,
-                "seconds": round(time.time() - started, 1),
-                "loadavg_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
-            }
-        )
-    )
+    result = {
+        "benchmark": "transport",
+        "quick": args.quick,
+        "machine": _machine(),
+        "receiver_glibc_tunables": {**os.environ, **role_env}.get("GLIBC_TUNABLES", ""),
+        "throughput_mib_s": throughput,
+        "latency_us": latency,
+        **({"throughput_64MiB_by_receiver_malloc": tuned} if tuned else {}),
+        "targets": targets,
+        "seconds": round(time.time() - started, 1),
+        "loadavg_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+    }
+    print(json.dumps(result))
 
 
 def _machine() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from runtime.config import RunConfig
-from transport.channels import ChannelOptions
+from transport.endpoint import ChannelOptions
 
 CONTROLLER_ENV = "TANDEM_CONTROLLER"
 
@@ -79,6 +79,5 @@ def channel_options(cfg: RunConfig, run_dir: str | Path) -> ChannelOptions:
         max_message_bytes=t.max_message_mb << 20,
         heartbeat_s=t.heartbeat_s,
         peer_timeout_s=t.peer_timeout_s,
-        busy_poll_us=t.busy_poll_us,
         curve=curve,
     )

@@ -309,10 +309,6 @@ class TransportConfig(msgspec.Struct, **_STRUCT):
     peer_timeout_s: Annotated[float, Doc(description="A peer silent this long is lost.", gt=0)] = 10.0
     max_message_mb: Annotated[int, Doc(description="Largest accepted message in MiB.", ge=1)] = 1024
     hwm: Annotated[int, Doc(description="ZeroMQ high-water mark (messages).", ge=1)] = 1000
-    busy_poll_us: Annotated[
-        int,
-        Doc(description="A request polls for its reply this long (µs) before sleeping; 0 = never.", ge=0),
-    ] = 200
     curve: Annotated[bool, Doc(description="Authenticate and encrypt with CurveZMQ (required across hosts).")] = False
     server_port: Annotated[
         int,

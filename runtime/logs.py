@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import msgspec
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _STATE: dict[str, Any] = {}
@@ -61,7 +62,7 @@ def setup_logging(
     return path
 
 
-def _stamp(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _stamp(_: WrappedLogger, method: str, event: EventDict) -> EventDict:
     now = time.time()
     head = {
         "ts": round(now, 6),
@@ -82,7 +83,7 @@ class _Writer:
     def __init__(self, sink: TextIO) -> None:
         self.sink = sink
 
-    def __call__(self, _: Any, __: str, event: dict[str, Any]) -> str:
+    def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> str:
         line = _json.encode(event).decode()
         self.sink.write(line + "\n")
         self.sink.flush()

@@ -99,7 +99,7 @@ def plan_join(cfg: RunConfig, node: int) -> list[ProcSpec]:
     chosen = [e for e, n in per_node(cfg) if e.role == "rollout" and n == node]
     if not chosen:
         chosen = [e for e in entries(cfg) if e.role == "rollout"][:1]
-    specs = []
+    specs: list[ProcSpec] = []
     for e in chosen:
         for i in range(e.count):
             specs.append(_spec(e, i, 1000 + 100 * node + len(specs), node))

@@ -34,7 +34,8 @@ from runtime import addresses
 from runtime.config import RunConfig
 from runtime.logs import get_logger
 from transport import wire
-from transport.channels import RpcEndpoint, connect_dealer
+from transport.rpc import RpcEndpoint
+from transport.sockets import connect_dealer
 
 log = get_logger("role")
 

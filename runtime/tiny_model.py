@@ -136,15 +136,15 @@ def _write_model(directory: Path, spec: dict) -> None:
         num_key_value_heads=spec["num_kv_heads"],
         max_position_embeddings=spec["max_position_embeddings"],
         tie_word_embeddings=spec["tie_word_embeddings"],
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         rms_norm_eps=1e-6,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
     torch.manual_seed(spec["seed"])
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen2ForCausalLM(config).bfloat16()  # initialised in float32 (as before), then cast
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

@@ -1,8 +1,8 @@
-"""Message codec: msgpack payload plus one zero-copy frame per tensor or array.
+"""Message codec: msgpack payload plus one zero-copy frame per tensor.
 
 `Encoder.encode` returns the frame list for `send_multipart(copy=False)`: the header,
-the msgpack payload, then the raw bytes of every tensor/array larger than
-`inline_threshold` (smaller ones ride inside the payload). The tensor frames are views
+the msgpack payload, then the raw bytes of every tensor larger than `inline_threshold`
+(smaller ones ride inside the payload). The tensor frames are views
 of the tensors' own memory, so a caller must not modify a tensor until it is sent.
 
 `Decoder.decode` turns received frames back into a message. Tensors are built with
@@ -74,8 +74,6 @@ class Encoder:
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return self._encode_tensor(obj)
-        if isinstance(obj, np.ndarray):
-            return self._encode_array(obj)
         raise TypeError(f"cannot encode {type(obj).__name__} on the wire (pickle is refused)")
 
     def _encode_tensor(self, tensor: torch.Tensor) -> list[Any]:
@@ -83,11 +81,6 @@ class Encoder:
         if code is None:
             raise TypeError(f"tensor dtype {tensor.dtype} has no wire code")
         return [code, list(tensor.shape), self._buffer_ref(_tensor_bytes(tensor))]
-
-    def _encode_array(self, array: np.ndarray) -> list[Any]:
-        if array.dtype.hasobject:
-            raise TypeError("object arrays cannot travel on the wire (pickle is refused)")
-        return [array.dtype.str, list(array.shape), self._buffer_ref(np.ascontiguousarray(array))]
 
     def _buffer_ref(self, raw: np.ndarray) -> Any:
         """Small buffers inline as bytes; large ones as the index of a new frame.
@@ -149,8 +142,6 @@ class Decoder:
     def _dec_hook(self, typ: type, obj: Any) -> Any:
         if typ is torch.Tensor:
             return self._decode_tensor(obj)
-        if typ is np.ndarray:
-            return self._decode_array(obj)
         raise TypeError(f"unsupported type {typ}")
 
     def _decode_tensor(self, obj: Any) -> torch.Tensor:
@@ -166,19 +157,6 @@ class Decoder:
             return torch.empty(shape, dtype=dtype)
         flat = torch.frombuffer(buf, dtype=dtype)
         return flat if len(shape) == 1 else flat.view(shape)
-
-    def _decode_array(self, obj: Any) -> np.ndarray:
-        dtype_str, shape, ref = _triple(obj)
-        if not isinstance(dtype_str, str):
-            raise ValueError(f"array dtype must be a string, got {type(dtype_str).__name__}")
-        dtype = np.dtype(dtype_str)
-        if dtype.hasobject:
-            raise ValueError("object arrays are refused")
-        buf = self._resolve(ref)
-        nbytes = _numel(shape) * dtype.itemsize
-        if len(buf) != nbytes:
-            raise ValueError(f"array frame has {len(buf)} bytes, shape {shape} needs {nbytes}")
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
     def _resolve(self, ref: Any) -> memoryview:
         if isinstance(ref, bytes):

@@ -136,7 +136,7 @@ async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None
         monitor.close(linger=0)
 
 
-_HANDSHAKE_REASONS = {
+_HANDSHAKE_REASONS: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch (a peer without the run's Curve key?)",
 }

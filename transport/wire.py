@@ -7,7 +7,7 @@ message's `MsgType` code. A message travels as frames:
 
 `header` (see `Header`) holds the schema version, the type code and a correlation id,
 so a receiver can refuse a message without decoding it. `payload` is msgpack. Tensors
-and numpy arrays above a small size are not in the payload: each is its own frame.
+above a small size are not in the payload: each is its own frame.
 
 Compatibility rule: a change that is not backwards compatible bumps `SCHEMA_VERSION`;
 messages of another version are dropped and counted by the receiver.
@@ -20,7 +20,6 @@ from enum import IntEnum
 from typing import Any
 
 import msgspec
-import numpy as np
 import torch
 
 SCHEMA_VERSION = 1
@@ -29,7 +28,11 @@ _HEADER = struct.Struct("<BBBxQ")
 
 
 class MsgType(IntEnum):
-    """One-byte type codes; the first header field after the schema version."""
+    """One-byte type codes; the first header field after the schema version.
+
+    Codes of retired messages are never reused (12 Abort, 13 RolloutStats, 90 TensorBatch):
+    a peer that still sends one has it dropped as `unknown_type`, and the other messages'
+    encoding is unchanged, so retiring a code needs no `SCHEMA_VERSION` bump."""
 
     REGISTER = 1
     REGISTERED = 2
@@ -41,8 +44,6 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
-    ABORT = 12
-    ROLLOUT_STATS = 13
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
@@ -57,7 +58,6 @@ class MsgType(IntEnum):
     CHECKPOINT_SAVED = 43
     VALUE_REQUEST = 50
     VALUE_RESULT = 51
-    TENSOR_BATCH = 90
 
 
 class Flag(IntEnum):
@@ -210,22 +210,6 @@ class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
     prompt_len: int = 0
     gen_s: float = 0.0
     error: str = ""
-
-
-class Abort(msgspec.Struct, **_msg(MsgType.ABORT)):
-    """Abort the named requests; their completions return with the tokens so far."""
-
-    request_ids: list[str]
-
-
-class RolloutStats(msgspec.Struct, **_msg(MsgType.ROLLOUT_STATS)):
-    """Periodic rollout engine figures."""
-
-    version: int
-    tokens_per_s: float
-    running: int
-    waiting: int
-    kv_cache_usage: float
 
 
 # --- weights ---------------------------------------------------------------------------
@@ -395,15 +379,6 @@ class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
     ref_logprobs: torch.Tensor | None = None
 
 
-class TensorBatch(msgspec.Struct, **_msg(MsgType.TENSOR_BATCH)):
-    """A generic batch of named tensors and arrays (demos, tests, benchmarks)."""
-
-    seq: int
-    tensors: dict[str, torch.Tensor] = {}
-    arrays: dict[str, np.ndarray] = {}
-    meta: dict[str, Any] = {}
-
-
 Message = (
     Register
     | Registered
@@ -415,8 +390,6 @@ Message = (
     | Ack
     | Generate
     | Completion
-    | Abort
-    | RolloutStats
     | WeightBucket
     | WeightsApplied
     | SyncWeights
@@ -428,7 +401,6 @@ Message = (
     | CheckpointSaved
     | ValueRequest
     | ValueResult
-    | TensorBatch
     | WeightGroupInit
     | WeightCollectivePlan
     | WeightsSent

@@ -22,7 +22,7 @@ from roles.controller.ledger import Ledger
 from roles.controller.peers import Peer, Registry
 from runtime.logs import get_logger
 from transport import wire
-from transport.channels import PeerUnreachable, RpcEndpoint
+from transport.rpc import PeerUnreachable, RpcEndpoint
 
 log = get_logger("controller")
 

@@ -12,7 +12,7 @@ import asyncio
 
 from roles.controller.peers import Registry
 from transport import wire
-from transport.channels import RpcEndpoint
+from transport.rpc import RpcEndpoint
 
 
 class RankGroup:

@@ -36,7 +36,8 @@ from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
 from runtime.role import FatalError, Role
 from transport import wire
-from transport.channels import Envelope, bind_router
+from transport.endpoint import Envelope
+from transport.sockets import bind_router
 
 log = get_logger("controller")
 

@@ -17,7 +17,7 @@ from roles.controller.groups import Group, SampleRec
 from roles.controller.peers import Registry
 from runtime.logs import get_logger
 from transport import wire
-from transport.channels import RemoteError, RequestTimeout, RpcEndpoint
+from transport.rpc import RemoteError, RequestTimeout, RpcEndpoint
 
 log = get_logger("controller")
 MAX_CONCURRENT = 64  # groups being scored at once

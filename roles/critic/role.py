@@ -17,7 +17,7 @@ from roles.training.torch_role import TorchRole
 from runtime.logs import get_logger
 from runtime.paths import model_dir
 from transport import wire
-from transport.channels import Envelope
+from transport.endpoint import Envelope
 
 log = get_logger("critic")
 

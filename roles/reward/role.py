@@ -8,7 +8,7 @@ from roles.reward.runner import RewardRunner
 from runtime.logs import get_logger
 from runtime.role import Role
 from transport import wire
-from transport.channels import Envelope
+from transport.endpoint import Envelope
 
 log = get_logger("reward")
 

@@ -61,9 +61,6 @@ class _Active:
     marks: list[tuple[int, int]] = field(default_factory=list)
 
 
-TOMBSTONE_S = 300.0  # how long an abort for a request not seen yet is remembered
-
-
 class RolloutEngine:
     """One `AsyncLLM` engine plus version bookkeeping; create, then `await start()`."""
 
@@ -75,11 +72,6 @@ class RolloutEngine:
         self.engine: Any = None
         self.native_versions = False
         self._active: dict[str, _Active] = {}
-        self._by_request: dict[str, set[str]] = {}  # request id -> sample ids, started or not
-        self._aborted_early: set[str] = set()  # samples aborted before they started
-        # Requests aborted before this engine heard of them (the abort overtook the request):
-        # their samples end as aborted when they arrive. Entries expire after TOMBSTONE_S.
-        self._aborted_unknown: dict[str, float] = {}
         self._update_lock = asyncio.Lock()
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
@@ -115,24 +107,13 @@ class RolloutEngine:
     def num_active(self) -> int:
         return len(self._active)
 
-    def expect(self, request_id: str, n: int) -> None:
-        """Announce the samples of a request before they start, so an abort that arrives
-        in between still reaches them."""
-        vids = {f"{request_id}#{i}" for i in range(n)}
-        self._by_request.setdefault(request_id, set()).update(vids)
-        if self._aborted_unknown.pop(request_id, None) is not None:
-            self._aborted_early.update(vids)
-
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
         """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
         self._check_alive()
         started = time.perf_counter()
         vid = f"{request_id}#{index}"
-        self._by_request.setdefault(request_id, set()).add(vid)
         state = _Active(marks=[(0, self.version)])
         try:
-            if vid in self._aborted_early or request_id in self._aborted_unknown:
-                return Sample([], [], [], FinishReason.ABORT, len(prompt_ids), 0.0)
             params = _sampling_params(spec, index, stream=not self.native_versions)
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
             if self.prefix_salt:
@@ -146,17 +127,13 @@ class RolloutEngine:
             return _error_sample(prompt_ids, started, prefix + _one_line(exc.__cause__ or exc), state)
         finally:
             self._active.pop(vid, None)
-            self._aborted_early.discard(vid)
-            self._forget(request_id, vid)
         return self._finish(state, last, len(prompt_ids), started)
 
     async def _run(self, vid: str, prompt: dict[str, Any], params: Any, state: _Active) -> Any:
-        """Add the request, then collect its outputs. The sample counts as active only
-        once vLLM knows it, so an abort racing the add is applied right after it."""
+        """Add the request, then collect its outputs. The sample counts as active (and
+        `abort_all` reaches it) once vLLM knows it."""
         queue = await self.engine.add_request(vid, prompt, params)
         self._active[vid] = state
-        if vid in self._aborted_early:
-            await self.engine.abort(vid)
         last = None
         try:
             while last is None or not last.finished:
@@ -166,13 +143,6 @@ class RolloutEngine:
             await self.engine.abort(vid)
             raise
         return last
-
-    def _forget(self, request_id: str, vid: str) -> None:
-        ids = self._by_request.get(request_id)
-        if ids is not None:
-            ids.discard(vid)
-            if not ids:
-                self._by_request.pop(request_id, None)
 
     def _take(self, state: _Active, comp: Any) -> None:
         new = list(comp.token_ids)
@@ -190,24 +160,8 @@ class RolloutEngine:
             versions = _versions_from_spans(len(state.tokens), spans, versions)
         return Sample(state.tokens, state.logprobs, versions, reason, prompt_len, time.perf_counter() - started)
 
-    async def abort(self, request_ids: list[str]) -> tuple[int, int]:
-        """Abort every sample of the named requests; each returns with its tokens so far.
-
-        Returns (samples aborted, requests not seen yet). A request not seen yet is
-        remembered for TOMBSTONE_S: if it arrives after its abort, its samples end at once
-        as aborted, so an abort always wins over the request it names."""
-        vids = [v for r in request_ids for v in self._by_request.get(r, ())]
-        unknown = [r for r in request_ids if r not in self._by_request]
-        now = time.monotonic()
-        self._aborted_unknown = {r: t for r, t in self._aborted_unknown.items() if now - t < TOMBSTONE_S}
-        self._aborted_unknown.update((r, now) for r in unknown)
-        running = [v for v in vids if v in self._active]
-        self._aborted_early.update(v for v in vids if v not in self._active)
-        if running:
-            await self.engine.abort(running)
-        return len(vids), len(unknown)
-
     async def abort_all(self) -> int:
+        """Abort every active sample; each returns with its tokens so far. Returns how many."""
         vids = list(self._active)
         if vids:
             await self.engine.abort(vids)

@@ -3,8 +3,8 @@ applies weight updates from the trainer in place.
 
 Channels:
 * controller (DEALER): `Generate` in; one `Completion` out per sample, as soon as that
-  sample finishes; `Abort`; `Shutdown`. After each applied update a `WeightsApplied`
-  goes to the controller too, so it always knows this rollout's version.
+  sample finishes; `Shutdown`. After each applied update a `WeightsApplied` goes to the
+  controller too, so it always knows this rollout's version.
 * weights (ROUTER, address advertised at registration): `WeightBucket` in order; each is
   acknowledged, the last one only after the version is loaded (`WeightsApplied`). An
   update older than the current version is refused with `Error(REFUSED)`. The `nccl`
@@ -26,7 +26,9 @@ from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
 from transport import wire
-from transport.channels import Envelope, RpcEndpoint, bind_router
+from transport.endpoint import Envelope
+from transport.rpc import RpcEndpoint
+from transport.sockets import bind_router
 
 from .collective_recv import CollectiveReceiver
 from .engine import EngineDead, RolloutEngine, Sample, StaleUpdate
@@ -79,17 +81,11 @@ class RolloutRole(Role):
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
         if isinstance(msg, wire.Generate):
-            self.engine.expect(msg.request_id, max(1, msg.sampling.n))
             for i in range(max(1, msg.sampling.n)):
                 task = asyncio.create_task(self._sample(msg, i), name=f"sample-{msg.request_id}-{i}")
                 self.samples.add(task)
                 task.add_done_callback(self.samples.discard)
             return None
-        if isinstance(msg, wire.Abort):
-            n, unknown = await self.engine.abort(msg.request_ids)
-            if unknown:
-                log.info("abort_before_request", request_ids=msg.request_ids, unknown=unknown)
-            return wire.Ack(info=f"aborted {n}" + (f", {unknown} not started yet" if unknown else ""))
         if isinstance(msg, wire.Shutdown):
             self.request_stop(msg.reason or "controller shutdown")
             return wire.Ack()

@@ -24,7 +24,7 @@ from runtime import addresses
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from transport import wire
-from transport.channels import Envelope
+from transport.endpoint import Envelope
 
 if TYPE_CHECKING:
     from roles.trainer.engine_megatron import MegatronEngine

@@ -27,8 +27,9 @@ import zmq.asyncio
 
 from roles.trainer.weight_push import WeightPusher, WeightSyncError
 from transport import wire
-from transport.channels import ChannelOptions, PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint
 from transport.collective import WeightGroup, bucket_slots, describe, host_store, pack, plan_slots
+from transport.endpoint import ChannelOptions
+from transport.rpc import PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint
 
 T = TypeVar("T")
 SLACK_S = 2.0  # beyond timeout_s, for the peer's own bounded wait to report first

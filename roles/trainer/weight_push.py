@@ -19,7 +19,9 @@ import torch
 import zmq.asyncio
 
 from transport import wire
-from transport.channels import ChannelOptions, PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint, connect_dealer
+from transport.endpoint import ChannelOptions
+from transport.rpc import PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint
+from transport.sockets import connect_dealer
 
 
 class WeightSyncError(RuntimeError):

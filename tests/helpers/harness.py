@@ -21,7 +21,9 @@ from runtime import addresses
 from runtime.config import RunConfig
 from runtime.launcher import prepare_run_dir
 from transport import wire
-from transport.channels import Envelope, RpcEndpoint, bind_router
+from transport.endpoint import Envelope
+from transport.rpc import RpcEndpoint
+from transport.sockets import bind_router
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +102,7 @@ class RoleHarness:
 
     def connect(self, address: str, name: str = "client") -> RpcEndpoint:
         """A DEALER to one of the role's own servers (e.g. a rollout's weights socket)."""
-        from transport.channels import connect_dealer
+        from transport.sockets import connect_dealer
 
         ep = connect_dealer(
             self.zmq, address, name=name, identity=name, options=addresses.channel_options(self.cfg, self.cfg.run_dir)

@@ -3,20 +3,18 @@
 What is checked: a server survives every kind of bad input and counts each drop once;
 replies always match their requests under concurrency; timeouts, remote errors and
 unroutable peers surface as their typed errors; heartbeats detect a peer that left,
-whichever side it was; fan-out sockets deliver tensors intact.
+whichever side it was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
+import json
 import os
-import queue
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -26,26 +24,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import uvloop
 import zmq
 import zmq.asyncio
 
 from transport import wire
-from transport.channels import (
-    UNSTICK_S,
-    ChannelOptions,
-    Endpoint,
-    Envelope,
-    PeerUnreachable,
-    RemoteError,
-    RequestTimeout,
-    RpcEndpoint,
-    bind_router,
-    bind_socket,
-    connect_dealer,
-    connect_socket,
-)
 from transport.codec import Decoder, Encoder
+from transport.endpoint import ChannelOptions, Envelope
+from transport.rpc import PeerUnreachable, RemoteError, RequestTimeout, RpcEndpoint
+from transport.sockets import bind_router, connect_dealer
 from transport.wire import SCHEMA_VERSION, Header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,25 +57,47 @@ def address(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def echo(env: Envelope) -> wire.Message | None:
-    """A toy service: echoes a TensorBatch (with the caller's identity), obeys a few `meta` ops."""
+    """A toy service over real messages. A `WeightBucket` comes back as it came. A
+    `Generate` is answered with a `Completion` of its prompt whose request id starts with
+    the caller's identity, after the op its request id names: `sleep:S`, `raise`,
+    `unencodable`, `jitter` or `in_task`. Anything else gets an `Ack` naming its type."""
     msg = env.msg
-    if not isinstance(msg, wire.TensorBatch):
+    if isinstance(msg, wire.WeightBucket):
+        return msg
+    if not isinstance(msg, wire.Generate):
         return wire.Ack(info=type(msg).__name__)
-    op = msg.meta.get("op")
+    op, _, arg = msg.request_id.partition(":")
     if op == "sleep":
-        await asyncio.sleep(msg.meta["s"])
+        await asyncio.sleep(float(arg))
     elif op == "raise":
         raise ValueError("boom")
     elif op == "unencodable":
-        return wire.TensorBatch(seq=msg.seq, meta={"obj": object()})
+        return wire.Ack(info=object())  # type: ignore[arg-type]
     elif op == "jitter":
         await asyncio.sleep(random.random() * 0.005)
     elif op == "in_task":
         # Before any await: asyncio.timeout (and 3.12's wait_for) need the handler's own task.
         async with asyncio.timeout(5):
-            return wire.TensorBatch(seq=msg.seq, meta={"task": asyncio.current_task() is not None})
-    peer = env.peer.decode() if env.peer else ""
-    return wire.TensorBatch(seq=msg.seq, tensors=msg.tensors, arrays=msg.arrays, meta={"peer": peer})
+            return wire.Ack(info=f"in a task: {asyncio.current_task() is not None}")
+    n = len(msg.prompt_ids)
+    return wire.Completion(
+        request_id=f"{env.peer.decode() if env.peer else ''}/{msg.request_id}",
+        group_id=msg.group_id,
+        sample_index=0,
+        token_ids=torch.tensor(msg.prompt_ids, dtype=torch.int64),
+        logprobs=torch.zeros(n),
+        versions=torch.zeros(n, dtype=torch.int32),
+        finish_reason=wire.FinishReason.STOP,
+    )
+
+
+def ask(op: str = "echo", group_id: int = 0, prompt_ids: list[int] | None = None) -> wire.Generate:
+    """A request for `echo`: `op` is the request id."""
+    return wire.Generate(request_id=op, group_id=group_id, prompt_ids=prompt_ids or [group_id])
+
+
+def bucket(version: int, **tensors: torch.Tensor) -> wire.WeightBucket:
+    return wire.WeightBucket(version=version, index=0, last=True, tensors=tensors)
 
 
 async def serve(ctx: zmq.asyncio.Context, address: str, options: ChannelOptions = ChannelOptions()) -> RpcEndpoint:
@@ -135,11 +143,11 @@ class RawDealer:
 def bad_messages() -> dict[str, list[bytes]]:
     """One message per drop reason, for a server with max_message_bytes=4096."""
     enc = Encoder()
-    good = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(100)}))]
-    big = [bytes(np.asarray(f)) for f in enc.encode(wire.TensorBatch(seq=0, tensors={"t": torch.zeros(2000)}))]
+    good = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(100)))]
+    big = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(2000)))]
     return {
         "bad_header": [b"\x01\x02\x03", *good[1:]],
-        "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), *good[1:]],
+        "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), *good[1:]],
         "unknown_type": [Header(SCHEMA_VERSION, 200, 0, 0).pack(), *good[1:]],
         "malformed": [good[0], b"\xc1 this is not msgpack"],
         "truncated": good[:2],  # the tensor's frame is missing
@@ -154,8 +162,8 @@ async def check_survives_bad_input(raw: RawDealer, dropped: Any) -> None:
     for frames in bad_messages().values():
         await raw.send(frames)
         x = torch.arange(float(corr))
-        reply = await raw.ask(wire.TensorBatch(seq=corr, tensors={"x": x}), corr=corr)
-        assert isinstance(reply, wire.TensorBatch) and reply.seq == corr and torch.equal(reply.tensors["x"], x)
+        reply = await raw.ask(bucket(corr, x=x), corr=corr)
+        assert isinstance(reply, wire.WeightBucket) and reply.version == corr and torch.equal(reply.tensors["x"], x)
         corr += 1
     counts = Counter(await dropped())
     counts.subtract(before)
@@ -178,17 +186,17 @@ async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx
     """zmq cuts a peer sending a frame over 4x max_message_bytes; the server serves the reconnection."""
     server = await serve(ctx, "tcp://127.0.0.1:0", SMALL)
     raw = RawDealer(ctx, server.address)
-    huge = [Header(SCHEMA_VERSION, wire.MsgType.TENSOR_BATCH, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
+    huge = [Header(SCHEMA_VERSION, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
     await raw.send(huge)
     for corr in range(1, 50):  # messages in flight while the connection drops are lost
         try:
-            reply = await raw.ask(wire.TensorBatch(seq=corr), corr=corr, timeout=0.2)
+            reply = await raw.ask(bucket(corr), corr=corr, timeout=0.2)
             break
         except TimeoutError:
             continue
     else:
         pytest.fail("the server never answered again")
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == corr
+    assert isinstance(reply, wire.WeightBucket) and reply.version == corr
     await server.aclose()
 
 
@@ -198,11 +206,15 @@ async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx
 async def many_requests(clients: list[RpcEndpoint], per_client: int) -> None:
     async def one(i: int, k: int) -> None:
         seq = i * 1000 + k
-        x = torch.full((k * 20 + 1,), float(seq))  # small ones inline, larger ones as frames
-        reply = await clients[i].request(wire.TensorBatch(seq=seq, tensors={"x": x}, meta={"op": "jitter"}), timeout=20)
-        assert isinstance(reply, wire.TensorBatch)
-        assert reply.seq == seq and torch.equal(reply.tensors["x"], x)
-        assert reply.meta["peer"] == f"client-{i}"
+        if k % 2:  # tensors out and back: small ones inline, larger ones as frames
+            x = torch.full((k * 20 + 1,), float(seq))
+            reply = await clients[i].request(bucket(seq, x=x), timeout=20)
+            assert isinstance(reply, wire.WeightBucket) and reply.version == seq and torch.equal(reply.tensors["x"], x)
+            return
+        prompt = list(range(seq, seq + k * 20 + 1))
+        reply = await clients[i].request(ask("jitter", seq, prompt), timeout=20)
+        assert isinstance(reply, wire.Completion) and reply.group_id == seq
+        assert reply.request_id == f"client-{i}/jitter" and reply.token_ids.tolist() == prompt
 
     await asyncio.gather(*(one(i, k) for i in range(len(clients)) for k in range(per_client)))
 
@@ -221,13 +233,13 @@ async def test_timeout_then_late_reply_is_dropped_harmlessly(ctx: zmq.asyncio.Co
     c = client(ctx, server.address, "impatient")
     t0 = time.monotonic()
     with pytest.raises(RequestTimeout):
-        await c.request(wire.TensorBatch(seq=1, meta={"op": "sleep", "s": 0.4}), timeout=0.1)
+        await c.request(ask("sleep:0.4"), timeout=0.1)
     assert time.monotonic() - t0 < 0.35
     async with asyncio.timeout(3):  # the reply arrives after the caller gave up
         while not c.stats.dropped["late_reply"]:
             await asyncio.sleep(0.02)
-    reply = await c.request(wire.TensorBatch(seq=2), timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 2
+    reply = await c.request(ask(group_id=2), timeout=2)
+    assert isinstance(reply, wire.Completion) and reply.group_id == 2
     assert c.stats.dropped == Counter(late_reply=1)
     await c.aclose()
     await server.aclose()
@@ -238,10 +250,8 @@ async def test_handlers_run_inside_their_own_task(ctx: zmq.asyncio.Context, addr
     sync on Python 3.12 while handlers were stepped by hand outside any task)."""
     server = await serve(ctx, address)
     c = client(ctx, server.address, "caller")
-    replies = await asyncio.gather(
-        *(c.request(wire.TensorBatch(seq=i, meta={"op": "in_task"}), timeout=2) for i in range(8))
-    )
-    assert all(isinstance(r, wire.TensorBatch) and r.meta == {"task": True} for r in replies)
+    replies = await asyncio.gather(*(c.request(ask("in_task", i), timeout=2) for i in range(8)))
+    assert replies == [wire.Ack(info="in a task: True")] * 8
     assert server.stats.dropped == Counter()
     await c.aclose()
     await server.aclose()
@@ -251,11 +261,11 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
     server = await serve(ctx, address)
     c = client(ctx, server.address, "caller")
     with pytest.raises(RemoteError) as info:
-        await c.request(wire.TensorBatch(seq=1, meta={"op": "raise"}), timeout=2)
+        await c.request(ask("raise"), timeout=2)
     assert info.value.code == wire.ErrorCode.INTERNAL and "boom" in info.value.message
     # A reply that cannot be encoded is an error too, not a silent timeout.
     with pytest.raises(RemoteError) as info:
-        await c.request(wire.TensorBatch(seq=2, meta={"op": "unencodable"}), timeout=2)
+        await c.request(ask("unencodable"), timeout=2)
     assert "TypeError" in info.value.message
     reply = await c.request(wire.Shutdown(reason="x"), timeout=2)
     assert reply == wire.Ack(info="Shutdown")
@@ -264,8 +274,8 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
 
 
 async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
-    server = await serve(ctx, "tcp://127.0.0.1:0")
-    real_recv = server.sock.recv
+    server = bind_router(ctx, "tcp://127.0.0.1:0", name="server")
+    real_recv = server.sock.recv_multipart
     failures = [zmq.ZMQError(errno.EINTR)]
 
     def flaky_recv(*args: Any, **kwargs: Any) -> Any:
@@ -273,10 +283,11 @@ async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) ->
             raise failures.pop()
         return real_recv(*args, **kwargs)
 
-    server.sock.recv = flaky_recv  # type: ignore[method-assign]
+    server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
+    server.start(echo)
     c = client(ctx, server.address, "caller")
-    reply = await c.request(wire.TensorBatch(seq=5), timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 5 and not failures
+    reply = await c.request(ask(group_id=5), timeout=2)
+    assert isinstance(reply, wire.Completion) and reply.group_id == 5 and not failures
     await c.aclose()
     await server.aclose()
 
@@ -300,14 +311,14 @@ async def test_server_requests_a_known_client(ctx: zmq.asyncio.Context, address:
     c = connect_dealer(ctx, server.address, name="worker", identity="worker")
 
     async def work(env: Envelope) -> wire.Message:
-        assert isinstance(env.msg, wire.TensorBatch)
-        return wire.TensorBatch(seq=env.msg.seq + 1, tensors={"y": env.msg.tensors["x"] * 2})
+        assert isinstance(env.msg, wire.WeightBucket)
+        return bucket(env.msg.version + 1, y=env.msg.tensors["x"] * 2)
 
     c.start(work)
-    await c.request(wire.TensorBatch(seq=0), timeout=2)  # the server now knows "worker"
+    await c.request(wire.Ack(), timeout=2)  # the server now knows "worker"
     x = torch.randn(1000)
-    reply = await server.request(wire.TensorBatch(seq=7, tensors={"x": x}), peer=b"worker", timeout=2)
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 8 and torch.equal(reply.tensors["y"], x * 2)
+    reply = await server.request(bucket(7, x=x), peer=b"worker", timeout=2)
+    assert isinstance(reply, wire.WeightBucket) and reply.version == 8 and torch.equal(reply.tensors["y"], x * 2)
     await c.aclose()
     await server.aclose()
 
@@ -346,8 +357,8 @@ async def test_server_reports_a_client_that_stops(ctx: zmq.asyncio.Context, addr
     server.start(echo, on_peer_lost=lost)
     first = client(ctx, server.address, "first", FAST)
     second = client(ctx, server.address, "second", FAST)
-    await first.request(wire.TensorBatch(seq=0), timeout=2)
-    await second.request(wire.TensorBatch(seq=0), timeout=2)
+    await first.request(wire.Ack(), timeout=2)
+    await second.request(wire.Ack(), timeout=2)
     await asyncio.sleep(2 * FAST.peer_timeout_s)  # heartbeats alone keep both alive
     assert lost.events == []
 
@@ -362,7 +373,7 @@ async def test_server_reports_a_client_that_stops(ctx: zmq.asyncio.Context, addr
 
     # A peer that comes back is watched again: its next silence is reported too.
     back = client(ctx, server.address, "first", FAST)
-    await back.request(wire.TensorBatch(seq=1), timeout=2)
+    await back.request(wire.Ack(), timeout=2)
     stopped = time.monotonic()
     await back.aclose()
     await lost.wait(3)
@@ -375,7 +386,7 @@ async def test_client_reports_a_server_that_stops(ctx: zmq.asyncio.Context, addr
     lost = LostPeers()
     c = connect_dealer(ctx, server.address, name="c", identity="c", options=FAST)
     c.start(None, on_peer_lost=lost)
-    await c.request(wire.TensorBatch(seq=0), timeout=2)
+    await c.request(wire.Ack(), timeout=2)
     await asyncio.sleep(2 * FAST.peer_timeout_s)
     assert lost.events == []
     stopped = time.monotonic()
@@ -395,135 +406,11 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
     for _ in range(3):
         t0 = time.monotonic()
         with pytest.raises(RequestTimeout):
-            await c.request(wire.TensorBatch(seq=0), timeout=0.1)
+            await c.request(wire.Ack(), timeout=0.1)
         assert time.monotonic() - t0 < 0.6
     await lost.wait(1)
     assert lost.events[0][0] is None
     await c.aclose()
-
-
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-async def test_a_missed_descriptor_signal_delays_a_message_by_at_most_the_safety_interval(
-    ctx: zmq.asyncio.Context, tmp_path: Path, loop: str
-) -> None:
-    """The socket's descriptor is edge-triggered. Consume the edge of an arrived message
-    behind the endpoint's back: the safety net still delivers it within UNSTICK_S."""
-
-    async def scenario() -> None:
-        got: asyncio.Queue[int] = asyncio.Queue()
-
-        async def record(env: Envelope) -> None:
-            got.put_nowait(env.msg.seq)  # type: ignore[union-attr]
-
-        server = bind_router(ctx, f"ipc://{tmp_path}/s-{loop}", name="server")
-        server.start(record)
-        c = client(ctx, server.address, "c")
-        await c.send(wire.TensorBatch(seq=1))
-        assert await asyncio.wait_for(got.get(), 5) == 1
-        await c.send(wire.TensorBatch(seq=2))
-        time.sleep(0.1)  # blocks the loop: the message arrives, the descriptor fires ...
-        assert zmq.Socket.shadow(server.sock.underlying).getsockopt(zmq.EVENTS) & zmq.POLLIN  # ... and is reset
-        t0 = time.monotonic()
-        assert await asyncio.wait_for(got.get(), 5) == 2
-        assert time.monotonic() - t0 < UNSTICK_S + 0.2
-        assert server.stats.kicks == 1
-        await c.aclose()
-        await server.aclose()
-
-    if loop == "uvloop":
-        # Run on uvloop (the runtime's loop) in a thread of its own; the context is thread-safe.
-        await asyncio.to_thread(uvloop.run, scenario())
-    else:
-        await scenario()
-
-
-# --- busy polling ----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def server_in_thread(ctx: zmq.asyncio.Context, address: str) -> Iterator[str]:
-    """The echo server on a uvloop of its own in a thread: it answers while this test's
-    loop is held by a busy-polling request. Yields the server's address."""
-    ready: queue.Queue[tuple[str, asyncio.AbstractEventLoop, asyncio.Event]] = queue.Queue()
-
-    async def main() -> None:
-        server = await serve(ctx, address)
-        stop = asyncio.Event()
-        ready.put((server.address, asyncio.get_running_loop(), stop))
-        await stop.wait()
-        await server.aclose()
-
-    thread = threading.Thread(target=uvloop.run, args=(main(),), daemon=True)
-    thread.start()
-    bound, loop, stop = ready.get(timeout=10)
-    try:
-        yield bound
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-
-
-@pytest.mark.parametrize("window_us", [0, 2_000_000])
-async def test_busy_poll_takes_the_reply_without_an_event_loop_turn(
-    ctx: zmq.asyncio.Context, tmp_path: Path, window_us: int
-) -> None:
-    """With a window, a request whose reply comes within it returns without the loop
-    ever running (a callback queued before it has not run); without one the loop turns."""
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=window_us))
-        await c.request(wire.TensorBatch(seq=0), timeout=5)  # connected
-        turned: list[int] = []
-        asyncio.get_running_loop().call_soon(turned.append, 1)
-        reply = await c.request(wire.TensorBatch(seq=1, meta={"x": [1.0]}), timeout=5)
-        assert isinstance(reply, wire.TensorBatch) and reply.seq == 1 and reply.meta["peer"] == "c"
-        assert bool(turned) == (window_us == 0)
-        assert c.stats.polled == (2 if window_us else 0) and c.stats.poll_misses == 0
-        await c.aclose()
-
-
-async def test_busy_poll_backs_off_for_request_types_that_outlast_the_window(
-    ctx: zmq.asyncio.Context, tmp_path: Path
-) -> None:
-    """After a poll of some request type runs out, the next 1, 2, 4, ... requests of
-    that type are not polled for; other types are; a reply caught while polling ends it."""
-    slow = wire.TensorBatch(seq=0, meta={"op": "sleep", "s": 0.3})
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=50_000))
-        for _ in range(3):  # polled (miss), skipped, polled (miss): the next 2 are skipped
-            assert (await c.request(slow, timeout=5)).seq == 0  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 0)
-        assert isinstance(await c.request(wire.Ack(), timeout=5), wire.Ack)  # another type: polled
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 1)
-        for seq in range(1, 5):  # fast now: skipped, skipped, then polled (a hit), polled again
-            assert (await c.request(wire.TensorBatch(seq=seq), timeout=5)).seq == seq  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (2, 3)
-        await c.aclose()
-
-
-async def test_busy_poll_keeps_polling_after_a_near_miss(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
-    """Replies that come a little after the window (here 30 ms against 20 ms) are short
-    ones: every request of that type is still polled for."""
-    late = wire.TensorBatch(seq=0, meta={"op": "sleep", "s": 0.03})
-    with server_in_thread(ctx, f"ipc://{tmp_path}/s") as address:
-        c = client(ctx, address, "c", ChannelOptions(busy_poll_us=20_000))
-        for _ in range(4):
-            assert (await c.request(late, timeout=5)).seq == 0  # type: ignore[union-attr]
-        assert (c.stats.poll_misses, c.stats.polled) == (4, 0)
-        await c.aclose()
-
-
-async def test_busy_poll_against_a_server_on_the_same_loop_falls_back_to_sleeping(
-    ctx: zmq.asyncio.Context, tmp_path: Path
-) -> None:
-    """A server on the requester's own loop cannot answer while the loop is held: each
-    poll runs out, and the request sleeps and is answered."""
-    server = await serve(ctx, f"ipc://{tmp_path}/s")
-    c = client(ctx, server.address, "c", ChannelOptions(busy_poll_us=1000))
-    for seq in range(4):
-        assert (await c.request(wire.TensorBatch(seq=seq), timeout=5)).seq == seq  # type: ignore[union-attr]
-    assert c.stats.polled == 0 and c.stats.poll_misses >= 1
-    await c.aclose()
-    await server.aclose()
 
 
 async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
@@ -533,12 +420,12 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
     server.start(echo)
     raw = RawDealer(ctx, server.address)
     raw.sock.setsockopt(zmq.RCVHWM, 2)
-    assert isinstance(await raw.ask(wire.TensorBatch(seq=0), corr=1), wire.TensorBatch)  # known to the server
+    assert isinstance(await raw.ask(wire.Ack(), corr=1), wire.Ack)  # known to the server
     mib = torch.zeros(1 << 18)  # 1 MiB: 32 of them fill the queues and the kernel's socket buffers
 
     async def send_all() -> None:
         for i in range(32):
-            await server.send(wire.TensorBatch(seq=i, tensors={"x": mib}), peer=b"raw")
+            await server.send(bucket(i, x=mib), peer=b"raw")
 
     sends = asyncio.ensure_future(send_all())
     try:
@@ -548,8 +435,8 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
         async with asyncio.timeout(10):
             while len(seqs) < 32:
                 _, msg = raw.decoder.decode(await raw.sock.recv_multipart())
-                if isinstance(msg, wire.TensorBatch):
-                    seqs.append(msg.seq)
+                if isinstance(msg, wire.WeightBucket):
+                    seqs.append(msg.version)
             await sends
         assert seqs == list(range(32))
     finally:
@@ -558,110 +445,14 @@ async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.as
         await server.aclose()
 
 
-# --- fan-out ----------------------------------------------------------------------------
-
-
-def tensor_batch(seq: int) -> wire.TensorBatch:
-    g = torch.Generator().manual_seed(seq)
-    return wire.TensorBatch(
-        seq=seq,
-        tensors={
-            "small": torch.arange(10) + seq,
-            "big": torch.randn(256, 1024, generator=g),  # 1 MiB: a zero-copy frame
-            "bf16": torch.randn(33, 17, generator=g).to(torch.bfloat16),
-            "view": torch.randn(64, 64, generator=g).T,
-        },
-        arrays={"ids": np.arange(500, dtype=np.int32) * seq},
-        meta={"seq": seq},
-    )
-
-
-def assert_batch(got: wire.Message, want: wire.TensorBatch) -> None:
-    assert isinstance(got, wire.TensorBatch) and got.seq == want.seq and got.meta == want.meta
-    assert got.tensors.keys() == want.tensors.keys()
-    for name, t in want.tensors.items():
-        assert got.tensors[name].dtype == t.dtype and torch.equal(got.tensors[name], t)
-    assert np.array_equal(got.arrays["ids"], want.arrays["ids"])
-
-
-async def next_batch(ep: Endpoint, timeout: float = 5.0) -> wire.Message:
-    """The next message that is not a join probe."""
-    async with asyncio.timeout(timeout):
-        while True:
-            env = await ep.recv()
-            if not isinstance(env.msg, wire.Heartbeat):
-                return env.msg
-
-
-async def test_pub_sub_fans_tensor_batches_out_to_every_subscriber(ctx: zmq.asyncio.Context, address: str) -> None:
-    pub = bind_socket(ctx, zmq.PUB, address, name="pub")
-    subs = [connect_socket(ctx, zmq.SUB, pub.address, name=f"sub{i}") for i in range(3)]
-    for sub in subs:  # PUB drops until a subscription arrives: probe until each one hears
-        async with asyncio.timeout(5):
-            while True:
-                await pub.send(wire.Heartbeat())
-                try:
-                    async with asyncio.timeout(0.05):
-                        await sub.recv()
-                    break
-                except TimeoutError:
-                    continue
-    batches = [tensor_batch(seq) for seq in range(5)]
-    for batch in batches:
-        await pub.send(batch)
-    for sub in subs:
-        for batch in batches:
-            assert_batch(await next_batch(sub), batch)
-        assert sub.stats.dropped == Counter()
-    for ep in [pub, *subs]:
-        ep.close()
-
-
-async def test_push_pull_delivers_every_batch_once(ctx: zmq.asyncio.Context, address: str) -> None:
-    push = bind_socket(ctx, zmq.PUSH, address, name="push")
-    pulls = [connect_socket(ctx, zmq.PULL, push.address, name=f"pull{i}") for i in range(2)]
-    await asyncio.sleep(0.2)  # let both connect so the load is shared
-    batches = {seq: tensor_batch(seq) for seq in range(8)}
-    for batch in batches.values():
-        await push.send(batch)
-    received: dict[int, wire.Message] = {}
-    counts = []
-
-    async def drain(pull: Endpoint) -> None:
-        n = 0
-        while len(received) < len(batches):
-            try:
-                msg = await next_batch(pull, timeout=0.5)
-            except TimeoutError:
-                break
-            assert isinstance(msg, wire.TensorBatch) and msg.seq not in received
-            received[msg.seq] = msg
-            n += 1
-        counts.append(n)
-
-    await asyncio.gather(*(drain(p) for p in pulls))
-    assert sorted(received) == sorted(batches) and sum(counts) == len(batches)
-    for seq, msg in received.items():
-        assert_batch(msg, batches[seq])
-    # Fan-in: two PUSH sockets into one bound PULL.
-    sink = bind_socket(ctx, zmq.PULL, address.replace("sock", "sink"), name="sink")
-    sources = [connect_socket(ctx, zmq.PUSH, sink.address, name=f"src{i}") for i in range(2)]
-    for i, src in enumerate(sources):
-        await src.send(tensor_batch(10 + i))
-    got = sorted([await next_batch(sink), await next_batch(sink)], key=lambda m: m.seq)  # type: ignore[attr-defined]
-    for i, msg in enumerate(got):
-        assert_batch(msg, tensor_batch(10 + i))
-    for ep in [push, *pulls, sink, *sources]:
-        ep.close()
-
-
 # --- across processes -------------------------------------------------------------------
 
 SERVER_SCRIPT = r"""
-import asyncio, sys
+import asyncio, json, sys
 import structlog
 from transport import wire
-from transport.channels import ChannelOptions, bind_router
+from transport.endpoint import ChannelOptions
+from transport.sockets import bind_router
 import zmq.asyncio
 
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
@@ -674,8 +465,8 @@ async def main(address, max_bytes):
     )
 
     async def handle(env):
-        if isinstance(env.msg, wire.TensorBatch) and env.msg.meta.get("op") == "stats":
-            return wire.TensorBatch(seq=env.msg.seq, meta={"dropped": dict(server.stats.dropped)})
+        if isinstance(env.msg, wire.Generate) and env.msg.request_id == "stats":
+            return wire.Ack(info=json.dumps(server.stats.dropped))
         return await echo(env)
 
     server.start(handle)
@@ -712,9 +503,9 @@ async def test_remote_server_survives_bad_input(ctx: zmq.asyncio.Context, remote
     stats_corr = iter(range(10_000, 20_000))
 
     async def dropped() -> dict[str, int]:
-        reply = await raw.ask(wire.TensorBatch(seq=0, meta={"op": "stats"}), corr=next(stats_corr))
-        assert isinstance(reply, wire.TensorBatch)
-        return reply.meta["dropped"]
+        reply = await raw.ask(ask("stats"), corr=next(stats_corr))
+        assert isinstance(reply, wire.Ack)
+        return json.loads(reply.info)
 
     await check_survives_bad_input(raw, dropped)
 
@@ -733,14 +524,14 @@ async def test_client_reports_a_server_process_that_dies(ctx: zmq.asyncio.Contex
         c = connect_dealer(ctx, address, name="c", identity="c", options=FAST)
         c.start(None, on_peer_lost=lost)
         x = torch.randn(128, 1024)
-        reply = await c.request(wire.TensorBatch(seq=3, tensors={"x": x}), timeout=5)
-        assert isinstance(reply, wire.TensorBatch) and torch.equal(reply.tensors["x"], x)
+        reply = await c.request(bucket(3, x=x), timeout=5)
+        assert isinstance(reply, wire.WeightBucket) and torch.equal(reply.tensors["x"], x)
         killed = time.monotonic()
         proc.kill()
         await lost.wait(1)
         assert lost.events == [(None, lost.events[0][1])] and lost.events[0][1] - killed < DETECT_WITHIN
         with pytest.raises(RequestTimeout):
-            await c.request(wire.TensorBatch(seq=4), timeout=0.2)
+            await c.request(wire.Ack(), timeout=0.2)
         await c.aclose()
     finally:
         proc.kill()

@@ -14,8 +14,10 @@ import zmq.asyncio
 from structlog.testing import capture_logs
 
 from transport import wire
-from transport.channels import ChannelOptions, Envelope, RequestTimeout, bind_router, connect_dealer
+from transport.endpoint import ChannelOptions, Envelope
+from transport.rpc import RequestTimeout
 from transport.security import CurveKeys, generate_keys, load_keys, refused_count, start_authenticator
+from transport.sockets import bind_router, connect_dealer
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ async def ask(address: str, options: ChannelOptions, timeout: float = 1.5) -> wi
     client = connect_dealer(ctx, address, name="client", identity="client", options=options)
     client.start()
     try:
-        return await client.request(wire.TensorBatch(seq=7), timeout=timeout)
+        return await client.request(wire.Ack(info="seven"), timeout=timeout)
     finally:
         await client.aclose()
         ctx.destroy(linger=0)
@@ -52,7 +54,7 @@ async def ask(address: str, options: ChannelOptions, timeout: float = 1.5) -> wi
 
 async def test_the_runs_key_is_accepted(server: tuple, keys: CurveKeys) -> None:
     reply = await ask(server[1], ChannelOptions(curve=keys))
-    assert isinstance(reply, wire.TensorBatch) and reply.seq == 7
+    assert reply == wire.Ack(info="seven")
 
 
 async def test_a_wrong_key_is_refused_and_logged(server: tuple, keys: CurveKeys, tmp_path: Path) -> None:
@@ -64,7 +66,7 @@ async def test_a_wrong_key_is_refused_and_logged(server: tuple, keys: CurveKeys,
     assert refused_count() > before
     assert any(e["event"] == "peer_refused" for e in logs)
     reply = await ask(server[1], ChannelOptions(curve=keys))  # still serving
-    assert isinstance(reply, wire.TensorBatch)
+    assert reply == wire.Ack(info="seven")
 
 
 async def test_a_plaintext_peer_is_refused_and_logged(server: tuple, keys: CurveKeys) -> None:
@@ -74,7 +76,7 @@ async def test_a_plaintext_peer_is_refused_and_logged(server: tuple, keys: Curve
     assert refused_count() > before
     assert any(e["event"] == "peer_refused" and e["mechanism"] == "handshake" for e in logs)
     reply = await ask(server[1], ChannelOptions(curve=keys))
-    assert isinstance(reply, wire.TensorBatch)
+    assert reply == wire.Ack(info="seven")
 
 
 async def test_missing_keys_are_a_clear_error(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import zmq.asyncio
 from runtime.config_load import load_config
 from tests.helpers.harness import RoleHarness
 from transport import wire
-from transport.channels import RemoteError, RpcEndpoint
+from transport.rpc import RemoteError, RpcEndpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -26,8 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoleHarness]:
     run_dir = tmp_path_factory.mktemp("rollout-role")
-    # max_model_len: room for samples long enough that an abort always lands mid-way.
-    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}", "rollout.engine.max_model_len=1024"])
+    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run_dir}"])
     harness = RoleHarness(cfg, "rollout")
     await harness.start()
     yield harness
@@ -104,30 +103,6 @@ async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoin
     with pytest.raises(RemoteError, match="refused") as info:
         await push(weights, 0, model_tensors(rollout, 1.0))
     assert info.value.code == wire.ErrorCode.REFUSED
-
-
-async def test_abort_returns_tokens_so_far(rollout: RoleHarness) -> None:
-    # 32 long fillers keep vLLM's batch busy for several seconds, so the aborted samples
-    # below cannot finish first even when the role is starved of CPU for a second or two
-    # (seen on a loaded 2-core machine). That the tokens so far come back (more than 0) is
-    # checked deterministically at the engine level (test_rollout_engine.py).
-    long = 1000
-    await rollout.send(generate("filler", 32, long))
-    # Sent back to back, the abort may even overtake the request: it must still win.
-    await rollout.send(generate("doomed-early", 1, long))
-    ack = await rollout.request(wire.Abort(request_ids=["doomed-early"]))
-    assert isinstance(ack, wire.Ack) and ack.info in ("aborted 1", "aborted 0, 1 not started yet")
-    # Mid-generation: the completion returns early, with its tokens and their logprobs.
-    await rollout.send(generate("doomed", 1, long))
-    await asyncio.sleep(1.0)
-    ack = await rollout.request(wire.Abort(request_ids=["doomed"]))
-    assert isinstance(ack, wire.Ack) and ack.info.startswith("aborted")
-    got = {(c.request_id, c.sample_index): c for c in await completions(rollout, 34)}
-    for rid in ("doomed-early", "doomed"):
-        c = got[(rid, 0)]
-        assert c.finish_reason == wire.FinishReason.ABORT, rid
-        assert c.token_ids.numel() < long and c.token_ids.numel() == c.logprobs.numel(), rid
-    assert all(got[("filler", i)].token_ids.numel() == long for i in range(32)), "an abort touched other samples"
 
 
 async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHarness) -> None:

@@ -27,8 +27,8 @@ from runtime import addresses
 from runtime.config_load import load_config
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
-from transport.channels import RpcEndpoint
 from transport.collective import WeightGroup, connect_store, host_store
+from transport.rpc import RpcEndpoint
 
 pytestmark = pytest.mark.slow
 on_module_loop = pytest.mark.asyncio(loop_scope="module")  # the shared rollout lives there

@@ -12,7 +12,7 @@ from runtime.addresses import channel_options
 from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig
 from runtime.config_load import ConfigError, config_docs, load_config, parse_override, to_yaml
 from runtime.validate import check_config
-from transport.channels import ChannelOptions
+from transport.endpoint import ChannelOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,9 +177,9 @@ def megatron_engine(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_transport_keys_reach_the_channel_options(tmp_path: Path) -> None:
     """The channel defaults are the config defaults, and overrides reach the sockets."""
     assert channel_options(RunConfig(), tmp_path) == ChannelOptions()
-    cfg = load_config(None, ["transport.busy_poll_us=0", "transport.hwm=7", "transport.heartbeat_s=0.5"])
+    cfg = load_config(None, ["transport.peer_timeout_s=3", "transport.hwm=7", "transport.heartbeat_s=0.5"])
     opts = channel_options(cfg, tmp_path)
-    assert (opts.busy_poll_us, opts.hwm, opts.heartbeat_s) == (0, 7, 0.5)
+    assert (opts.peer_timeout_s, opts.hwm, opts.heartbeat_s) == (3.0, 7, 0.5)
 
 
 def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:

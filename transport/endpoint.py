@@ -1,0 +1,120 @@
+"""What an endpoint does to every message: frames out, admission in, every drop counted.
+
+A caller may rely on:
+
+* `Endpoint.admit` never raises for bad input: a malformed, truncated, oversized,
+  wrong-schema-version or unknown-type message is dropped, logged (`message_dropped`, with
+  the channel, the peer and the reason) and counted in `stats.dropped[reason]`; the
+  caller simply goes on to the next message.
+* `last_seen[peer]` is the time (`time.monotonic()`) anything last arrived from `peer`,
+  dropped or not; `last_sent[peer]` the time a message last left for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from transport import wire
+from transport.codec import Decoder, Encoder, WireError
+from transport.security import CurveKeys
+
+log = structlog.get_logger("transport")
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """Socket policy. Sizes in bytes, times in seconds."""
+
+    hwm: int = 1000
+    max_message_bytes: int = 1 << 30
+    linger_s: float = 1.0
+    heartbeat_s: float = 1.0
+    peer_timeout_s: float = 10.0
+    inline_threshold: int = 256
+    curve: CurveKeys | None = None
+
+
+@dataclass
+class ChannelStats:
+    """Counters of one endpoint; `dropped` is keyed by drop reason."""
+
+    sent: int = 0
+    received: int = 0
+    bytes_received: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class Envelope:
+    """A received message with its header and (ROUTER side) the sender's identity."""
+
+    msg: wire.Message
+    header: wire.Header
+    peer: bytes | None = None
+
+
+class Endpoint:
+    """The codec, size cap and drop accounting of one ROUTER or DEALER socket.
+
+    On a ROUTER every message starts with the peer's identity frame: `frames` adds it,
+    `admit` takes it off. A DEALER's only peer is `None` (the server)."""
+
+    def __init__(self, name: str, options: ChannelOptions, *, is_router: bool) -> None:
+        self.name = name
+        self.options = options
+        self.is_router = is_router
+        self.stats = ChannelStats()
+        self.last_sent: dict[bytes | None, float] = {}
+        self.last_seen: dict[bytes | None, float] = {}
+        self._encoder = Encoder(options.inline_threshold)
+        self._decoder = Decoder()
+
+    def frames(self, msg: wire.Message, peer: bytes | None, corr: int = 0, flags: int = 0) -> list[Any]:
+        """The frames that carry `msg` (to `peer` on a ROUTER, which needs one)."""
+        frames = self._encoder.encode(msg, corr=corr, flags=flags)
+        if self.is_router:
+            if peer is None:
+                raise ValueError(f"{self.name}: a ROUTER send needs a peer")
+            frames.insert(0, peer)
+        return frames
+
+    def sent(self, peer: bytes | None) -> None:
+        """Account for a message that left for `peer`."""
+        self.stats.sent += 1
+        self.last_sent[peer] = time.monotonic()
+
+    def admit(self, frames: list[Any]) -> Envelope | None:
+        """The message `frames` carry, or None when it is dropped (see the module docstring)."""
+        peer = None
+        if self.is_router:
+            peer, frames = frames[0].bytes, frames[1:]
+        self.last_seen[peer] = time.monotonic()
+        size = sum(map(len, frames))  # zmq frames: len() is the byte size
+        self.stats.bytes_received += size
+        try:
+            if size > self.options.max_message_bytes:
+                raise WireError("oversized", f"{size} bytes > max {self.options.max_message_bytes}")
+            header, msg = self._decoder.decode(frames)
+        except WireError as exc:
+            self.stats.dropped[exc.reason] += 1
+            log.warning(
+                "message_dropped", channel=self.name, peer=peer_name(peer), reason=exc.reason, detail=exc.detail[:200]
+            )
+            return None
+        self.stats.received += 1
+        return Envelope(msg=msg, header=header, peer=peer)
+
+
+def peer_name(peer: bytes | None) -> str:
+    """A peer identity for logs and errors; a DEALER's peer (None) is the server."""
+    if peer is None:
+        return "server"
+    try:
+        return peer.decode()
+    except UnicodeDecodeError:
+        return peer.hex()

@@ -1,0 +1,65 @@
+"""The sockets endpoints use, with the policy of `ChannelOptions` applied.
+
+Every socket has explicit high-water marks, a linger bound and a hard per-frame size
+limit (4x `max_message_bytes`; the logged and counted cap is `Endpoint.admit`'s). A
+ROUTER routes mandatorily, so a send to an unknown peer is an error (`PeerUnreachable`)
+rather than a silent loss, and a peer that reconnects under its identity takes it over.
+"""
+
+from __future__ import annotations
+
+import zmq
+import zmq.asyncio
+
+from transport.endpoint import ChannelOptions
+from transport.rpc import RpcEndpoint
+from transport.security import apply_curve
+
+
+def bind_router(
+    ctx: zmq.asyncio.Context, address: str, *, name: str, options: ChannelOptions = ChannelOptions()
+) -> RpcEndpoint:
+    """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`)."""
+    sock = ctx.socket(zmq.ROUTER)
+    _configure(sock, options)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    if options.curve is not None:
+        apply_curve(sock, options.curve, server=True)
+    ep = RpcEndpoint(sock, name, options)
+    ep.address = _bind(sock, address)
+    return ep
+
+
+def connect_dealer(
+    ctx: zmq.asyncio.Context,
+    address: str,
+    *,
+    name: str,
+    identity: str,
+    options: ChannelOptions = ChannelOptions(),
+) -> RpcEndpoint:
+    """A DEALER with routing identity `identity`, connected to `address`."""
+    sock = ctx.socket(zmq.DEALER)
+    _configure(sock, options)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    if options.curve is not None:
+        apply_curve(sock, options.curve, server=False)
+    sock.connect(address)
+    ep = RpcEndpoint(sock, name, options)
+    ep.address = address
+    return ep
+
+
+def _configure(sock: zmq.asyncio.Socket, options: ChannelOptions) -> None:
+    sock.setsockopt(zmq.SNDHWM, options.hwm)
+    sock.setsockopt(zmq.RCVHWM, options.hwm)
+    sock.setsockopt(zmq.LINGER, int(options.linger_s * 1000))
+    sock.setsockopt(zmq.MAXMSGSIZE, 4 * options.max_message_bytes)
+
+
+def _bind(sock: zmq.asyncio.Socket, address: str) -> str:
+    if address.startswith("tcp://") and address.endswith(":0"):
+        address = address[:-2] + ":*"
+    sock.bind(address)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
