@@ -122,25 +122,11 @@ class FSDPEngine(FSDPBase):
         return kl_penalty(logp, ref_logp, self.cfg.algorithm.kl.estimator)
 
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors by HF name, on CPU in `dtype` (a collective: every rank iterates)."""
+        """Full tensors by HF name in `dtype`, on the engine's device: gathered and cast
+        there, never copied to the CPU (a collective: every rank iterates to the end)."""
         for name, tensor in full_state_dict_items(self.model):
-            yield name, tensor.detach().to("cpu", dtype)
+            yield name, tensor.detach().to(dtype)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
-def bucketed(items: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Group named tensors into dicts of at most `bucket_bytes` (one tensor may exceed it)."""
-    bucket: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, t in items:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name] = t
-        size += nbytes
-    if bucket:
-        yield bucket

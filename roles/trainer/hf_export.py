@@ -27,7 +27,7 @@ def export_hf(items: Iterator[tuple[str, torch.Tensor]], rank: int, source: Path
         return
     from safetensors.torch import save_file
 
-    tensors = {name: t.contiguous() for name, t in items}
+    tensors = {name: t.detach().cpu().contiguous() for name, t in items}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in COPIED:

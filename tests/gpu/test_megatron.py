@@ -90,9 +90,9 @@ def test_one_ppo_step_matches_fsdp2(ppo_step: tuple[dict, Path]) -> None:
 async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     ppo_step: tuple[dict, Path], tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from roles.trainer.weight_push import WeightPusher
     from safetensors.torch import load_file
 
-    from roles.trainer.weight_push import WeightPusher
     from tests.gpu.test_weight_nccl import (
         MAX_TOKENS,
         PROMPTS,

@@ -29,9 +29,9 @@ import psutil
 import pytest
 import pytest_asyncio
 import torch
-
 from roles.trainer.weight_collective import SLACK_S, CollectivePusher
 from roles.trainer.weight_push import WeightPusher
+
 from runtime import addresses
 from runtime.config import EngineConfig
 from runtime.config_load import load_config
