@@ -90,7 +90,6 @@ def test_one_ppo_step_matches_fsdp2(ppo_step: tuple[dict, Path]) -> None:
 async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     ppo_step: tuple[dict, Path], tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from roles.trainer.weight_push import WeightPusher
     from safetensors.torch import load_file
 
     from tests.gpu.test_weight_nccl import (
@@ -98,6 +97,7 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
         PROMPTS,
         assert_fresh_engine_agrees,
         buckets_of,
+        push,
         pusher_for,
         start_rollout,
     )
@@ -107,11 +107,11 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     exported = load_file(out / "hf" / "model.safetensors")
     h = await start_rollout(tmp_path / "rollout", 0, f"model.path={tiny['tied']}")
     try:
-        pusher = pusher_for(h, WeightPusher)
+        pusher = pusher_for(h, "zmq")
         assert h.peer is not None
         await pusher.set_targets([h.peer])
         try:
-            result = await pusher.push(1, buckets_of(exported, 64))
+            result = await push(pusher, 1, buckets_of(exported, 64))
         finally:
             await pusher.aclose()
         assert not result.failed, result.failed
