@@ -43,6 +43,7 @@ class TandemWorkerExtension:
     # --- one update --------------------------------------------------------------------
     def tandem_begin_update(self) -> dict[str, Any]:
         model = self._tandem_model()
+        self._tandem_device()  # before the parameters go to the meta device
         reload = _layerwise_reload()
         if reload is not None and not getattr(self, "_tandem_reloading", False):
             reload[0](model)
@@ -52,7 +53,7 @@ class TandemWorkerExtension:
     def tandem_finish_update(self) -> dict[str, Any]:
         """Close the update (also after a failed load: no layer is left unmaterialized)."""
         model = self._tandem_model()
-        device = next(model.parameters()).device
+        device = self._tandem_device()
         if getattr(self, "_tandem_reloading", False):
             self._tandem_reloading = False
             reload = _layerwise_reload()
@@ -67,7 +68,7 @@ class TandemWorkerExtension:
     def tandem_load_staged(self, manifest: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         model = self._tandem_model()
-        device = next(model.parameters()).device
+        device = self._tandem_device()
         with open(manifest["path"], "rb") as f:
             size = f.seek(0, 2)
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
@@ -81,7 +82,7 @@ class TandemWorkerExtension:
         handle = msgspec.convert(spec["ipc"], wire.IpcHandle)
         slots = msgspec.convert(spec["slots"], list[wire.TensorSlot])
         model = self._tandem_model()
-        device = next(model.parameters()).device
+        device = self._tandem_device()
         if device.type != "cuda" or device_uuid(device) != handle.device_uuid:
             here = device_uuid(device) if device.type == "cuda" else "the CPU"
             raise RuntimeError(f"ipc weight bucket from {handle.device_uuid}, but this worker runs on {here}")
@@ -127,7 +128,7 @@ class TandemWorkerExtension:
         window = spec["deadline"] - time.time()
         if window <= 0:
             raise TimeoutError(f"weight group {init.prefix}: the trainer stopped waiting {-window:.1f}s ago")
-        model_device = next(self._tandem_model().parameters()).device
+        model_device = self._tandem_device()
         if init.backend == "nccl" and model_device.type != "cuda":
             raise RuntimeError(f"an nccl weight group needs the rollout on a GPU, not {model_device}")
         device = model_device if init.backend == "nccl" else torch.device("cpu")
@@ -146,7 +147,7 @@ class TandemWorkerExtension:
 
     # --- facts -------------------------------------------------------------------------
     def tandem_device(self) -> dict[str, str]:
-        device = next(self._tandem_model().parameters()).device
+        device = self._tandem_device()
         return {"type": device.type, "gpu_uuid": device_uuid(device) if device.type == "cuda" else ""}
 
     def tandem_checksum(self) -> float:
@@ -156,6 +157,14 @@ class TandemWorkerExtension:
     def tandem_checksums(self) -> dict[str, float]:
         """Sum of w (float64) per vLLM parameter name."""
         return {n: float(p.detach().double().sum().item()) for n, p in self._tandem_model().named_parameters()}
+
+    def _tandem_device(self) -> torch.device:
+        """Where the model runs. Read once, before any update: during a layerwise reload
+        the parameters sit on the meta device."""
+        device: torch.device | None = getattr(self, "_tandem_model_device", None)
+        if device is None:
+            device = self._tandem_model_device = next(self._tandem_model().parameters()).device
+        return device
 
     def _tandem_model(self) -> Any:
         """vLLM's model (an nn.Module with vLLM's `load_weights`)."""
