@@ -12,7 +12,7 @@ from roles.algo.advantages import (
     rloo_advantages,
 )
 from roles.algo.gae import gae_advantages, whiten
-from roles.algo.kl import AdaptiveKLController, FixedKLController, kl_penalty
+from roles.algo.kl import AdaptiveKLController, FixedKLController, kl_controller, kl_penalty
 from roles.algo.losses import (
     entropy_from_logits,
     explained_variance,
@@ -32,6 +32,7 @@ __all__ = [
     "explained_variance",
     "gae_advantages",
     "grpo_advantages",
+    "kl_controller",
     "kl_penalty",
     "masked_mean",
     "masked_sum",

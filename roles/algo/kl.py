@@ -58,3 +58,10 @@ class AdaptiveKLController:
         """Scale `value` by 1 + clip(current_kl / target - 1, -0.2, 0.2) * n_steps / horizon."""
         proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def kl_controller(
+    coef: float, *, adaptive: bool, target: float, horizon: float
+) -> FixedKLController | AdaptiveKLController:
+    """The adaptive controller when `adaptive`, else a fixed coefficient."""
+    return AdaptiveKLController(coef, target, horizon) if adaptive else FixedKLController(coef)

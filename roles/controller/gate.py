@@ -62,3 +62,8 @@ class StalenessGate:
 
     def state(self) -> dict[str, int]:
         return {"version": self.version, "admitted": self.admitted, "dropped": self.dropped, "trained": self.trained}
+
+    def restore(self, state: dict[str, int]) -> None:
+        """Take back the counters `state()` returned."""
+        self.version, self.admitted = state["version"], state["admitted"]
+        self.dropped, self.trained = state["dropped"], state["trained"]

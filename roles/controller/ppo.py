@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from roles.algo import gae_advantages, kl_penalty, whiten
+from roles.algo import explained_variance, gae_advantages, kl_controller, kl_penalty, whiten
 from roles.controller.batching import assign_shards
 from roles.controller.groups import Group, SampleRec
+from runtime.config import KLConfig
 from transport.wire import ValueRequest, ValueResult
 
 Pair = tuple[Group, SampleRec]
@@ -91,3 +92,35 @@ def mean_kl(groups: list[Group], estimator: str) -> float:
         if s.ref_logprobs is not None and s.length
     ]
     return float(torch.cat(kls).mean()) if kls else 0.0
+
+
+class RewardKL:
+    """The KL penalty folded into token rewards (`algorithm.kl.use=reward`): its estimator
+    and its fixed or adaptive coefficient. The value stage reads `coef` when it computes
+    token rewards; the training stage calls `update` once per step with that step's batch."""
+
+    def __init__(self, cfg: KLConfig) -> None:
+        self.estimator = cfg.estimator
+        self.ctl = kl_controller(cfg.coef, adaptive=cfg.adaptive, target=cfg.target, horizon=cfg.horizon)
+
+    @property
+    def coef(self) -> float:
+        return self.ctl.value
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """Adapt the coefficient to the batch's mean KL; the step's metrics."""
+        kl = mean_kl(groups, self.estimator)
+        self.ctl.update(kl, sum(1 for g in groups for s in g.ordered() if s.length))
+        return {"kl_reward_penalty": kl, "kl_coef": self.ctl.value}
+
+
+def value_metrics(groups: list[Group]) -> dict[str, float]:
+    """How well the critic's values predicted the returns of a batch."""
+    samples = [s for g in groups for s in g.ordered() if s.length]
+    values = torch.cat([s.values for s in samples if s.values is not None])
+    returns = torch.cat([s.returns for s in samples if s.returns is not None])
+    return {
+        "critic_explained_variance": explained_variance(values, returns, torch.ones_like(values)),
+        "values_mean": float(values.mean()),
+        "returns_mean": float(returns.mean()),
+    }

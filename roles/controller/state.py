@@ -1,6 +1,7 @@
-"""The controller's part of a checkpoint, as JSON (msgspec): the step and version, the
-dataset cursor, the gate's counters, the samples accepted but not trained yet, and the
-prompts that were in flight (re-dispatched on resume, so no prompt is skipped)."""
+"""The controller's part of a checkpoint, as JSON (msgspec): the ledger (step, gate
+counters, totals, the samples accepted but not trained yet, and the prompts that were in
+flight, generated again on resume so no prompt is skipped), the dataset cursor and the
+adaptive KL coefficient."""
 
 from __future__ import annotations
 
@@ -44,16 +45,20 @@ class GroupState(msgspec.Struct):
     value_version: int | None = None
 
 
-class ControllerState(msgspec.Struct):
+class LedgerState(msgspec.Struct):
+    """The ledger's part (taken between steps: no batch is in training)."""
+
     step: int
-    version: int
     next_gid: int
-    dataset: dict[str, int]
     gate: dict[str, int]
     totals: dict[str, int]
     ready: list[GroupState]
-    in_flight: list[GroupState]
-    trained_uids: list[int]
+    pending: list[GroupState]  # in flight or waiting for re-dispatch: prompts only
+
+
+class ControllerState(msgspec.Struct):
+    ledger: LedgerState
+    dataset: dict[str, int]
     kl_coef: float = 0.0
 
 

@@ -11,29 +11,30 @@ penalty into token rewards before GAE.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
 from roles.algo import token_logprobs, value_loss
-from roles.trainer.engine_base import FSDPBase, accumulate
-from roles.trainer.engine_fsdp import load_causal_lm
-from roles.trainer.fsdp import DTYPES, finish_backward, wrap_model_with_fsdp
-from roles.trainer.microbatch import MicroBatch
+from roles.training.engine import FSDPEngineBase
+from roles.training.fsdp import wrap_model_with_fsdp
+from roles.training.metrics import CRITIC_METRICS
+from roles.training.microbatch import MicroBatch
+from roles.training.models import DTYPES, load_causal_lm
 from runtime.config import RunConfig
 from transport.wire import TrainBatch, ValueRequest
 
-SUMMED = ("value_loss",)
-WEIGHTED = ("value_clip_fraction", "value_mean")
-MAXED: tuple[str, ...] = ()
 
+class CriticEngine(FSDPEngineBase):
+    """`train_step` (the base's) takes `critic.epochs` optimizer steps on each batch, values
+    clipped around the old ones; `values` scores packed sequences."""
 
-class CriticEngine(FSDPBase):
+    metric_names = CRITIC_METRICS
+
     def __init__(self, cfg: RunConfig, actor_path: Path) -> None:
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        super().__init__(cfg)
+        super().__init__(cfg, micro_batch_tokens=cfg.critic.micro_batch_tokens, epochs=cfg.critic.epochs)
         path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
         dtype = DTYPES[cfg.fsdp.param_dtype]
         config = AutoConfig.from_pretrained(str(path), num_labels=1)
@@ -64,7 +65,7 @@ class CriticEngine(FSDPBase):
         ref = torch.zeros_like(values) if self.ref_model is not None else None
         spans = _spans(req.cu_seqlens)
         row = 0
-        for mb in self.micro_batches(batch, self.cfg.critic.micro_batch_tokens):
+        for mb in self.micro_batches(batch, self.micro_batch_tokens):
             mb = mb.to(self.device)
             v = self._values(mb).cpu()
             r = self._ref_logprobs(mb) if ref is not None else None
@@ -84,32 +85,15 @@ class CriticEngine(FSDPBase):
         )
         return torch.nn.functional.pad(logp, (1, 0)).cpu()
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`critic.epochs` optimizer steps on the batch (values clipped around the old ones)."""
-        start = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        mbs = self.micro_batches(batch, self.cfg.critic.micro_batch_tokens)
-        for _ in range(self.cfg.critic.epochs):
-            acc: dict[str, float] = {}
-            for mb in mbs:
-                accumulate(acc, self._backward(mb.to(self.device), batch), SUMMED, WEIGHTED, MAXED)
-            metrics = self.reduce(acc, SUMMED, WEIGHTED, MAXED)
-            metrics.update(self.optimizer_step())
-        self.version += 1
-        metrics["train_s"] = time.perf_counter() - start
-        return metrics
-
-    def _backward(self, mb: MicroBatch, batch: TrainBatch) -> dict[str, float]:
+    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss against the returns."""
         f = mb.fields
         loss, m = value_loss(
             self._values(mb), f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
             num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
         )  # fmt: skip
-        (loss * self.world_size).backward()
-        finish_backward(self.model)
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
-        return m
+        return loss, m
 
 
 def _spans(cu: torch.Tensor) -> list[tuple[int, int]]:

@@ -10,38 +10,28 @@ holds values to the same staleness bound as tokens.
 from __future__ import annotations
 
 import asyncio
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from roles.critic.engine import CriticEngine
-from runtime.checkpoint import resume_dir
+from roles.training.torch_role import TorchRole
 from runtime.logs import get_logger
 from runtime.paths import model_dir
-from runtime.role import Role
 from transport import wire
 from transport.channels import Envelope
 
 log = get_logger("critic")
 
 
-class CriticRole(Role):
+class CriticRole(TorchRole[CriticEngine]):
     kind = "critic"
+    checkpoint_part = "critic"
 
     async def setup(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
-        started = time.perf_counter()
-        self.engine: CriticEngine = await self._in_thread(CriticEngine, self.cfg, model_dir(self.cfg))
-        resume = resume_dir()
-        if resume is not None:
-            await self._in_thread(self.engine.load, resume / "critic")
-            log.info("resumed", checkpoint=str(resume), version=self.engine.version)
-        log.info("engine_ready", world_size=self.engine.world_size, seconds=round(time.perf_counter() - started, 2))
+        await super().setup()
         self.lock = asyncio.Lock()
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    def build_engine(self) -> CriticEngine:
+        return CriticEngine(self.cfg, model_dir(self.cfg))
 
     def peer_info(self) -> wire.PeerInfo:
         info = super().peer_info()
@@ -65,7 +55,3 @@ class CriticRole(Role):
             self.request_stop(msg.reason or "controller shutdown")
             return None
         return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"critic does not serve {type(msg).__name__}")
-
-    async def close(self) -> None:
-        if hasattr(self, "pool"):
-            self.pool.shutdown(wait=False, cancel_futures=True)

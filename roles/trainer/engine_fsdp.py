@@ -1,5 +1,8 @@
 """The FSDP2 actor engine: one optimizer step of decoupled PPO per training batch.
 
+The step itself is `FSDPEngineBase.train_step` (roles/training/engine.py); this engine
+gives it the loss of one micro-batch and the KL controller's update after the step.
+
 Each rank trains on its shard of the step's batch. Per-token losses are normalised by
 the GLOBAL token (or sequence) count carried in the batch and scaled by the world size
 before backward (FSDP averages gradients over ranks), so the update equals one step on
@@ -14,7 +17,6 @@ one thread (the role runs them in a worker thread so its event loop keeps servin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,38 +31,23 @@ from roles.algo import (
     ppo_policy_loss,
     token_logprobs,
 )
-from roles.trainer.engine_base import FSDPBase, accumulate
-from roles.trainer.fsdp import DTYPES, finish_backward, full_state_dict_items, wrap_model_with_fsdp
-from roles.trainer.microbatch import MicroBatch
+from roles.training.engine import FSDPEngineBase
+from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
+from roles.training.metrics import ACTOR_METRICS
+from roles.training.microbatch import MicroBatch
+from roles.training.models import DTYPES, load_causal_lm
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
 
-SUMMED = ("loss",)
-WEIGHTED = (
-    "clip_fraction",
-    "kl_behaviour_proximal",
-    "entropy",
-    "importance_weight_mean",
-    "truncated_fraction",
-    "kl_ref",
-)
-MAXED = ("importance_weight_max", "ratio_max")
 
+class FSDPEngine(FSDPEngineBase):
+    metric_names = ACTOR_METRICS
 
-def load_causal_lm(model_path: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation="sdpa")
-    return model.to(device)
-
-
-class FSDPEngine(FSDPBase):
     def __init__(self, cfg: RunConfig, model_path: Path) -> None:
-        super().__init__(cfg)
+        super().__init__(cfg, micro_batch_tokens=cfg.trainer.micro_batch_tokens)
         dtype = DTYPES[cfg.fsdp.param_dtype]
-        model = load_causal_lm(model_path, dtype, self.device)
-        if cfg.trainer.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        checkpointing = cfg.trainer.gradient_checkpointing
+        model = load_causal_lm(model_path, dtype, self.device, gradient_checkpointing=checkpointing)
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None
@@ -72,25 +59,9 @@ class FSDPEngine(FSDPBase):
         )
         self._setup_optimizer(cfg.trainer.optim)
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on this rank's shard; returns metrics reduced over ranks."""
-        start = time.perf_counter()
-        self.model.train()
-        mbs = self.micro_batches(batch, self.cfg.trainer.micro_batch_tokens)
-        self.optimizer.zero_grad(set_to_none=True)
-        acc: dict[str, float] = {}
-        for mb in mbs:
-            accumulate(acc, self._backward(mb.to(self.device), batch), SUMMED, WEIGHTED, MAXED)
-        metrics = self.reduce(acc, SUMMED, WEIGHTED, MAXED)
-        metrics.update(self.optimizer_step())
-        self.version += 1
-        if self.ref_model is not None:
-            self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
-            metrics["kl_coef"] = self.kl_ctl.value
-        metrics.update(train_s=time.perf_counter() - start, micro_batches=len(mbs))
-        return metrics
-
-    def _backward(self, mb: MicroBatch, batch: TrainBatch) -> dict[str, float]:
+    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Decoupled PPO (proximal = this forward, detached), minus the entropy bonus, plus
+        the KL to the reference policy when it is in the loss."""
         ids = mb.input_ids_BT
         logits = self.model(input_ids=ids, attention_mask=mb.attention_mask_BT).logits[:, :-1]
         logp = token_logprobs(logits, ids[:, 1:])
@@ -110,10 +81,14 @@ class FSDPEngine(FSDPBase):
             kl = self._kl_to_reference(ids, mb.attention_mask_BT, logp)
             loss = loss + self.kl_ctl.value * aggregate(kl, mask, lc.agg, **norm)
             m["kl_ref"] = _masked_mean(kl.detach(), mask)
-        (loss * self.world_size).backward()
-        finish_backward(self.model)
         m.update(loss=float(loss.detach()), entropy=_masked_mean(entropy.detach(), mask), tokens=float(mask.sum()))
-        return m
+        return loss, m
+
+    def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        """The KL controller sees the step's KL to the reference policy."""
+        if self.ref_model is not None:
+            self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
+            metrics["kl_coef"] = self.kl_ctl.value
 
     def _kl_to_reference(self, ids: torch.Tensor, attn: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         assert self.ref_model is not None

@@ -34,16 +34,6 @@ import torch
 import torch.distributed as dist
 
 from roles.algo import ppo_policy_loss
-from roles.trainer.engine_base import (
-    accumulate,
-    init_distributed,
-    pick_device,
-    reduce_metrics,
-    rng_state,
-    set_rng_state,
-)
-from roles.trainer.engine_fsdp import MAXED, SUMMED
-from roles.trainer.fsdp import DTYPES
 from roles.trainer.megatron_convert import ModelDims
 from roles.trainer.megatron_model import (
     export_hf_weights,
@@ -52,13 +42,17 @@ from roles.trainer.megatron_model import (
     transformer_config,
     unwrap,
 )
-from roles.trainer.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.distributed import init_distributed, pick_device
+from roles.training.metrics import ACTOR_METRICS, accumulate, reduce_metrics
+from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.models import DTYPES
+from roles.training.rng import rng_state, set_rng_state
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
 
-# The FSDP engine's metrics less kl_ref (no reference policy here). Every rank reduces every
+# The FSDP actor's metrics less kl_ref (no reference policy here). Every rank reduces every
 # key, so ranks that do not report (not last stage, or TP rank > 0) send zeros.
-WEIGHTED = ("clip_fraction", "kl_behaviour_proximal", "entropy", "importance_weight_mean", "truncated_fraction")
+METRICS = ACTOR_METRICS.without("kl_ref")
 _PER_TOKEN = ("input_ids", "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
 
 
@@ -127,11 +121,11 @@ class MegatronEngine:
         step = partial(self._forward_step, batch=batch, num_microbatches=len(mbs))
         outputs = self._run_schedule(mbs, step, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
-        acc = dict.fromkeys(("tokens", *SUMMED, *WEIGHTED, *MAXED), 0.0)
+        acc = dict.fromkeys(METRICS.all(), 0.0)
         if self.reports_metrics:
             for m in outputs:
-                accumulate(acc, m, SUMMED, WEIGHTED, MAXED)
-        metrics = reduce_metrics(acc, SUMMED, WEIGHTED, MAXED, self.device)
+                accumulate(acc, m, METRICS)
+        metrics = reduce_metrics(acc, METRICS, self.device)
         self.version += 1
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok),
                        train_s=time.perf_counter() - start, micro_batches=len(mbs))  # fmt: skip

@@ -6,53 +6,47 @@ step) with a `TrainResult`. After the optimizer step all ranks export the full w
 packed (roles/weights: `ipc`, `nccl` or `zmq`, chosen by `weight_sync.backend` once the
 rollouts are known); rank 0's reply, which carries the step's metrics with the update's
 phase times, is sent only after every rollout acknowledged the new version.
-Torch work runs in one dedicated thread, so the event loop keeps heartbeats flowing
-during long steps.
+Torch work runs in one dedicated thread (`TorchRole`), so the event loop keeps
+heartbeats flowing during long steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from roles.trainer.engine_fsdp import FSDPEngine
-from roles.trainer.fsdp import DTYPES
-from roles.trainer.hf_export import export_hf
+from roles.training.hf_export import export_hf
+from roles.training.models import DTYPES
+from roles.training.torch_role import TorchRole
 from roles.weights.backend import BackendError, choose_backend
 from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
 from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
 from runtime import addresses
-from runtime.checkpoint import resume_dir
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
-from runtime.role import FatalError, Role
+from runtime.role import FatalError
 from transport import wire
 from transport.channels import Envelope
+
+if TYPE_CHECKING:
+    from roles.trainer.engine_megatron import MegatronEngine
 
 log = get_logger("trainer")
 
 
-class TrainerRole(Role):
+class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
     kind = "trainer"
+    checkpoint_part = "actor"
 
     async def setup(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
-        started = time.perf_counter()
-        self.engine = await self._in_thread(self._build_engine)
-        resume = resume_dir()
-        if resume is not None:
-            await self._in_thread(self.engine.load, resume / "actor")
-            set_policy_version(self.engine.version)
-            log.info("resumed", checkpoint=str(resume), version=self.engine.version)
-        log.info("engine_ready", backend=self.cfg.trainer.backend, world_size=self.engine.world_size,
-                 device=str(self.engine.device), seconds=round(time.perf_counter() - started, 2))  # fmt: skip
+        await super().setup()
         self.sender: WeightSender | None = None  # rank 0, once the rollouts are known
         self.packer: BucketPacker | None = None
         self.step_lock = asyncio.Lock()
@@ -84,15 +78,18 @@ class TrainerRole(Role):
         log.info("weight_sync_backend", backend=backend, requested=cfg.weight_sync.backend, pack_device=str(pack_on))
         return WeightSender(self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s, transfer=transfer)
 
-    def _build_engine(self) -> Any:
+    def build_engine(self) -> FSDPEngine | MegatronEngine:
         if self.cfg.trainer.backend == "megatron":
             from roles.trainer.engine_megatron import MegatronEngine
 
             return MegatronEngine(self.cfg, model_dir(self.cfg))
         return FSDPEngine(self.cfg, model_dir(self.cfg))
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    def resumed(self) -> None:
+        set_policy_version(self.engine.version)
+
+    def ready_fields(self) -> dict[str, Any]:
+        return {"backend": self.cfg.trainer.backend, **super().ready_fields()}
 
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
@@ -187,8 +184,7 @@ class TrainerRole(Role):
         sender: WeightSender | None = getattr(self, "sender", None)
         if sender is not None:
             await sender.aclose()
-        if hasattr(self, "pool"):
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        await super().close()
 
 
 def _drain(items: Any) -> None:

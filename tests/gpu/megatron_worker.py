@@ -112,7 +112,7 @@ def case_logprobs(model_dir: str, out: Path, tp: int, pp: int, dtype: str) -> No
 def case_ppo(model_dir: str, out: Path) -> None:
     from roles.trainer.engine_fsdp import FSDPEngine
     from roles.trainer.engine_megatron import MegatronEngine
-    from roles.trainer.hf_export import export_hf
+    from roles.training.hf_export import export_hf
 
     fsdp_cfg = config(model_dir, "fsdp.use_fsdp=true", "fsdp.param_dtype=float32")
     fsdp = FSDPEngine(fsdp_cfg, Path(model_dir))

@@ -35,6 +35,15 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def trained_history(run: Path) -> list[dict]:
+    """The controller's `trained` events of the training that stands: the first run's up
+    to the checkpoint the second resumed from, then all of the second's."""
+    log = [json.loads(line) for line in (run / "logs" / "controller-0.jsonl").read_text().splitlines()]
+    resumed = next(i for i, r in enumerate(log) if r["event"] == "resumed")
+    first = [r for r in log[:resumed] if r["event"] == "trained" and r["step"] <= log[resumed]["step"]]
+    return first + [r for r in log[resumed:] if r["event"] == "trained"]
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -82,12 +91,14 @@ def test_step_version_and_cursor_continue_without_gaps(crashed_and_resumed: tupl
     assert [r["step"] for r in m] == list(range(1, STEPS + 1))
     assert [r["policy_version"] for r in m] == list(range(1, STEPS + 1))
     final = json.loads((complete_dirs(run / "checkpoints")[-1] / "controller.json").read_text())
-    assert final["step"] == STEPS
+    assert final["ledger"]["step"] == STEPS
     resumed_from = info["state"]
-    uids = final["trained_uids"]
-    assert uids[: len(resumed_from["trained_uids"])] == resumed_from["trained_uids"]
+    history = trained_history(run)
+    assert [r["step"] for r in history] == list(range(1, STEPS + 1))
+    uids = [u for r in history for u in r["uids"]]
     assert len(uids) == len(set(uids)) == STEPS * 8, "a prompt was trained twice"
-    in_flight = {g["prompt"]["uid"] for g in resumed_from["in_flight"] + resumed_from["ready"]}
+    ledger = resumed_from["ledger"]
+    in_flight = {g["prompt"]["uid"] for g in ledger["pending"] + ledger["ready"]}
     assert in_flight, "the checkpoint was taken with prompts in flight"
     assert in_flight <= set(uids), "prompts in flight at the checkpoint were skipped"
     # Every prompt drawn before the checkpoint is trained; later ones continue the cursor.

@@ -1,11 +1,11 @@
-"""FSDP2 (`fully_shard`) wrapping of the trainer's model from verl-style `FSDPConfig` fields.
+"""FSDP2 (`fully_shard`) wrapping of the trainer's and critic's models from verl-style `FSDPConfig` fields.
 
 Invariant: after `loss.backward()` and `finish_backward(model)`, every rank holds the
 data-parallel *mean* of the per-rank gradients, for every parameter and every setting
 (sharded params as DTensor shards, ignored / `use_fsdp=False` params as full tensors).
 
-Loss scaling rule (the trainer relies on it). For a global loss `L = sum(token losses over
-all ranks) / num_global_tokens`, each rank backpropagates
+Loss scaling rule (`FSDPEngineBase.train_step` relies on it). For a global loss
+`L = sum(token losses over all ranks) / num_global_tokens`, each rank backpropagates
 
     loss_for_backward = sum(local token losses) / num_global_tokens * world_size
 
@@ -53,9 +53,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from roles.training.models import DTYPES
 from runtime.config import FSDPConfig
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Wrappers that insert a path component into parameter names (checkpointing, compile, FSDP1).
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _REPLICATED_ATTR = "_tandem_replicated_params"
@@ -82,16 +82,20 @@ def wrap_model_with_fsdp(model: nn.Module, fsdp_config: FSDPConfig, *, device: t
         # fully_shard leaves ignored params where they are; the forward needs them on `device`.
         param.data = param.data.to(device)
     blocks = find_blocks(model)
-    kwargs = dict(
-        mesh=mesh,
-        mp_policy=_mp_policy(fsdp_config),
-        offload_policy=CPUOffloadPolicy() if fsdp_config.cpu_offload else OffloadPolicy(),
-        ignored_params=set(ignored) or None,
-    )
+    mp_policy = _mp_policy(fsdp_config)
+    offload_policy = CPUOffloadPolicy() if fsdp_config.cpu_offload else OffloadPolicy()
+    ignored_params = set(ignored) or None
+
+    def shard(module: nn.Module, reshard_after_forward: bool) -> None:
+        fully_shard(
+            module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+            offload_policy=offload_policy, ignored_params=ignored_params,
+        )  # fmt: skip
+
     reshard_blocks = fsdp_config.sharding_strategy != "SHARD_GRAD_OP"
     for block in reversed(blocks):  # bottom-up: a nested block is sharded before its parent
-        fully_shard(block, reshard_after_forward=reshard_blocks, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
+        shard(block, reshard_blocks)
+    shard(model, False)
     _set_backward_prefetch(model, blocks, fsdp_config.backward_prefetch)
     model.register_forward_hook(functools.partial(_reshard_without_grad, [model, *blocks]))
     setattr(model, _REPLICATED_ATTR, tuple(p for p in ignored if p.requires_grad))
@@ -163,11 +167,11 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     the DTensor / plain mix that `ignored_modules` produces and CPU-offloaded shards.
     """
     sharded, replicated = _split_params(model)
-    sharded_grads = [p.grad.to_local() for p in sharded if p.grad is not None]
+    sharded_grads = [cast(DTensor, p.grad).to_local() for p in sharded if p.grad is not None]
     replicated_grads = [p.grad for p in replicated if p.grad is not None]
     squares = []
     if sharded:
-        mesh = sharded[0].device_mesh
+        mesh = cast(DTensor, sharded[0]).device_mesh
         # Shards split the last mesh dim (the replicate dim, if any, holds copies).
         square = _sum_of_squares(sharded_grads, mesh.device_type)
         dist.all_reduce(square, group=mesh.get_group(mesh.ndim - 1))
@@ -265,6 +269,7 @@ def _set_backward_prefetch(root: nn.Module, blocks: list[nn.Module], mode: str) 
 
 
 def _split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """Trainable params as ([DTensor ones], [plain ones])."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     return [p for p in trainable if isinstance(p, DTensor)], [p for p in trainable if not isinstance(p, DTensor)]
 
@@ -291,7 +296,7 @@ def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type != mesh_device:
         # CPU-offloaded shards (and their norms): gather on the mesh's device, as torch's
         # _state_dict_utils does, since the mesh's process group may not reduce CPU tensors.
-        return tensor.to(mesh_device).full_tensor().to(tensor.device)
+        return cast(DTensor, tensor.to(mesh_device)).full_tensor().to(tensor.device)
     return tensor.full_tensor()
 
 

@@ -1,8 +1,11 @@
-"""Writing the policy as an HF model directory (what vLLM and transformers load).
+"""What an engine's `export_weights` stream (full tensors by HF name) is turned into.
 
-`export_hf` is a collective over the trainer ranks: every rank gathers full tensors; rank
-0 writes `model.safetensors` in the export dtype plus the config and tokenizer files of
-the source model directory. Tied weights are written once (the config ties them again).
+`export_hf` writes the policy as an HF model directory (what vLLM and transformers load).
+It is a collective over the trainer ranks: every rank gathers full tensors; rank 0 writes
+`model.safetensors` in the export dtype plus the config and tokenizer files of the source
+model directory. Tied weights are written once (the config ties them again).
+Tensors may come on any device (the FSDP engine exports on its own); they are written
+from the CPU.
 """
 
 from __future__ import annotations

@@ -1,0 +1,61 @@
+"""Checkpoints, controller side: every trainer and critic rank saves its shards, the
+controller its state (`ControllerState`); then the folder is committed (runtime/checkpoint.py).
+Taken between steps, so no batch is in training; see README "Checkpoints, resume, export"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from roles.controller import state as cstate
+from roles.controller.ranks import RankGroup
+from runtime import checkpoint
+from runtime.logs import get_logger
+from transport import wire
+
+log = get_logger("controller")
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        run_dir: Path,
+        ranks: list[RankGroup],
+        snapshot: Callable[[], cstate.ControllerState],
+        *,
+        keep: int,
+        timeout_s: float,
+    ) -> None:
+        """`ranks`: the groups whose ranks save shards (trainer, critic); `snapshot()`:
+        the controller's state now."""
+        self.run_dir = run_dir
+        self.ranks = ranks
+        self.snapshot = snapshot
+        self.keep = keep
+        self.timeout_s = timeout_s
+
+    async def save(self) -> Path:
+        started = time.perf_counter()
+        state = self.snapshot()
+        step = state.ledger.step
+        tmp = checkpoint.begin(self.run_dir, step)
+        save = wire.SaveCheckpoint(step=step, directory=str(tmp))
+        await asyncio.gather(*[group.call(save, self.timeout_s) for group in self.ranks if len(group)])
+        (tmp / "controller.json").write_bytes(cstate.encode(state))
+        version = state.ledger.gate["version"]
+        final = checkpoint.commit(tmp, step, {"version": version}, keep=self.keep)
+        log.info("checkpoint_saved", step=step, path=str(final), seconds=round(time.perf_counter() - started, 3))
+        return final
+
+
+def truncate_metrics(path: Path, step: int) -> float:
+    """Keep `path` (metrics.jsonl) up to `step` (later lines are redone on resume);
+    returns the last kept line's wall time."""
+    if not path.exists():
+        return 0.0
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+    return float(json.loads(kept[-1])["wall_s"]) if kept else 0.0

@@ -1,0 +1,148 @@
+"""The FSDP2 engine base: what the actor and critic engines share.
+
+It owns the process group, the device, the sharded model's AdamW with its warm-up
+schedule, micro-batches kept in step across ranks, and sharded checkpoints; and the one
+`train_step` every FSDP engine runs. A subclass builds `self.model` (FSDP-wrapped), calls
+`_setup_optimizer`, names its metrics (`metric_names`) and implements `loss`, the loss of
+one micro-batch; it may add metrics after the step in `after_step`.
+
+A step, on every rank: zero the gradients; split this rank's shard into micro-batches,
+padded with empty ones to the largest count of any rank; `epochs` times, backward each
+micro-batch's loss scaled by the world size (FSDP averages gradients over ranks, see
+`roles/training/fsdp.py`), fold its metrics, reduce them over ranks and take an
+optimizer step. `version` then counts one more step, whatever `epochs` is.
+
+Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model and the
+optimizer (every rank writes its shards into one directory, loadable at another world
+size), plus one small `extra-rank<r>.pt` per rank with the scheduler, the RNG states and
+the version. All methods are blocking collectives unless said otherwise: every rank calls
+them in the same order, from one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from roles.training.distributed import init_distributed, pick_device
+from roles.training.fsdp import clip_grad_norm_, finish_backward, optimizer_param_groups
+from roles.training.metrics import MetricNames, accumulate, reduce_metrics
+from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.rng import rng_state, set_rng_state
+from runtime.config import OptimConfig, RunConfig
+from transport.wire import TrainBatch
+
+
+class FSDPEngineBase(ABC):
+    """Subclasses build `self.model` (already FSDP-wrapped) and call `_setup_optimizer`."""
+
+    model: torch.nn.Module
+    metric_names: ClassVar[MetricNames]
+
+    def __init__(self, cfg: RunConfig, *, micro_batch_tokens: int, epochs: int = 1) -> None:
+        self.cfg = cfg
+        self.device = pick_device(cfg)
+        init_distributed(self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(cfg.trainer.seed)
+        self.version = 0
+        self.micro_batch_tokens = micro_batch_tokens
+        self.epochs = epochs
+
+    def _setup_optimizer(self, o: OptimConfig) -> None:
+        self.optim_cfg = o
+        self.optimizer = torch.optim.AdamW(
+            optimizer_param_groups(self.model), lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
+            weight_decay=o.weight_decay,
+        )  # fmt: skip
+        warmup = max(1, o.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+
+    # --- the step ----------------------------------------------------------------------
+    @abstractmethod
+    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's loss and metrics, `mb` already on the device, `batch` the
+        rank's whole shard (for the step's global counts). The loss is normalised by the
+        step's global token (or sequence) count and not scaled by the world size. The
+        metrics are python floats named in `metric_names`, plus "tokens", the micro-batch's
+        masked token count (the weight of `weighted` names)."""
+
+    def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        """Called once per `train_step`, after the optimizer steps and the version count,
+        with the reduced metrics, which it may add to. Does nothing unless overridden."""
+        return None
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """`epochs` optimizer steps on this rank's shard; the last one's metrics reduced
+        over ranks, with grad_norm, lr, train_s and micro_batches."""
+        start = time.perf_counter()
+        self.model.train()
+        mbs = self.micro_batches(batch, self.micro_batch_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.epochs):
+            metrics = self._backward(mbs, batch)
+            metrics.update(self.optimizer_step())
+        self.version += 1
+        self.after_step(batch, metrics)
+        metrics.update(train_s=time.perf_counter() - start, micro_batches=len(mbs))
+        return metrics
+
+    def _backward(self, mbs: list[MicroBatch], batch: TrainBatch) -> dict[str, float]:
+        """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""
+        acc: dict[str, float] = {}
+        for mb in mbs:
+            loss, m = self.loss(mb.to(self.device), batch)
+            (loss * self.world_size).backward()
+            finish_backward(self.model)
+            accumulate(acc, m, self.metric_names)
+        return reduce_metrics(acc, self.metric_names, self.device)
+
+    def micro_batches(self, batch: TrainBatch, budget: int) -> list[MicroBatch]:
+        """This rank's micro-batches, padded with empty ones to the largest count of any rank."""
+        mbs = split_micro_batches(batch, budget) if batch.cu_seqlens.numel() > 1 else []
+        n = torch.tensor([len(mbs)], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return mbs + [dummy_micro_batch(batch) for _ in range(int(n.item()) - len(mbs))]
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step and advance the schedule (not the version); returns grad_norm and lr."""
+        grad_norm = float(clip_grad_norm_(self.model, self.optim_cfg.grad_clip or float("inf")))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.scheduler.step()
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    # --- checkpoints -----------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        """Write model + optimizer shards (DCP) and this rank's extra state into `directory`."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+        extra = {
+            "version": self.version,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+        torch.save(extra, directory / f"extra-rank{self.rank}.pt")
+        dist.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote (the world size may differ; RNG only for known ranks)."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        path = directory / f"extra-rank{self.rank}.pt"
+        if not path.exists():
+            path = directory / "extra-rank0.pt"
+        extra = torch.load(path, weights_only=False)
+        self.version = int(extra["version"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        set_rng_state(extra["rng"])
