@@ -133,9 +133,10 @@ class NcclTransfer:
         sent = asyncio.ensure_future(self._blocking(lambda: group.broadcast(bucket.flat)))
         await asyncio.wait({reply, sent}, return_when=asyncio.FIRST_EXCEPTION)
         if reply.done() and reply.exception() is not None:
-            # The rollout refused or failed: abort the group, which ends the broadcast at once.
+            # The rollout refused or failed: abort the group. The broadcast's thread ends when
+            # the backend gives up (gloo only at its timeout); nobody waits for it.
             await self.forget(target)
-            await asyncio.gather(sent, return_exceptions=True)
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise reply.exception()  # type: ignore[misc]
         if sent.done() and sent.exception() is not None:
             reply.cancel()
