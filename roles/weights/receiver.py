@@ -178,9 +178,9 @@ class WeightReceiver:
     # --- the update's life ---------------------------------------------------------------
     async def _begin(self, version: int, backend: str) -> _Update:
         started = time.perf_counter()
+        log.info("weight_update_started", update=version, backend=backend)
         pause_s = await self.engine.begin_update(version, self.timeout_s)
         self.update = _Update(version=version, backend=backend, started=started, pause_s=pause_s)
-        log.info("weight_update_started", update=version, backend=backend)
         return self.update
 
     async def _finish(self, update: _Update) -> wire.WeightsApplied:
