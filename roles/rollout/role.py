@@ -36,7 +36,7 @@ from transport.channels import Envelope, RpcEndpoint, bind_router
 from .engine import EngineDead, RolloutEngine, Sample
 
 log = get_logger("rollout")
-IDLE_BEFORE_SLEEP_S = 0.2  # no sample in flight this long: sleep (sleep_when_idle)
+IDLE_BEFORE_SLEEP_S = 0.02  # no sample in flight this long: sleep (sleep_when_idle; a batch arrives at once)
 
 
 class RolloutRole(Role):
@@ -163,7 +163,7 @@ class RolloutRole(Role):
         idle_since: float | None = None
         timeout_s = self.cfg.rollout.engine.call_timeout_s
         while True:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
             busy = self.samples or self.engine.updating is not None or self.receiver.update is not None
             if busy or self.engine.sleeping:
                 idle_since = None

@@ -186,9 +186,11 @@ class NcclTransfer:
             raise
 
     async def forget(self, target: str) -> None:
+        """Drop the target's group; it is aborted in a thread (gloo's abort waits for a
+        broadcast in progress to time out), so nothing here waits for it."""
         group = self.groups.pop(target, None)
         if group is not None:
-            group.close()
+            asyncio.get_running_loop().run_in_executor(self._threads, group.close)
 
     async def aclose(self) -> None:
         for group in self.groups.values():

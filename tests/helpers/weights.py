@@ -18,7 +18,18 @@ from tests.helpers.harness import RoleHarness
 class TrainerSide:
     """`backend`'s sender from this process, packing on `device` (the GPU for ipc/nccl)."""
 
-    def __init__(self, h: RoleHarness, backend: str, device: torch.device, *, timeout_s: float, bucket_mb: int) -> None:
+    def __init__(
+        self,
+        h: RoleHarness,
+        backend: str,
+        device: torch.device,
+        *,
+        timeout_s: float,
+        bucket_mb: int,
+        identity: str = "",
+    ) -> None:
+        """`identity`: this sender's socket identity (default `trainer-<backend>`); two
+        senders alive at once need two (the rollout's ROUTER routes by identity)."""
         transfer: Transfer
         if backend == "ipc":
             transfer = IpcTransfer(timeout_s)
@@ -27,7 +38,7 @@ class TrainerSide:
         else:
             transfer = ZmqTransfer(timeout_s)
         opts = addresses.channel_options(h.cfg, h.cfg.run_dir)
-        self.sender = WeightSender(h.zmq, opts, f"trainer-{backend}", timeout_s, transfer)
+        self.sender = WeightSender(h.zmq, opts, identity or f"trainer-{backend}", timeout_s, transfer)
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
         self.packer = BucketPacker(pack_on, bucket_mb << 20)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="export")
