@@ -14,7 +14,8 @@ Each run's metrics.jsonl is then summarised over its steady window: the first
 in which nothing is generated any more (the samples they train were generated ahead, so
 they would flatter the async run); at least one step is kept. Rates are totals over the
 window (samples / sum of step times); `run_samples_per_s` is the whole run's. Weight-sync
-time is the median step. `wall_over_max_busy` is the window's wall time over the busier
+time (and each of its phases, `weight_sync_gather_s` / `_transfer_s` / `_load_s`) is the
+median step. `wall_over_max_busy` is the window's wall time over the busier
 side's busy time (rollout or trainer): 1.0 is perfect overlap, sync PPO sits near
 (gen + train) / max(gen, train). `trainer_mfu` is 6 * params * trained tokens (prompt + response) /
 train_busy_s / peak FLOP/s of the trainer's GPUs (`--peak-tflops` each, default H200 bf16
@@ -81,6 +82,10 @@ def summarize_run(
     sync_s = statistics.median(r["weight_sync_s"] for r in kept)
     trained_tokens = tokens + samples * prompt_tokens
     pushed = [r["weight_sync_gb"] for r in kept if "weight_sync_gb" in r]
+    phases = {
+        k: statistics.median(r[k] for r in kept) if all(k in r for r in kept) else None
+        for k in ("weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s")
+    }
     return {
         "steps": len(kept),
         "samples_per_s": samples / wall,
@@ -97,6 +102,7 @@ def summarize_run(
         "weight_sync_s": sync_s,
         "weight_sync_gbps": policy_bytes / sync_s / 1e9 if sync_s > 0 else None,
         "weight_sync_gb_pushed": statistics.median(pushed) if pushed else None,
+        **phases,
         "trainer_mfu": 6 * params * trained_tokens / train_busy / peak_flops if train_busy > 0 else None,
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in kept),
         "staleness_max": max(r["staleness_max"] for r in kept),
@@ -147,8 +153,7 @@ def variant_overrides(cfg: RunConfig, staleness: int, colocated_util: float | No
             "rollout.max_staleness=0",
             f"placement={json.dumps(colocated_placement(cfg))}",
             f"rollout.engine.gpu_memory_utilization={colocated_util}",
-            # NCCL cannot hold trainer rank 0 and a rollout on one GPU (runtime/gpu_check.py).
-            "weight_sync.backend=zmq",
+            "weight_sync.backend=auto",  # ipc: NCCL cannot hold trainer rank 0 and a rollout on one GPU
         ]
     return out
 

@@ -8,9 +8,12 @@ In one run, on the same machine and with the same engine options and requests:
   the controller drives it (`Generate` in, one `Completion` per sample out).
 
 Throughput is output tokens per second over the whole batch; the figure is the median
-of `--reps` repetitions after one warm-up. The update figure is the median time from the
-first weight bucket sent to the `WeightsApplied` reply for the tiny model, with the
-role's own receive / load / total split.
+of `--reps` repetitions after one warm-up. The update figure is the median time of a
+whole update of the model, sent as the trainer sends it (buckets of
+`weight_sync.bucket_mb`, by the backend `weight_sync.backend` picks for a trainer on GPU 0
+beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to
+the `WeightsApplied` reply, with the phase split and the role's own receive / load /
+total times.
 
     .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3]
 """
@@ -31,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # vLLM logs to stdout by default; stdout is for this benchmark's one JSON object.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+# The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
+os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from runtime.config import RunConfig
 from runtime.config_load import load_config
@@ -105,22 +110,37 @@ async def role(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: 
 
 
 async def weight_updates(harness, reps: int) -> dict:
+    import torch
     from safetensors.torch import load_file
 
-    from transport import wire
+    from roles.weights.backend import choose_backend
+    from roles.weights.ipc import device_uuid
+    from tests.helpers.weights import TrainerSide
 
-    tensors = load_file(Path(harness.cfg.run_dir) / "model" / "model.safetensors")
-    ep = harness.connect(harness.peer.address, name="trainer-0")
-    times, applied = [], []
+    cfg = harness.cfg
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    uuid = device_uuid(device) if device.type == "cuda" else ""
+    backend = choose_backend(cfg.weight_sync.backend, device, uuid, [harness.peer])
+    tensors = {k: v.to(device) for k, v in load_file(Path(cfg.run_dir) / "model" / "model.safetensors").items()}
+    side = TrainerSide(
+        harness, backend, device, timeout_s=cfg.weight_sync.timeout_s, bucket_mb=cfg.weight_sync.bucket_mb
+    )
+    await side.connect()
+    times, applied, phases = [], [], []
     for version in range(1, reps + 1):
-        start = time.perf_counter()
-        reply = await ep.request(wire.WeightBucket(version=version, index=0, last=True, tensors=tensors), timeout=60)
-        times.append(time.perf_counter() - start)
-        applied.append(reply)
-    await ep.aclose()
+        result = await side.push(version, tensors)
+        if result.failed:
+            raise RuntimeError(str(next(iter(result.failed.values()))))
+        times.append(result.seconds)
+        applied.append(result.applied[f"{harness.role}-{harness.rank}"])
+        phases.append(result.phases)
+    await side.aclose()
     return {
+        "update_backend": backend,
+        "update_bucket_mb": cfg.weight_sync.bucket_mb,
         "update_s_median": statistics.median(times),
         "update_s_max": max(times),
+        "update_phases_s_median": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
         "role_receive_s_median": statistics.median(a.receive_s for a in applied),
         "role_load_s_median": statistics.median(a.load_s for a in applied),
         "role_total_s_median": statistics.median(a.total_s for a in applied),

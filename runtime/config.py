@@ -86,6 +86,16 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     enable_prefix_caching: Annotated[
         bool, Doc(description="Reuse KV of shared prompt prefixes (salted per policy version).")
     ] = True
+    sleep_when_idle: Annotated[
+        bool,
+        Doc(
+            description="Synchronous runs (`max_staleness: 0`) with the rollout on a GPU of a trainer rank "
+            "(placement `devices`): vLLM sleeps (KV cache freed, weights to host memory) while the trainer steps."
+        ),
+    ] = True
+    call_timeout_s: Annotated[
+        float, Doc(description="Bound on each vLLM engine call (pause, resume, sleep, wake, cache reset).", gt=0)
+    ] = 60.0
 
 
 class RolloutConfig(msgspec.Struct, **_STRUCT):
@@ -275,12 +285,14 @@ class RewardConfig(msgspec.Struct, **_STRUCT):
 
 class WeightSyncConfig(msgspec.Struct, **_STRUCT):
     backend: Annotated[
-        Literal["zmq", "nccl"],
+        Literal["auto", "zmq", "nccl", "ipc"],
         Doc(
-            description="`zmq`: bucketed bytes over ZeroMQ (CPU, any host); `nccl`: broadcast over a dedicated "
-            "group per rollout, NCCL from a CUDA trainer, gloo from a CPU one."
+            description="`ipc`: CUDA IPC handles of packed GPU buckets (rollout on trainer rank 0's GPU); "
+            "`nccl`: GPU buckets broadcast over a dedicated group per rollout (NCCL from a CUDA trainer, gloo "
+            "from a CPU one); `zmq`: bucketed bytes over ZeroMQ (CPU, any host); `auto`: ipc when every rollout "
+            "shares trainer rank 0's GPU, nccl when all are on CUDA, zmq otherwise."
         ),
-    ] = "zmq"
+    ] = "auto"
     bucket_mb: Annotated[int, Doc(description="Size of one weight bucket in MiB.", ge=1)] = 64
     timeout_s: Annotated[float, Doc(description="Bound on each phase of a weight update.", gt=0)] = 60.0
 

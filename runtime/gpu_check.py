@@ -138,5 +138,53 @@ def check_nccl_weight_sync(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"weight_sync.backend=nccl: {label(i, e)} shares GPU {min(shared)} with trainer rank 0 "
                 f"({label(trainer[0], trainer[1])}); NCCL cannot hold two ranks on one GPU: "
-                "use weight_sync.backend=zmq for colocated placements"
+                "use weight_sync.backend=ipc (or auto) for colocated placements"
             )
+
+
+def check_ipc_weight_sync(cfg: RunConfig) -> None:
+    """`weight_sync.backend=ipc` hands trainer rank 0's GPU buffers to vLLM by CUDA IPC: the
+    trainer must be on a GPU, and every rollout that placement puts on a GPU must be on
+    trainer rank 0's (the GPU UUIDs are checked again at run time)."""
+    if cfg.weight_sync.backend != "ipc":
+        return
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("weight_sync.backend=ipc needs trainer.device=cuda or auto (it is cpu)")
+    items = list(enumerate(entries(cfg)))
+    trainer = next(((i, e) for i, e in items if e.role == "trainer" and e.devices), None)
+    if trainer is None:
+        return
+    node0 = trainer[1].nodes[0] if trainer[1].nodes else trainer[1].node
+    rank0 = set(_process_devices(trainer[1])[0])
+    for i, e in items:
+        if e.role != "rollout" or not e.devices:
+            continue
+        for node in e.nodes or [e.node]:
+            for devs in _process_devices(e):
+                if node != node0 or set(devs) != rank0:
+                    raise ConfigError(
+                        f"weight_sync.backend=ipc: {label(i, e)} is on GPU {devs} of node {node}, trainer rank 0 "
+                        f"({label(trainer[0], trainer[1])}) on GPU {sorted(rank0)} of node {node0}; ipc needs them "
+                        "on one GPU: use weight_sync.backend=nccl (or auto) for separate GPUs"
+                    )
+
+
+def rollout_shares_trainer_gpu(cfg: RunConfig, rank: int) -> bool:
+    """Whether placement puts rollout `rank` on a GPU (same node, same index) of some
+    trainer rank. Processes placed without `devices` never count: their GPU is only known
+    at run time."""
+    mine: set[tuple[int, int]] = set()
+    trainers: set[tuple[int, int]] = set()
+    next_rank: dict[str, int] = {}
+    for e in entries(cfg):
+        for node in e.nodes or [e.node]:
+            per_process = _process_devices(e) or [[]] * e.count
+            for devs in per_process[: e.count]:
+                r = next_rank.get(e.role, 0)
+                next_rank[e.role] = r + 1
+                gpus = {(node, d) for d in devs}
+                if e.role == "rollout" and r == rank:
+                    mine = gpus
+                elif e.role == "trainer":
+                    trainers |= gpus
+    return bool(mine & trainers)

@@ -9,7 +9,7 @@ import importlib.util
 
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
-from runtime.gpu_check import check_gpu_memory, check_nccl_weight_sync
+from runtime.gpu_check import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
 from runtime.placement import role_counts
 
 
@@ -39,6 +39,7 @@ def check_config(cfg: RunConfig) -> None:
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
+    check_ipc_weight_sync(cfg)
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import torch
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _HEADER = struct.Struct("<BBBxQ")
 
@@ -48,8 +48,8 @@ class MsgType(IntEnum):
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
     WEIGHT_GROUP_INIT = 23
-    WEIGHT_COLLECTIVE_PLAN = 24
-    WEIGHTS_SENT = 25
+    WEIGHT_BUCKET_META = 26
+    WEIGHT_CHECKSUMS = 27
     REWARD_REQUEST = 30
     REWARD_RESULT = 31
     TRAIN_BATCH = 40
@@ -274,21 +274,45 @@ class TensorSlot(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int
 
 
-class WeightCollectivePlan(msgspec.Struct, **_msg(MsgType.WEIGHT_COLLECTIVE_PLAN)):
-    """Trainer → rollout: `version` follows as one broadcast of a flat uint8 buffer per
-    entry of `bucket_sizes`, laid out as `slots` say. Answered by `Ack` once the rollout
-    receives, `Error(REFUSED)` for a version older than the rollout's."""
+class IpcHandle(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A CUDA buffer shared by CUDA IPC (see roles/weights/ipc.py): the fields of torch's
+    own CUDA tensor reduction, as bytes and numbers."""
+
+    device_uuid: str
+    handle: bytes
+    storage_bytes: int
+    storage_offset: int
+    tensor_offset: int
+    numel: int
+    ref_counter: bytes
+    ref_counter_offset: int
+    event: bytes = b""
+    event_sync: bool = False
+
+
+class WeightBucketMeta(msgspec.Struct, **_msg(MsgType.WEIGHT_BUCKET_META)):
+    """Trainer → rollout, one per bucket of `version` on the GPU-resident paths: the
+    bucket's layout, and where its bytes are — in the shared buffer `ipc` (backend
+    `ipc`), or in the broadcast that follows on the weight group (`ipc` None: backend
+    `nccl`). Answered by `Ack` once loaded; the `last` one by `WeightsApplied` once the
+    version is switched. Bucket 0 begins an update: refused (`REFUSED`) for a version
+    older than the rollout's."""
 
     version: int
+    index: int
+    last: bool
     slots: list[TensorSlot]
-    bucket_sizes: list[int]
+    nbytes: int
+    ipc: IpcHandle | None = None
 
 
-class WeightsSent(msgspec.Struct, **_msg(MsgType.WEIGHTS_SENT)):
-    """Trainer → rollout: every bucket of `version` was broadcast; answered by
-    `WeightsApplied` once the rollout loaded it, or `Error`."""
+class WeightChecksums(msgspec.Struct, **_msg(MsgType.WEIGHT_CHECKSUMS)):
+    """Anyone → rollout (weights socket): the sum of every vLLM parameter (float64, by
+    vLLM's own parameter name) at `version`, which the rollout fills in on reply. A cheap
+    proof that an update wrote every tensor; empty `sums` in the request."""
 
-    version: int
+    version: int = -1
+    sums: dict[str, float] = {}
 
 
 # --- reward ----------------------------------------------------------------------------
@@ -402,8 +426,8 @@ Message = (
     | ValueRequest
     | ValueResult
     | WeightGroupInit
-    | WeightCollectivePlan
-    | WeightsSent
+    | WeightBucketMeta
+    | WeightChecksums
 )
 
 MESSAGE_TYPES: dict[int, type] = {

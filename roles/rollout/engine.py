@@ -7,10 +7,13 @@ What a caller may rely on:
   vLLM build has them (0.32+): the label is set while the engine is paused, so each
   token is attributed to the weights of the step that sampled it. Older builds fall
   back to marking the token count of every in-flight request at resume time.
-* `apply_weights` pauses scheduling with in-flight requests kept, loads a staged
-  version in place, switches the prefix-cache salt to the new version (no KV computed
-  by older weights is reused for new requests), and resumes. Versions only go up.
-  `receive_weights` does the same with a version the workers receive by broadcast.
+* An update is `begin_update` (pause scheduling with in-flight requests kept), one
+  `load_bucket` per bucket (staged in shared memory, a CUDA IPC buffer, or a broadcast),
+  then `finish_update`: switch the version and the prefix-cache salt (no KV computed by
+  older weights is reused for new requests) and resume; `abandon_update` resumes
+  without switching. Versions only go up. Every engine call is bounded by a timeout.
+* With `sleep_mode`, `sleep` frees the KV cache and moves the weights to host memory
+  (vLLM level 1); a generate request or an update wakes the engine first.
 * Bad requests (prompt too long, bad sampling values) come back as samples with
   `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
   A dead engine raises `EngineDead` from every call.
@@ -24,23 +27,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
+from roles.weights.errors import StaleUpdate
 from runtime.config import EngineConfig
 from runtime.logs import get_logger
-from transport.wire import FinishReason, SamplingSpec, WeightCollectivePlan
+from transport.wire import FinishReason, SamplingSpec
 
 log = get_logger("rollout")
-WORKER_EXTENSION = "roles.rollout.worker_ext.TandemWorkerExtension"
+WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
 
 
 class EngineDead(RuntimeError):
     """vLLM's engine died; the message carries its error."""
-
-
-class StaleUpdate(ValueError):
-    """A weight update for an older version than the engine's."""
 
 
 @dataclass
@@ -64,15 +62,28 @@ class _Active:
 class RolloutEngine:
     """One `AsyncLLM` engine plus version bookkeeping; create, then `await start()`."""
 
-    def __init__(self, cfg: EngineConfig, model_path: str, *, version: int = 0, prefix_salt: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model_path: str,
+        *,
+        version: int = 0,
+        prefix_salt: bool = True,
+        sleep_mode: bool = False,
+    ) -> None:
+        """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory."""
         self.cfg = cfg
+        self.sleep_mode = sleep_mode
         self.model_path = model_path
         self.version = version
         self.prefix_salt = prefix_salt and cfg.enable_prefix_caching
         self.engine: Any = None
         self.native_versions = False
         self._active: dict[str, _Active] = {}
-        self._update_lock = asyncio.Lock()
+        self._updating: int | None = None  # the version of the open update
+        self._sleep_lock = asyncio.Lock()
+        self.sleeping = False
+        self._kv_asleep = False  # woken for an update with the KV cache still freed
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
 
@@ -95,6 +106,7 @@ class RolloutEngine:
             max_num_seqs=self.cfg.max_num_seqs,
             enable_prefix_caching=self.cfg.enable_prefix_caching,
             worker_extension_cls=WORKER_EXTENSION,
+            enable_sleep_mode=self.sleep_mode,
             disable_log_stats=False,
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_factory(self)])
@@ -110,6 +122,8 @@ class RolloutEngine:
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
         """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
         self._check_alive()
+        if self.sleep_mode:
+            await self.wake(self.cfg.call_timeout_s)  # waits for a sleep in progress, too
         started = time.perf_counter()
         vid = f"{request_id}#{index}"
         state = _Active(marks=[(0, self.version)])
@@ -167,58 +181,140 @@ class RolloutEngine:
             await self.engine.abort(vids)
         return len(vids)
 
-    async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
-        """Pause (keeping requests), load the staged `version`, resume. Returns phase times."""
-        return await self._update(version, "tandem_load_weights", manifest, timeout_s)
+    # --- weight updates: begin (pause), load buckets, finish (switch version, resume) -----
+    async def begin_update(self, version: int, timeout_s: float) -> float:
+        """Pause scheduling (requests kept) and open an update to `version` in the workers.
+        Raises StaleUpdate for a version older than the engine's. Returns the pause time."""
+        if version < self.version:
+            raise StaleUpdate(f"update to version {version} refused: rollout is at version {self.version}")
+        self._check_alive()
+        t0 = time.perf_counter()
+        self._updating = version  # from here on, abandon_update resumes the engine
+        try:
+            if self.sleep_mode and await self._wake(["weights"], timeout_s):
+                self._kv_asleep = True
+            await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=False), timeout_s, "pause")
+            await self._rpc("tandem_begin_update", None, timeout_s)
+        except BaseException:
+            await self.abandon_update(timeout_s)
+            raise
+        return time.perf_counter() - t0
 
-    async def receive_weights(self, plan: WeightCollectivePlan, timeout_s: float) -> dict[str, float]:
-        """As `apply_weights`, but the workers receive `plan.version` over their weight
-        group (see `init_weight_group`) as the trainer broadcasts it. `timeout_s` bounds
-        each bucket; the call is bounded by one more `timeout_s` than there are buckets."""
-        bound = timeout_s * (len(plan.bucket_sizes) + 1)
-        return await self._update(plan.version, "tandem_receive_broadcast", msgspec.to_builtins(plan), bound)
+    async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
+        """A whole update from a version staged in shared memory (the zmq backend):
+        begin, load, finish. Returns the phase times (pause_s, load_s, total_s)."""
+        t0 = time.perf_counter()
+        pause_s = await self.begin_update(version, timeout_s)
+        try:
+            times = await self.load_bucket("tandem_load_staged", manifest, timeout_s)
+        except BaseException:
+            await self.abandon_update(timeout_s)
+            raise
+        await self.finish_update(timeout_s)
+        return {"pause_s": pause_s, "load_s": times["load_s"], "total_s": time.perf_counter() - t0}
+
+    async def load_bucket(self, method: str, spec: Any, timeout_s: float) -> dict[str, float]:
+        """Run worker load `method` (`tandem_load_staged`, `tandem_load_ipc`,
+        `tandem_receive_bucket`) on `spec` inside the open update; its slowest worker's times."""
+        if self._updating is None:
+            raise RuntimeError(f"{method}: no update is open")
+        results = await self._rpc(method, spec, timeout_s)
+        return {k: max(float(r.get(k, 0.0)) for r in results) for k in ("receive_s", "load_s")}
+
+    async def finish_update(self, timeout_s: float) -> None:
+        """Close the open update, switch to its version and resume."""
+        version = self._updating
+        if version is None:
+            raise RuntimeError("finish_update: no update is open")
+        try:
+            await self._rpc("tandem_finish_update", None, timeout_s)
+            self._switch_version(version)
+            if self.native_versions:
+                await self._bounded(self.engine.engine_core.set_weight_version_async(str(version)), timeout_s, "label")
+        finally:
+            await self._end_update(timeout_s)
+        if not self._active:
+            await self._bounded(self.engine.reset_prefix_cache(), timeout_s, "reset_prefix_cache")
+
+    async def abandon_update(self, timeout_s: float) -> None:
+        """Close the open update without switching versions (a failure mid-way: layers
+        loaded before it keep the new weights) and resume."""
+        if self._updating is None:
+            return
+        try:
+            await self._rpc("tandem_finish_update", None, timeout_s)
+        except Exception as exc:  # the engine stalled or died; resuming still matters
+            log.warning("update_close_failed", error=_one_line(exc))
+        finally:
+            await self._end_update(timeout_s)
+
+    async def _end_update(self, timeout_s: float) -> None:
+        self._updating = None
+        await self._bounded(self.engine.resume_generation(), timeout_s, "resume")
+        if self._kv_asleep:
+            self._kv_asleep = False
+            await self._wake(["kv_cache"], timeout_s)
+
+    @property
+    def updating(self) -> int | None:
+        """The version of the update that is open, if one is."""
+        return self._updating
 
     async def init_weight_group(self, spec: dict[str, Any], timeout_s: float) -> list[Any]:
         """Every worker joins the trainer's weight group (generation goes on meanwhile)."""
         self._check_alive()
-        return await asyncio.wait_for(  # type: ignore[no-any-return]
-            self.engine.collective_rpc("tandem_init_weight_group", args=(spec,)), timeout_s
-        )
+        return await self._rpc("tandem_init_weight_group", spec, timeout_s)
 
     async def close_weight_group(self, timeout_s: float) -> None:
         """Every worker leaves its weight group, so a trainer still sending fails at once."""
-        await asyncio.wait_for(self.engine.collective_rpc("tandem_close_weight_group"), timeout_s)
+        await self._rpc("tandem_close_weight_group", None, timeout_s)
 
-    async def _update(self, version: int, method: str, payload: Any, timeout_s: float) -> dict[str, float]:
-        """Pause (keeping requests), run the worker load `method`, switch version, resume."""
-        async with self._update_lock:
-            if version < self.version:
-                raise StaleUpdate(f"update to version {version} refused: rollout is at version {self.version}")
-            self._check_alive()
-            t0 = time.perf_counter()
-            await self.engine.pause_generation(mode="keep", clear_cache=False)
-            t_paused = time.perf_counter()
-            try:
-                results = await asyncio.wait_for(self.engine.collective_rpc(method, args=(payload,)), timeout_s)
-                self._switch_version(version)
-                if self.native_versions:
-                    await self.engine.engine_core.set_weight_version_async(str(version))
-            finally:
-                await self.engine.resume_generation()
-            if not self._active:
-                await self.engine.reset_prefix_cache()
-            total = time.perf_counter() - t0
-            return {
-                "pause_s": t_paused - t0,
-                "receive_s": max(r.get("receive_s", 0.0) for r in results),
-                "load_s": max(r["load_s"] for r in results),
-                "total_s": total,
-            }
+    async def _rpc(self, method: str, arg: Any, timeout_s: float) -> list[Any]:
+        args = () if arg is None else (arg,)
+        return await self._bounded(self.engine.collective_rpc(method, args=args), timeout_s, method)  # type: ignore[no-any-return]
+
+    async def _bounded(self, call: Any, timeout_s: float, what: str) -> Any:
+        try:
+            return await asyncio.wait_for(call, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"vLLM engine call {what} did not return in {timeout_s:g}s") from None
+
+    # --- sleep mode (colocated synchronous runs) -----------------------------------------
+    async def sleep(self, timeout_s: float) -> None:
+        """Free the KV cache and move the weights to host memory (vLLM sleep level 1)."""
+        async with self._sleep_lock:
+            if not self.sleeping and self._updating is None:
+                await self._bounded(self.engine.sleep(level=1), timeout_s, "sleep")
+                self.sleeping = True
+
+    async def wake(self, timeout_s: float) -> None:
+        """Undo `sleep` (no-op when awake)."""
+        await self._wake(None, timeout_s)
+
+    async def _wake(self, tags: list[str] | None, timeout_s: float) -> bool:
+        """Wake `tags` (None: all) if asleep, after any sleep in progress; whether it did."""
+        async with self._sleep_lock:
+            if not self.sleeping:
+                return False
+            await self._bounded(self.engine.wake_up(tags=tags), timeout_s, "wake_up")
+            if tags is None or "kv_cache" in tags:
+                self.sleeping = False
+            return True
+
+    async def device(self) -> dict[str, str]:
+        """Where the workers run: {"type": "cuda" | "cpu", "gpu_uuid": "GPU-..." or ""}."""
+        results = await self._rpc("tandem_device", None, 60.0)
+        return results[0]  # type: ignore[no-any-return]
 
     def _switch_version(self, version: int) -> None:
         self.version = version
         for state in self._active.values():
             state.marks.append((len(state.tokens), version))
+
+    async def checksums(self) -> dict[str, float]:
+        """Sum (float64) of every vLLM parameter, by name, in the first worker."""
+        results = await self._rpc("tandem_checksums", None, self.cfg.call_timeout_s)
+        return results[0]  # type: ignore[no-any-return]
 
     async def checksum(self) -> float:
         results = await self.engine.collective_rpc("tandem_checksum")

@@ -3,13 +3,15 @@ applies weight updates from the trainer in place.
 
 Channels:
 * controller (DEALER): `Generate` in; one `Completion` out per sample, as soon as that
-  sample finishes; `Shutdown`. After each applied update a `WeightsApplied` goes to the
-  controller too, so it always knows this rollout's version.
-* weights (ROUTER, address advertised at registration): `WeightBucket` in order; each is
-  acknowledged, the last one only after the version is loaded (`WeightsApplied`). An
-  update older than the current version is refused with `Error(REFUSED)`. The `nccl`
-  backend's requests (`WeightGroupInit`, `WeightCollectivePlan`, `WeightsSent`) come on
-  the same socket; see collective_recv.py.
+  sample finishes; `Shutdown`.
+* weights (ROUTER, address advertised at registration): every weight-sync backend's
+  requests (roles/weights/receiver.py); after each applied update a `WeightsApplied`
+  goes to the controller too, so it always knows this rollout's version.
+
+With `rollout.engine.sleep_when_idle`, a synchronous run (`max_staleness: 0`) whose
+rollout shares a GPU with a trainer rank puts vLLM to sleep whenever no sample is in
+flight and no update is open (KV cache freed, weights in host memory), so the trainer
+steps with that memory; the next update or request wakes it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any
 
 import torch
 
+from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
+from runtime.gpu_check import rollout_shares_trainer_gpu
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
@@ -30,11 +34,10 @@ from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
-from .collective_recv import CollectiveReceiver
-from .engine import EngineDead, RolloutEngine, Sample, StaleUpdate
-from .staging import WeightStager
+from .engine import EngineDead, RolloutEngine, Sample
 
 log = get_logger("rollout")
+IDLE_BEFORE_SLEEP_S = 0.02  # no sample in flight this long: sleep (sleep_when_idle; a batch arrives at once)
 
 
 class RolloutRole(Role):
@@ -46,36 +49,51 @@ class RolloutRole(Role):
         resume = resume_dir()
         if resume is not None and (resume / "hf").is_dir():
             path, version = resume / "hf", int(read_manifest(resume)["version"])
-        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version)
+        self.sleeps = self._may_sleep()
+        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps)
         started = time.perf_counter()
         await self.engine.start()
+        self.device = await self.engine.device()
         log.info(
             "engine_started",
             seconds=round(time.perf_counter() - started, 2),
             native_versions=self.engine.native_versions,
+            device=self.device,
+            sleep_when_idle=self.sleeps,
         )
         set_policy_version(self.engine.version)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
         bind = addresses.server_bind_address(cfg, self.ctx.run_dir, f"{self.ctx.name}-weights", self.ctx.rank)
         self.weights: RpcEndpoint = bind_router(self.zmq, bind, name="weights", options=opts)
-        self.weights.start(self._on_weights)
-        self.stager = WeightStager(self.ctx.name)
-        self.collective = CollectiveReceiver(
+        self.receiver = WeightReceiver(
             self.engine,
             self.ctx.name,
             local_host=_host(addresses.advertised(self.weights.address)),
             timeout_s=cfg.weight_sync.timeout_s,
             on_applied=self._applied,
         )
+        self.weights.start(self._on_weights)
         self.samples: set[asyncio.Task[Any]] = set()
         self.spawn("engine-watch", self._watch_engine())
         self.spawn("engine-stats", self._log_stats())
+        if self.sleeps:
+            self.spawn("idle-sleep", self._sleep_when_idle())
+
+    def _may_sleep(self) -> bool:
+        """Sleep mode only where it helps: synchronous, on a GPU shared with a trainer rank."""
+        cfg = self.cfg
+        return (
+            cfg.rollout.engine.sleep_when_idle
+            and cfg.rollout.max_staleness == 0
+            and rollout_shares_trainer_gpu(cfg, self.ctx.rank)
+        )
 
     def peer_info(self) -> wire.PeerInfo:
         info = super().peer_info()
         info.address = addresses.advertised(self.weights.address)
         info.version = self.engine.version
         info.capabilities["max_num_seqs"] = self.cfg.rollout.engine.max_num_seqs
+        info.capabilities["gpu_uuid"] = self.device.get("gpu_uuid", "")
         return info
 
     async def handle(self, env: Envelope) -> wire.Message | None:
@@ -103,41 +121,7 @@ class RolloutRole(Role):
         await self.controller.send(_completion(req, index, sample))
 
     async def _on_weights(self, env: Envelope) -> wire.Message | None:
-        msg = env.msg
-        if not isinstance(msg, wire.WeightBucket):
-            return await self.collective.handle(msg)
-        if msg.version < self.engine.version:
-            reason = f"update to version {msg.version} refused: rollout is at version {self.engine.version}"
-            log.warning("update_refused", reason=reason)
-            return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
-        try:
-            self.stager.add(msg)
-        except ValueError as exc:
-            return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=str(exc))
-        if not msg.last:
-            return wire.Ack()
-        return await self._apply(msg.version)
-
-    async def _apply(self, version: int) -> wire.Message:
-        receive_s = time.perf_counter() - self.stager.started
-        manifest, nbytes = self.stager.manifest(), self.stager.num_bytes
-        try:
-            times = await self.engine.apply_weights(version, manifest, self.cfg.weight_sync.timeout_s)
-        except StaleUpdate as exc:
-            return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
-        finally:
-            self.stager.discard()
-        applied = wire.WeightsApplied(
-            version=version,
-            receive_s=receive_s,
-            load_s=times["load_s"],
-            total_s=receive_s + times["total_s"],
-            num_tensors=len(manifest["entries"]),
-            num_bytes=nbytes,
-            rollout=self.ctx.name,
-        )
-        await self._applied(applied, times["pause_s"])
-        return applied
+        return await self.receiver.handle(env.msg)
 
     async def _applied(self, applied: wire.WeightsApplied, pause_s: float) -> None:
         """A version is loaded: log it and tell the controller (both backends)."""
@@ -169,6 +153,23 @@ class RolloutRole(Role):
             last_tokens, last_t = tokens, now
             log.info("engine_stats", tokens_per_s=round(tps, 1), **self.engine.stats())
 
+    async def _sleep_when_idle(self) -> None:
+        """Sleep once nothing has been in flight for IDLE_BEFORE_SLEEP_S (see module docs)."""
+        idle_since: float | None = None
+        timeout_s = self.cfg.rollout.engine.call_timeout_s
+        while True:
+            await asyncio.sleep(0.01)
+            busy = self.samples or self.engine.updating is not None or self.receiver.update is not None
+            if busy or self.engine.sleeping:
+                idle_since = None
+                continue
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since >= IDLE_BEFORE_SLEEP_S:
+                started = time.perf_counter()
+                await self.engine.sleep(timeout_s)
+                log.info("engine_sleeping", seconds=round(time.perf_counter() - started, 3))
+                idle_since = None
+
     async def drain(self) -> None:
         """Let in-flight samples finish for `drain_timeout_s`, then abort the rest."""
         if self.samples:
@@ -181,10 +182,8 @@ class RolloutRole(Role):
     async def close(self) -> None:
         if hasattr(self, "weights"):
             await self.weights.aclose()
-        if hasattr(self, "stager"):
-            self.stager.discard()
-        if hasattr(self, "collective"):
-            self.collective.close()
+        if hasattr(self, "receiver"):
+            self.receiver.close()
         if hasattr(self, "engine"):
             await self.engine.shutdown()
 

@@ -97,9 +97,10 @@ class FSDPEngine(FSDPEngineBase):
         return kl_penalty(logp, ref_logp, self.cfg.algorithm.kl.estimator)
 
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors by HF name, on CPU in `dtype` (a collective: every rank iterates)."""
+        """Full tensors by HF name in `dtype`, on the engine's device: gathered and cast
+        there, never copied to the CPU (a collective: every rank iterates to the end)."""
         for name, tensor in full_state_dict_items(self.model):
-            yield name, tensor.detach().to("cpu", dtype)
+            yield name, tensor.detach().to(dtype)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -3,7 +3,7 @@
 Process groups. The trainer ranks' default group (NCCL, made by `init_distributed`) carries
 only this engine's small bookkeeping collectives (metric sums). Megatron's parallel state
 makes its own TP / PP / DP groups from it; weight sync to the rollouts uses its own group
-(`roles/trainer/weight_collective.py`); nothing here is shared with an FSDP engine.
+(`roles/weights/`); nothing here is shared with an FSDP engine.
 
 Data. The controller gives every trainer rank a shard of the step's batch. The ranks of one
 model replica (its TP x PP ranks) must see the same sequences, so each replica first

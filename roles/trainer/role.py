@@ -2,8 +2,10 @@
 
 Each rank registers with the controller and answers every `TrainBatch` (its shard of a
 step) with a `TrainResult`. After the optimizer step all ranks export the full weights
-(a collective) and rank 0 pushes them to every rollout; rank 0's reply, which carries
-the step's metrics, is sent only after every rollout acknowledged the new version.
+(a collective, bucket by bucket) and rank 0 sends each bucket to every rollout as it is
+packed (roles/weights: `ipc`, `nccl` or `zmq`, chosen by `weight_sync.backend` once the
+rollouts are known); rank 0's reply, which carries the step's metrics with the update's
+phase times, is sent only after every rollout acknowledged the new version.
 Torch work runs in one dedicated thread (`TorchRole`), so the event loop keeps
 heartbeats flowing during long steps.
 """
@@ -15,14 +17,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from roles.trainer.engine_fsdp import FSDPEngine
-from roles.trainer.weight_push import PushResult, WeightPusher
-from roles.training.hf_export import bucketed, export_hf
+from roles.training.hf_export import export_hf
 from roles.training.models import DTYPES
 from roles.training.torch_role import TorchRole
+from roles.weights.backend import BackendError, choose_backend
+from roles.weights.ipc import device_uuid
+from roles.weights.layout import BucketPacker
+from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
+from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
 from runtime import addresses
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
+from runtime.role import FatalError
 from transport import wire
 from transport.endpoint import Envelope
 
@@ -38,25 +47,36 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
 
     async def setup(self) -> None:
         await super().setup()
-        self.pusher = self._make_pusher()
+        self.sender: WeightSender | None = None  # rank 0, once the rollouts are known
+        self.packer: BucketPacker | None = None
         self.step_lock = asyncio.Lock()
 
-    def _make_pusher(self) -> WeightPusher:
-        """`zmq`: buckets over the weights channel; `nccl`: a broadcast group per rollout
-        (NCCL from a CUDA trainer, gloo from a CPU one), steered over the same channel."""
+    def _make_sender(self, rollouts: list[wire.PeerInfo]) -> WeightSender:
+        """The backend `weight_sync.backend` names, or `auto`'s choice for these rollouts."""
         cfg = self.cfg
-        opts = addresses.channel_options(cfg, self.ctx.run_dir)
+        device = self.engine.device
+        uuid = device_uuid(device) if device.type == "cuda" else ""
+        try:
+            backend = choose_backend(cfg.weight_sync.backend, device, uuid, rollouts)
+        except BackendError as exc:
+            raise FatalError(str(exc)) from None
         timeout_s = cfg.weight_sync.timeout_s
-        if cfg.weight_sync.backend == "zmq":
-            return WeightPusher(self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s)
-        from roles.trainer.weight_collective import CollectivePusher
-
-        # The host rollouts reach this process at, as for its sockets (127.0.0.1 on one node).
-        host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
-        return CollectivePusher(
-            self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s, host=host, device=self.engine.device,
-            workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
-        )  # fmt: skip
+        transfer: Transfer
+        if backend == "ipc":
+            transfer = IpcTransfer(timeout_s)
+        elif backend == "nccl":
+            # The host rollouts reach this process at, as for its sockets (127.0.0.1 on one node).
+            host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
+            transfer = NcclTransfer(
+                timeout_s, host=host, device=device, workers_per_rollout=cfg.rollout.engine.tensor_parallel_size
+            )
+        else:
+            transfer = ZmqTransfer(timeout_s)
+        pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
+        self.packer = BucketPacker(pack_on, cfg.weight_sync.bucket_mb << 20)
+        opts = addresses.channel_options(cfg, self.ctx.run_dir)
+        log.info("weight_sync_backend", backend=backend, requested=cfg.weight_sync.backend, pack_device=str(pack_on))
+        return WeightSender(self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s, transfer=transfer)
 
     def build_engine(self) -> FSDPEngine | MegatronEngine:
         if self.cfg.trainer.backend == "megatron":
@@ -86,8 +106,11 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
             return wire.TrainResult(step=-1, version=self.engine.version, failed_rollouts=failed)
         if isinstance(msg, wire.Peers):
             if self.engine.rank == 0:
-                new = await self.pusher.set_targets(msg.peers)
-                log.info("rollout_targets", targets=sorted(self.pusher.targets), new=new)
+                if self.sender is None and msg.peers:
+                    self.sender = self._make_sender(msg.peers)
+                if self.sender is not None:
+                    new = await self.sender.set_targets(msg.peers)
+                    log.info("rollout_targets", targets=sorted(self.sender.targets), new=new)
             return None
         if isinstance(msg, wire.Shutdown):
             self.request_stop(msg.reason or "controller shutdown")
@@ -97,21 +120,34 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
     async def _train(self, batch: wire.TrainBatch) -> wire.Message:
         started = time.perf_counter()
         metrics = await self._in_thread(self.engine.train_step, batch)
+        if self.engine.device.type == "cuda":
+            # What the trainer had to work with (with vLLM asleep, its KV cache is free).
+            metrics["cuda_free_gb"] = torch.cuda.mem_get_info(self.engine.device)[0] / 1e9
         version = self.engine.version
         set_policy_version(version)
         sync_started = time.perf_counter()
-        buckets = await self._in_thread(self._export)
+        result = await self._push(version)
         failed: list[str] = []
-        if buckets is not None:
-            result = await self.pusher.push(version, buckets)
+        if result is not None:
             failed = self._check_push(result)
             metrics["weight_sync_gb"] = result.num_bytes / 1e9
+            metrics.update({f"weight_sync_{k}": v for k, v in result.phases.items()})
         metrics["weight_sync_s"] = time.perf_counter() - sync_started
         metrics["busy_s"] = time.perf_counter() - started
         if self.engine.rank != 0:
             return wire.TrainResult(step=batch.step, version=version)
         log.info("train_step", step=batch.step, **{k: round(v, 5) for k, v in metrics.items()})
         return wire.TrainResult(step=batch.step, version=version, metrics=metrics, failed_rollouts=failed)
+
+    async def _push(self, version: int, only: list[str] | None = None) -> PushResult | None:
+        """Export the weights (a collective on every rank) and, on rank 0, send them to the
+        rollouts bucket by bucket as they are packed; rank 0's result, None elsewhere."""
+        items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
+        if self.engine.rank != 0 or self.sender is None or self.packer is None:
+            await self._in_thread(_drain, items)
+            return None
+        source = ThreadSource(self.packer.buckets(items), self.pool)
+        return await self.sender.push(version, source, only=only)
 
     def _check_push(self, result: PushResult) -> list[str]:
         """Log every rollout the weights did not reach; fatal unless rollouts are elastic."""
@@ -123,19 +159,18 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
 
     async def _sync(self, rollouts: list[wire.PeerInfo]) -> list[str]:
         """Bring the named rollouts to the current version (all ranks gather, rank 0 sends);
-        the rollouts the weights did not reach (none on other ranks)."""
-        buckets = await self._in_thread(self._export)
-        if buckets is None:
-            return []
+        the names it could not reach (elastic runs)."""
         names = [f"{p.role}-{p.rank}" for p in rollouts]
-        result = await self.pusher.push(self.engine.version, buckets, only=names)
-        failed = self._check_push(result)
-        log.info(
-            "rollouts_synced",
-            rollouts=sorted(result.applied),
-            version=self.engine.version,
-            seconds=round(result.seconds, 3),
-        )
+        result = await self._push(self.engine.version, only=names)
+        failed: list[str] = []
+        if result is not None:
+            failed = self._check_push(result)
+            log.info(
+                "rollouts_synced",
+                rollouts=sorted(result.applied),
+                version=self.engine.version,
+                seconds=round(result.seconds, 3),
+            )
         return failed
 
     def _save(self, directory: Path) -> None:
@@ -145,16 +180,14 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
             items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
             export_hf(items, self.engine.rank, model_dir(self.cfg), directory / "hf")
 
-    def _export(self) -> list[dict[str, Any]] | None:
-        """Gather full weights on every rank (collective); rank 0 keeps them in buckets."""
-        items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
-        if self.engine.rank != 0:
-            for _ in items:
-                pass
-            return None
-        return list(bucketed(items, self.cfg.weight_sync.bucket_mb << 20))
-
     async def close(self) -> None:
-        if hasattr(self, "pusher"):
-            await self.pusher.aclose()
+        sender: WeightSender | None = getattr(self, "sender", None)
+        if sender is not None:
+            await sender.aclose()
         await super().close()
+
+
+def _drain(items: Any) -> None:
+    """Run an export to its end (the other ranks' gathers need this rank's part)."""
+    for _ in items:
+        pass

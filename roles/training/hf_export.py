@@ -4,7 +4,8 @@
 It is a collective over the trainer ranks: every rank gathers full tensors; rank 0 writes
 `model.safetensors` in the export dtype plus the config and tokenizer files of the source
 model directory. Tied weights are written once (the config ties them again).
-`bucketed` groups the stream into byte-bounded buckets for weight sync, in stream order.
+Tensors may come on any device (the FSDP engine exports on its own); they are written
+from the CPU.
 """
 
 from __future__ import annotations
@@ -29,24 +30,9 @@ def export_hf(items: Iterator[tuple[str, torch.Tensor]], rank: int, source: Path
         return
     from safetensors.torch import save_file
 
-    tensors = {name: t.contiguous() for name, t in items}
+    tensors = {name: t.detach().cpu().contiguous() for name, t in items}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in COPIED:
         if (source / name).exists():
             shutil.copy2(source / name, out / name)
-
-
-def bucketed(items: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Group named tensors into dicts of at most `bucket_bytes` (one tensor may exceed it)."""
-    bucket: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, t in items:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name] = t
-        size += nbytes
-    if bucket:
-        yield bucket

@@ -92,12 +92,12 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
 ) -> None:
     from safetensors.torch import load_file
 
-    from roles.trainer.weight_push import WeightPusher
     from tests.gpu.test_weight_nccl import (
         MAX_TOKENS,
         PROMPTS,
         assert_fresh_engine_agrees,
         buckets_of,
+        push,
         pusher_for,
         start_rollout,
     )
@@ -107,11 +107,11 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     exported = load_file(out / "hf" / "model.safetensors")
     h = await start_rollout(tmp_path / "rollout", 0, f"model.path={tiny['tied']}")
     try:
-        pusher = pusher_for(h, WeightPusher)
+        pusher = pusher_for(h, "zmq")
         assert h.peer is not None
         await pusher.set_targets([h.peer])
         try:
-            result = await pusher.push(1, buckets_of(exported, 64))
+            result = await push(pusher, 1, buckets_of(exported, 64))
         finally:
             await pusher.aclose()
         assert not result.failed, result.failed

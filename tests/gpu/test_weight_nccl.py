@@ -1,5 +1,6 @@
 """The `nccl` weight-sync backend on 2 GPUs: a rollout role on GPU 0, the trainer side
-(`CollectivePusher`, as trainer rank 0 runs it) in this process on GPU 1.
+(`WeightSender` with `NcclTransfer`, as trainer rank 0 runs it, packing buckets on its
+GPU) in this process on GPU 1.
 
 Run on the 2x H200 machine (see docs/gpu-verification.md for the environment):
 
@@ -30,8 +31,9 @@ import pytest
 import pytest_asyncio
 import torch
 
-from roles.trainer.weight_collective import SLACK_S, CollectivePusher
-from roles.trainer.weight_push import WeightPusher
+from roles.weights.layout import bucketed
+from roles.weights.sender import ListSource, PushResult, WeightSender
+from roles.weights.transfers import SLACK_S, NcclTransfer, ZmqTransfer
 from runtime import addresses
 from runtime.config import EngineConfig
 from runtime.config_load import load_config
@@ -80,13 +82,22 @@ async def start_rollout(run_dir: Path, rank: int = 0, *overrides: str) -> RoleHa
     return harness
 
 
-def pusher_for(h: RoleHarness, cls: type = CollectivePusher) -> WeightPusher:
+TRAINER_DEVICE = torch.device("cuda", TRAINER_GPU)
+
+
+def pusher_for(h: RoleHarness, backend: str = "nccl") -> WeightSender:
     opts = addresses.channel_options(h.cfg, h.cfg.run_dir)
-    if cls is WeightPusher:
-        return WeightPusher(h.zmq, opts, "trainer-0", TIMEOUT_S)
-    return CollectivePusher(
-        h.zmq, opts, "trainer-0", TIMEOUT_S, host="127.0.0.1", device=torch.device("cuda", TRAINER_GPU)
+    if backend == "zmq":
+        return WeightSender(h.zmq, opts, "trainer-0", TIMEOUT_S, ZmqTransfer(TIMEOUT_S))
+    return WeightSender(
+        h.zmq, opts, "trainer-0", TIMEOUT_S, NcclTransfer(TIMEOUT_S, host="127.0.0.1", device=TRAINER_DEVICE)
     )
+
+
+async def push(pusher: WeightSender, version: int, buckets: list[dict[str, torch.Tensor]]) -> PushResult:
+    """An update packed where its backend packs: the trainer's GPU (nccl) or the CPU (zmq)."""
+    device = TRAINER_DEVICE if pusher.backend == "nccl" else torch.device("cpu")
+    return await push(pusher, version, ListSource(buckets, device))
 
 
 def weights(h: RoleHarness) -> dict[str, torch.Tensor]:
@@ -101,8 +112,6 @@ def perturbed(tensors: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Te
 
 
 def buckets_of(tensors: dict[str, torch.Tensor], bucket_mb: int) -> list[dict[str, torch.Tensor]]:
-    from roles.training.hf_export import bucketed
-
     return list(bucketed(iter(tensors.items()), bucket_mb << 20))
 
 
@@ -144,7 +153,7 @@ async def test_update_over_nccl_equals_a_fresh_engine(rollout: RoleHarness, tmp_
     await pusher.set_targets([rollout.peer])
     new = perturbed(weights(rollout), seed=1)
     try:
-        result = await pusher.push(1, buckets_of(new, 64))
+        result = await push(pusher, 1, buckets_of(new, 64))
     finally:
         await pusher.aclose()
     assert not result.failed, result.failed
@@ -167,24 +176,24 @@ async def test_killed_receiver_fails_within_the_timeout(rollout: RoleHarness, tm
     assert rollout.peer is not None and rollout.proc is not None
     await pusher.set_targets([rollout.peer])
     tensors = weights(rollout)
-    assert not (await pusher.push(2, buckets_of(tensors, 1))).failed  # group formed
+    assert not (await push(pusher, 2, buckets_of(tensors, 1))).failed  # group formed
     procs = psutil.Process(rollout.proc.pid).children(recursive=True)
     for p in procs:
         p.send_signal(signal.SIGSTOP)
     started = time.monotonic()
-    push = asyncio.create_task(pusher.push(3, buckets_of(perturbed(tensors, 2), 1)))
-    while not any(e.get("update") == 3 for e in log_events(rollout, "collective_update_started")):
+    push_task = asyncio.create_task(push(pusher, 3, buckets_of(perturbed(tensors, 2), 1)))
+    while not any(e.get("update") == 3 for e in log_events(rollout, "weight_update_started")):
         await asyncio.sleep(0.1)
     for p in procs:
         p.kill()
-    result = await asyncio.wait_for(push, TIMEOUT_S + SLACK_S + 10)
+    result = await asyncio.wait_for(push_task, TIMEOUT_S + SLACK_S + 10)
     elapsed = time.monotonic() - started
     print(json.dumps({"killed_receiver_failed_after_s": round(elapsed, 2), "timeout_s": TIMEOUT_S}))
     err = result.failed["rollout-0"]
     # Which phase fails depends on the bucket size: NCCL may finish sending a small bucket
-    # into the stopped receiver's buffers, and then the missing confirmation ("load") is
-    # what times out; a large one blocks the broadcast itself. Either way: within the timeout.
-    assert err.rollout == "rollout-0" and err.phase in ("broadcast", "load"), err
+    # into the stopped receiver's buffers, and then the missing acknowledgement ("bucket k")
+    # is what times out; a large one blocks the broadcast itself. Either way: in time.
+    assert err.rollout == "rollout-0" and (err.phase == "broadcast" or err.phase.startswith("bucket")), err
     assert elapsed < TIMEOUT_S + SLACK_S + 2
     assert torch.ones(4, device=f"cuda:{TRAINER_GPU}").sum().item() == 4.0
 
@@ -192,7 +201,7 @@ async def test_killed_receiver_fails_within_the_timeout(rollout: RoleHarness, tm
     try:
         assert other.peer is not None
         await pusher.set_targets([other.peer])
-        result = await pusher.push(4, buckets_of(weights(other), 64))
+        result = await push(pusher, 4, buckets_of(weights(other), 64))
         assert not result.failed and result.applied["rollout-1"].version == 4
     finally:
         await pusher.aclose()
@@ -206,15 +215,15 @@ async def test_time_a_1_3b_update_over_nccl_and_zmq(tmp_path: Path) -> None:
         gb = sum(t.numel() * t.element_size() for b in buckets for t in b.values()) / 1e9
         row: dict[str, object] = {"gb": round(gb, 3), "buckets": len(buckets)}
         version = 0
-        for backend, cls in (("nccl", CollectivePusher), ("zmq", WeightPusher)):
-            pusher = pusher_for(h, cls)
+        for backend in ("nccl", "zmq"):
+            pusher = pusher_for(h, backend)
             assert h.peer is not None
             await pusher.set_targets([h.peer])
             times = []
             try:
                 for _ in range(3):
                     version += 1
-                    result = await pusher.push(version, buckets)
+                    result = await push(pusher, version, buckets)
                     assert not result.failed, result.failed
                     applied = result.applied["rollout-0"]
                     times.append((result.seconds, applied.receive_s, applied.load_s, applied.total_s))

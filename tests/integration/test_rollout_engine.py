@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from roles.rollout.engine import RolloutEngine, StaleUpdate
-from roles.rollout.staging import WeightStager
+from roles.rollout.engine import RolloutEngine
+from roles.weights.errors import StaleUpdate
+from roles.weights.staging import WeightStager
 from runtime.config import EngineConfig
 from runtime.tiny_model import make_tiny_model
 from transport.wire import FinishReason, SamplingSpec, WeightBucket

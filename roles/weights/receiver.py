@@ -1,0 +1,259 @@
+"""A rollout's side of every weight-sync backend: the requests on its weights socket.
+
+* `WeightBucket` (zmq): buckets are staged in shared memory while generation goes on;
+  the last one is answered once the version is loaded (pause with requests kept, load,
+  switch version, resume): `WeightsApplied`.
+* `WeightGroupInit` (nccl): every vLLM worker joins the trainer's broadcast group (a
+  worker RPC, while generation goes on); `Ack` once joined.
+* `WeightChecksums`: answered with every vLLM parameter's sum at the current version.
+* `WeightBucketMeta` (ipc, nccl): bucket 0 opens an update (pause with requests kept);
+  each bucket is loaded by the workers — from the CUDA IPC handle it carries, or from the
+  broadcast the trainer sends beside it — and answered by `Ack`; the last one switches
+  the version, resumes and is answered by `WeightsApplied`. An update whose next bucket
+  does not come within `timeout_s` (a trainer that died mid-update) is abandoned:
+  generation resumes on the old version (layers loaded before keep the new weights).
+
+Every update older than the rollout's version is refused (`Error(REFUSED)`) before any
+work; buckets out of order are refused (`BAD_REQUEST`). One update is open at a time:
+a new bucket 0 abandons an open one. `on_applied(applied, pause_s)` runs after each
+loaded version (all backends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from roles.weights.errors import StaleUpdate
+from roles.weights.group import describe
+from roles.weights.staging import WeightStager
+from runtime.logs import get_logger
+from transport import wire
+
+log = get_logger("rollout")
+SLACK_S = 1.0  # the workers' own bounded wait reports first
+
+
+class UpdatableEngine(Protocol):
+    """What the receiver needs of the rollout's engine (roles/rollout/engine.py)."""
+
+    version: int
+
+    @property
+    def updating(self) -> int | None: ...
+    async def begin_update(self, version: int, timeout_s: float) -> float: ...
+    async def load_bucket(self, method: str, spec: Any, timeout_s: float) -> dict[str, float]: ...
+    async def finish_update(self, timeout_s: float) -> None: ...
+    async def abandon_update(self, timeout_s: float) -> None: ...
+    async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]: ...
+    async def init_weight_group(self, spec: dict[str, Any], timeout_s: float) -> list[Any]: ...
+    async def close_weight_group(self, timeout_s: float) -> None: ...
+    async def checksums(self) -> dict[str, float]: ...
+
+
+@dataclass
+class _Update:
+    version: int
+    backend: str
+    started: float
+    pause_s: float = 0.0
+    receive_s: float = 0.0
+    load_s: float = 0.0
+    next_index: int = 0
+    num_tensors: int = 0
+    num_bytes: int = 0
+
+
+class WeightReceiver:
+    def __init__(
+        self,
+        engine: UpdatableEngine,
+        name: str,
+        *,
+        local_host: str,
+        timeout_s: float,
+        on_applied: Callable[[wire.WeightsApplied, float], Awaitable[None]],
+    ) -> None:
+        """`local_host`: the address the trainer reaches this host at (gloo's interface)."""
+        self.engine = engine
+        self.name = name
+        self.local_host = local_host
+        self.timeout_s = timeout_s
+        self.on_applied = on_applied
+        self.stager = WeightStager(name)
+        self.update: _Update | None = None
+        self._lock = asyncio.Lock()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def handle(self, msg: wire.Message) -> wire.Message:
+        if isinstance(msg, wire.WeightGroupInit):
+            return await self._join(msg)  # not under the lock: the join runs while updates may go on
+        async with self._lock:
+            if isinstance(msg, wire.WeightBucket):
+                return await self._staged(msg)
+            if isinstance(msg, wire.WeightBucketMeta):
+                return await self._bucket(msg)
+            if isinstance(msg, wire.WeightChecksums):
+                return wire.WeightChecksums(version=self.engine.version, sums=await self.engine.checksums())
+        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"weights socket got {type(msg).__name__}")
+
+    # --- zmq: stage, then load -------------------------------------------------------
+    async def _staged(self, msg: wire.WeightBucket) -> wire.Message:
+        if msg.version < self.engine.version:
+            return self._refuse(msg.version)
+        try:
+            self.stager.add(msg)
+        except ValueError as exc:
+            return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=str(exc))
+        if not msg.last:
+            return wire.Ack()
+        receive_s = time.perf_counter() - self.stager.started
+        manifest, nbytes = self.stager.manifest(), self.stager.num_bytes
+        log.info("weight_update_started", update=msg.version, backend="zmq")
+        try:
+            times = await self.engine.apply_weights(msg.version, manifest, self.timeout_s)
+        except StaleUpdate as exc:
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
+        except Exception as exc:
+            return await self._fail(msg.version, exc)
+        finally:
+            self.stager.discard()
+        applied = wire.WeightsApplied(
+            version=msg.version, receive_s=receive_s, load_s=times["load_s"], total_s=receive_s + times["total_s"],
+            num_tensors=len(manifest["entries"]), num_bytes=nbytes, rollout=self.name,
+        )  # fmt: skip
+        await self.on_applied(applied, times["pause_s"])
+        return applied
+
+    # --- ipc / nccl: bucket by bucket ---------------------------------------------------
+    async def _bucket(self, meta: wire.WeightBucketMeta) -> wire.Message:
+        backend = "nccl" if meta.ipc is None else "ipc"
+        self._stop_watchdog()
+        update = self.update
+        if meta.index == 0:
+            if meta.version < self.engine.version:
+                return self._refuse(meta.version)
+            if update is not None:
+                await self._abandon(f"a new update to version {meta.version} began")
+            try:
+                update = await self._begin(meta.version, backend)
+            except StaleUpdate as exc:
+                return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
+            except Exception as exc:
+                return await self._fail(meta.version, exc)
+        elif update is None or update.version != meta.version or update.next_index != meta.index:
+            expected = f"bucket {update.next_index} of version {update.version}" if update else "bucket 0"
+            return wire.Error(
+                code=wire.ErrorCode.BAD_REQUEST,
+                message=f"weight bucket {meta.index} of version {meta.version} out of order (expected {expected})",
+            )
+        spec = {"slots": msgspec.to_builtins(meta.slots), "nbytes": meta.nbytes}
+        if meta.ipc is not None:
+            spec["ipc"] = msgspec.to_builtins(meta.ipc)
+        method = "tandem_receive_bucket" if meta.ipc is None else "tandem_load_ipc"
+        try:
+            times = await self.engine.load_bucket(method, spec, self.timeout_s + SLACK_S)
+        except Exception as exc:
+            if meta.ipc is None:
+                await self._leave_group()
+            return await self._fail(meta.version, exc)
+        update.receive_s += times["receive_s"]
+        update.load_s += times["load_s"]
+        update.num_tensors += len(meta.slots)
+        update.num_bytes += sum(s.nbytes for s in meta.slots)
+        update.next_index += 1
+        if meta.last:
+            try:
+                return await self._finish(update)
+            except Exception as exc:
+                return await self._fail(meta.version, exc)
+        self._watchdog = asyncio.create_task(self._expire(update), name=f"weights-v{update.version}-watchdog")
+        return wire.Ack()
+
+    # --- the update's life ---------------------------------------------------------------
+    async def _begin(self, version: int, backend: str) -> _Update:
+        started = time.perf_counter()
+        log.info("weight_update_started", update=version, backend=backend)
+        pause_s = await self.engine.begin_update(version, self.timeout_s)
+        self.update = _Update(version=version, backend=backend, started=started, pause_s=pause_s)
+        return self.update
+
+    async def _finish(self, update: _Update) -> wire.WeightsApplied:
+        await self.engine.finish_update(self.timeout_s)
+        self.update = None
+        applied = wire.WeightsApplied(
+            version=update.version, receive_s=update.receive_s, load_s=update.load_s,
+            total_s=time.perf_counter() - update.started,
+            num_tensors=update.num_tensors, num_bytes=update.num_bytes, rollout=self.name,
+        )  # fmt: skip
+        await self.on_applied(applied, update.pause_s)
+        return applied
+
+    async def _fail(self, version: int, exc: BaseException) -> wire.Message:
+        cause = describe(exc)
+        log.error("weight_update_failed", update=version, error=cause)
+        await self._abandon(cause)
+        if isinstance(exc, StaleUpdate):
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))
+        return wire.Error(code=wire.ErrorCode.INTERNAL, message=f"loading version {version}: {cause}")
+
+    async def _abandon(self, why: str) -> None:
+        update, self.update = self.update, None
+        if update is None and self.engine.updating is None:
+            return
+        log.warning("weight_update_abandoned", update=update.version if update else None, reason=why)
+        try:
+            await self.engine.abandon_update(self.timeout_s)
+        except Exception as exc:
+            log.error("weight_update_abandon_failed", error=describe(exc))
+
+    async def _expire(self, update: _Update) -> None:
+        await asyncio.sleep(self.timeout_s)
+        async with self._lock:
+            if self.update is update:
+                await self._abandon(f"no bucket {update.next_index} within {self.timeout_s:g}s")
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None and not self._watchdog.done():
+            self._watchdog.cancel()
+        self._watchdog = None
+
+    def _refuse(self, version: int) -> wire.Message:
+        reason = f"update to version {version} refused: rollout is at version {self.engine.version}"
+        log.warning("update_refused", reason=reason)
+        return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
+
+    # --- nccl: the group -------------------------------------------------------------
+    async def _join(self, init: wire.WeightGroupInit) -> wire.Message:
+        # The workers may get to the join late (it queues behind other engine calls): past
+        # the trainer's window they fail at once instead of holding the engine for nothing.
+        deadline = time.time() + init.timeout_s
+        spec = {"init": msgspec.to_builtins(init), "local_host": self.local_host, "deadline": deadline}
+        started = time.perf_counter()
+        try:
+            joined = await self.engine.init_weight_group(spec, init.timeout_s + SLACK_S)
+        except Exception as exc:
+            cause = describe(exc)
+            log.warning("weight_group_failed", prefix=init.prefix, error=cause)
+            return wire.Error(code=wire.ErrorCode.UNAVAILABLE, message=f"joining weight group failed: {cause}")
+        ranks = sorted(r["rank"] for r in joined)
+        seconds = round(time.perf_counter() - started, 3)
+        log.info("weight_group_joined", prefix=init.prefix, backend=init.backend, ranks=ranks, seconds=seconds)
+        return wire.Ack(info=f"joined as ranks {ranks}")
+
+    async def _leave_group(self) -> None:
+        """Best effort: leave the group, so a trainer still broadcasting fails at once
+        instead of at its timeout (a worker that failed has left already)."""
+        try:
+            await self.engine.close_weight_group(min(self.timeout_s, 5.0))
+        except Exception as exc:
+            log.warning("weight_group_close_failed", error=describe(exc))
+
+    def close(self) -> None:
+        self._stop_watchdog()
+        self.stager.discard()

