@@ -117,27 +117,34 @@ def _process_devices(e: PlacementEntry) -> list[list[int]]:
     return [list(e.devices)] * e.count
 
 
+def _trainer_rank0(cfg: RunConfig) -> tuple[str, int, set[int]] | None:
+    """Where placement puts trainer rank 0: its entry's label, node and GPUs (None when the
+    trainer entry names no devices)."""
+    found = next(((i, e) for i, e in enumerate(entries(cfg)) if e.role == "trainer" and e.devices), None)
+    if found is None:
+        return None
+    i, e = found
+    return label(i, e), (e.nodes[0] if e.nodes else e.node), set(_process_devices(e)[0])
+
+
+def _placed_rollouts(cfg: RunConfig) -> list[tuple[int, PlacementEntry]]:
+    """Rollout entries that name their GPUs, with their index in placement."""
+    return [(i, e) for i, e in enumerate(entries(cfg)) if e.role == "rollout" and e.devices]
+
+
 def check_nccl_weight_sync(cfg: RunConfig) -> None:
     """`weight_sync.backend=nccl` joins trainer rank 0 and each rollout's workers in one NCCL
     group, and NCCL cannot hold two ranks on one GPU: a rollout placed on trainer rank 0's GPU
-    (a colocated placement) must use the `zmq` backend."""
-    if cfg.weight_sync.backend != "nccl":
+    (a colocated placement) must use the `ipc` backend (`auto` picks it)."""
+    if cfg.weight_sync.backend != "nccl" or (rank0 := _trainer_rank0(cfg)) is None:
         return
-    items = list(enumerate(entries(cfg)))
-    trainer = next(((i, e) for i, e in items if e.role == "trainer" and e.devices), None)
-    if trainer is None:
-        return
-    node0 = trainer[1].nodes[0] if trainer[1].nodes else trainer[1].node
-    rank0 = set(_process_devices(trainer[1])[0])
-    for i, e in items:
-        if e.role != "rollout" or not e.devices:
-            continue
-        nodes = e.nodes or [e.node]
-        shared = rank0 & {d for devs in _process_devices(e) for d in devs}
-        if node0 in nodes and shared:
+    where, node0, gpus0 = rank0
+    for i, e in _placed_rollouts(cfg):
+        shared = gpus0 & {d for devs in _process_devices(e) for d in devs}
+        if node0 in (e.nodes or [e.node]) and shared:
             raise ConfigError(
                 f"weight_sync.backend=nccl: {label(i, e)} shares GPU {min(shared)} with trainer rank 0 "
-                f"({label(trainer[0], trainer[1])}); NCCL cannot hold two ranks on one GPU: "
+                f"({where}); NCCL cannot hold two ranks on one GPU: "
                 "use weight_sync.backend=ipc (or auto) for colocated placements"
             )
 
@@ -150,21 +157,16 @@ def check_ipc_weight_sync(cfg: RunConfig) -> None:
         return
     if cfg.trainer.device == "cpu":
         raise ConfigError("weight_sync.backend=ipc needs trainer.device=cuda or auto (it is cpu)")
-    items = list(enumerate(entries(cfg)))
-    trainer = next(((i, e) for i, e in items if e.role == "trainer" and e.devices), None)
-    if trainer is None:
+    if (rank0 := _trainer_rank0(cfg)) is None:
         return
-    node0 = trainer[1].nodes[0] if trainer[1].nodes else trainer[1].node
-    rank0 = set(_process_devices(trainer[1])[0])
-    for i, e in items:
-        if e.role != "rollout" or not e.devices:
-            continue
+    where, node0, gpus0 = rank0
+    for i, e in _placed_rollouts(cfg):
         for node in e.nodes or [e.node]:
             for devs in _process_devices(e):
-                if node != node0 or set(devs) != rank0:
+                if node != node0 or set(devs) != gpus0:
                     raise ConfigError(
                         f"weight_sync.backend=ipc: {label(i, e)} is on GPU {devs} of node {node}, trainer rank 0 "
-                        f"({label(trainer[0], trainer[1])}) on GPU {sorted(rank0)} of node {node0}; ipc needs them "
+                        f"({where}) on GPU {sorted(gpus0)} of node {node0}; ipc needs them "
                         "on one GPU: use weight_sync.backend=nccl (or auto) for separate GPUs"
                     )
 
