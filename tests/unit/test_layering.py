@@ -1,0 +1,65 @@
+"""The package rules of CONTRIBUTING.md, read from the source: no role package imports
+another role's modules (only the libraries `roles.algo`, `roles.training`, `roles.weights`
+and `runtime` / `transport`), the libraries import no role, `transport` imports neither
+`runtime` nor `roles`, and there is no import circle among `roles` modules."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = {"controller", "rollout", "trainer", "critic", "reward"}
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (any import statement, TYPE_CHECKING too)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for package in ("roles", "runtime", "transport"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module is not None:
+                    base = parts[: -node.level] if node.level else []
+                    graph[name].add(".".join([*base, node.module]) if node.level else node.module)
+                elif isinstance(node, ast.Import):
+                    graph[name].update(a.name for a in node.names)
+    return {m: {d for d in deps if d.split(".")[0] in ("roles", "runtime", "transport")} for m, deps in graph.items()}
+
+
+def test_roles_import_only_libraries_and_libraries_import_no_role() -> None:
+    bad = []
+    for module, deps in imports().items():
+        parts = module.split(".")
+        for dep in deps:
+            dep_parts = dep.split(".")
+            if parts[0] == "transport" and dep_parts[0] in ("runtime", "roles"):
+                bad.append((module, dep))
+            crossing = dep_parts[0] == "roles" and len(parts) > 1 and len(dep_parts) > 1
+            if parts[0] == "roles" and crossing and dep_parts[1] in ROLES and dep_parts[1] != parts[1]:
+                bad.append((module, dep))
+            if parts[0] == "runtime" and dep_parts[0] == "roles":
+                bad.append((module, dep))
+    assert not bad, bad
+
+
+def test_no_import_circle_among_roles_modules() -> None:
+    graph = {m: d for m, d in imports().items() if m.startswith("roles")}
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                raise AssertionError(f"import circle: {' -> '.join([*stack[stack.index(dep) :], dep])}")
+            if dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
