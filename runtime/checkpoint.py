@@ -22,10 +22,13 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from runtime.config import RunConfig
 from runtime.logs import get_logger
+from runtime.placement import role_counts
 
 log = get_logger("checkpoint")
 MANIFEST = "manifest.json"
@@ -78,8 +81,21 @@ def complete_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
-def validate(path: Path) -> dict[str, Any]:
-    """The manifest of a complete, intact checkpoint; raises ValueError saying what is wrong."""
+def required_parts(cfg: RunConfig) -> list[str]:
+    """What a complete checkpoint of this run holds: the controller's state, the actor's
+    shards, the critic's when the run has one, and the HF export when it is enabled."""
+    parts = ["controller.json", "actor/"]
+    if role_counts(cfg).get("critic", 0):
+        parts.append("critic/")
+    if cfg.checkpoint.export_hf:
+        parts.append("hf/")
+    return parts
+
+
+def validate(path: Path, required: Sequence[str] = ()) -> dict[str, Any]:
+    """The manifest of a complete, intact checkpoint; raises ValueError saying what is wrong.
+    `required`: files, and folders (ending in "/") that must hold a file, a complete
+    checkpoint has (`required_parts`): the manifest alone only vouches for what was written."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
@@ -94,16 +110,25 @@ def validate(path: Path) -> dict[str, Any]:
             raise ValueError(f"{rel} has {f.stat().st_size} bytes, manifest says {info['size']}")
         if info.get("sha256") and _sha256(f) != info["sha256"]:
             raise ValueError(f"{rel} does not match its checksum")
+    files = manifest.get("files", {})
+    for part in required:
+        present = any(rel.startswith(part) for rel in files) if part.endswith("/") else part in files
+        if not present:
+            needed = ", ".join(required)
+            raise ValueError(f"no {part.rstrip('/')} part (a complete checkpoint of this run has {needed})")
     return manifest  # type: ignore[no-any-return]
 
 
-def find_latest(run_dir: str | Path, step: int | None = None) -> tuple[Path, dict[str, Any]] | None:
-    """The newest intact checkpoint (or exactly `step`), warning about each one skipped."""
+def find_latest(
+    run_dir: str | Path, step: int | None = None, required: Sequence[str] = ()
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest intact checkpoint (or exactly `step`) holding every `required` part,
+    warning about each one skipped."""
     for path in reversed(complete_dirs(checkpoints_root(run_dir))):
         if step is not None and path.name != step_name(step):
             continue
         try:
-            return path, validate(path)
+            return path, validate(path, required)
         except ValueError as exc:
             log.warning("checkpoint_skipped", checkpoint=str(path), reason=str(exc))
             print(f"tandem: warning: skipping checkpoint {path}: {exc}", flush=True)

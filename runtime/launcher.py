@@ -218,7 +218,7 @@ def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
 
 def _resume_from(cfg: RunConfig, console: Console) -> str:
     """The newest intact checkpoint of the run ("" for a fresh start), chosen once per node."""
-    found = checkpoint.find_latest(cfg.run_dir)
+    found = checkpoint.find_latest(cfg.run_dir, required=checkpoint.required_parts(cfg))
     if found is None:
         console.note("resume=auto: no complete checkpoint, starting fresh")
         return ""

@@ -3,9 +3,11 @@
 A caller may rely on:
 
 * `Endpoint.admit` never raises for bad input: a malformed, truncated, oversized,
-  wrong-schema-version or unknown-type message is dropped, logged (`message_dropped`, with
-  the channel, the peer and the reason) and counted in `stats.dropped[reason]`; the
-  caller simply goes on to the next message.
+  wrong-schema-version or unknown-type message is dropped, counted in
+  `stats.dropped[reason]`, and logged (`message_dropped`, with the channel, the peer and
+  the reason) — the first DROP_LOG_FIRST of each peer and reason, then at most one
+  `messages_dropped` summary with the counts every DROP_SUMMARY_S, so a flood of bad
+  input costs a few log lines, not one each; the caller goes on to the next message.
 * `last_seen[peer]` is the time (`time.monotonic()`) anything last arrived from `peer`,
   dropped or not; `last_sent[peer]` the time a message last left for it.
 """
@@ -24,6 +26,9 @@ from transport.codec import Decoder, Encoder, WireError
 from transport.security import CurveKeys
 
 log = structlog.get_logger("transport")
+DROP_LOG_FIRST = 3  # drops logged one by one per (peer, reason)
+DROP_SUMMARY_S = 10.0  # then one summary line at most this often
+DROP_LOG_KEYS = 1024  # (peer, reason) pairs remembered; more fold into one "other peers" count
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Endpoint:
         self.last_seen: dict[bytes | None, float] = {}
         self._encoder = Encoder(options.inline_threshold)
         self._decoder = Decoder()
+        self.drop_log = DropLog(name)
 
     def frames(self, msg: wire.Message, peer: bytes | None, corr: int = 0, flags: int = 0) -> list[Any]:
         """The frames that carry `msg` (to `peer` on a ROUTER, which needs one)."""
@@ -102,12 +108,42 @@ class Endpoint:
             header, msg = self._decoder.decode(frames)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
-            log.warning(
-                "message_dropped", channel=self.name, peer=peer_name(peer), reason=exc.reason, detail=exc.detail[:200]
-            )
+            self.drop_log.dropped(peer_name(peer), exc.reason, exc.detail)
             return None
         self.stats.received += 1
         return Envelope(msg=msg, header=header, peer=peer)
+
+
+class DropLog:
+    """Rate-limited logging of dropped messages (see the module docstring)."""
+
+    def __init__(self, channel: str, clock: Any = time.monotonic) -> None:
+        self.channel = channel
+        self.clock = clock
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.unlogged: Counter[tuple[str, str]] = Counter()
+        self.last_summary = clock()
+
+    def dropped(self, peer: str, reason: str, detail: str) -> None:
+        key = (
+            (peer, reason) if (peer, reason) in self.seen or len(self.seen) < DROP_LOG_KEYS else ("other peers", reason)
+        )
+        self.seen[key] += 1
+        if self.seen[key] <= DROP_LOG_FIRST:
+            log.warning("message_dropped", channel=self.channel, peer=peer, reason=reason, detail=detail[:200])
+            return
+        self.unlogged[key] += 1
+        now = self.clock()
+        if now - self.last_summary >= DROP_SUMMARY_S:
+            self.summary(now)
+
+    def summary(self, now: float | None = None) -> None:
+        """Log the drops not logged one by one since the last summary, if any."""
+        if self.unlogged:
+            counts = {f"{p}/{r}": n for (p, r), n in self.unlogged.most_common(20)}
+            log.warning("messages_dropped", channel=self.channel, unlogged=sum(self.unlogged.values()), counts=counts)
+            self.unlogged.clear()
+        self.last_summary = self.clock() if now is None else now
 
 
 def peer_name(peer: bytes | None) -> str:

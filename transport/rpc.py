@@ -136,6 +136,7 @@ class RpcEndpoint(Endpoint):
         """Cancel the loops and handler tasks, fail pending requests, close the socket;
         logs the endpoint's counters (`channel_closed`)."""
         st = self.stats
+        self.drop_log.summary()
         log.info("channel_closed", channel=self.name, sent=st.sent, received=st.received, dropped=dict(st.dropped))
         tasks = [*self._loops, *self._handlers]
         for task in tasks:

@@ -49,7 +49,7 @@ class CriticRole(TorchRole[CriticEngine]):
                 log.info("critic_step", step=msg.step, **{k: round(v, 5) for k, v in metrics.items()})
                 return wire.TrainResult(step=msg.step, version=self.engine.version, metrics=metrics)
             if isinstance(msg, wire.SaveCheckpoint):
-                await self._in_thread(self.engine.save, Path(msg.directory))
+                await self._in_thread(self.engine.save, Path(msg.directory) / self.checkpoint_part)
                 return wire.CheckpointSaved(step=msg.step, directory=msg.directory)
         if isinstance(msg, wire.Shutdown):
             self.request_stop(msg.reason or "controller shutdown")

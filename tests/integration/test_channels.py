@@ -120,10 +120,10 @@ def client(
 class RawDealer:
     """A DEALER that sends whatever frames it is given: the misbehaving peer."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, address: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, address: str, identity: bytes = b"raw") -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, b"raw")
+        self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(address)
         self.encoder, self.decoder = Encoder(), Decoder()
 
@@ -180,6 +180,45 @@ async def test_server_drops_each_bad_message_once_and_keeps_serving(ctx: zmq.asy
     await check_survives_bad_input(raw, dropped)
     assert server.stats.received >= len(bad_messages())
     await server.aclose()
+
+
+async def test_a_flood_of_bad_messages_costs_a_few_log_lines(ctx: zmq.asyncio.Context, address: str) -> None:
+    """10k malformed messages from two peers: every one counted, a handful logged one by
+    one per peer and reason, the rest in summaries; the server keeps serving."""
+    from structlog.testing import capture_logs
+
+    server = await serve(ctx, address, SMALL)
+    peers = [RawDealer(ctx, server.address, identity=f"raw-{i}".encode()) for i in range(2)]
+    bad = bad_messages()["malformed"]
+    with capture_logs() as logs:
+        for i in range(10_000):
+            await peers[i % 2].send(bad)
+        for i, peer in enumerate(peers):  # each peer's messages arrive in order: all 10k are in
+            reply = await peer.ask(bucket(7 + i, x=torch.ones(3)), corr=7 + i)
+            assert isinstance(reply, wire.WeightBucket) and reply.version == 7 + i
+        await server.aclose()
+    assert server.stats.dropped["malformed"] == 10_000
+    one_by_one = [e for e in logs if e["event"] == "message_dropped"]
+    summaries = [e for e in logs if e["event"] == "messages_dropped"]
+    assert len(one_by_one) == 2 * 3  # DROP_LOG_FIRST per peer and reason
+    assert 1 <= len(summaries) <= 5 and len(one_by_one) + len(summaries) < 30
+    assert len(one_by_one) + sum(e["unlogged"] for e in summaries) == 10_000
+
+
+def test_drop_summaries_come_at_most_every_period() -> None:
+    from structlog.testing import capture_logs
+
+    from transport.endpoint import DROP_SUMMARY_S, DropLog
+
+    now = [0.0]
+    drops = DropLog("c", clock=lambda: now[0])
+    with capture_logs() as logs:
+        for _ in range(100):
+            drops.dropped("p", "malformed", "x")
+            now[0] += DROP_SUMMARY_S / 20  # 5 periods in all
+        drops.summary()
+    summaries = [e for e in logs if e["event"] == "messages_dropped"]
+    assert 4 <= len(summaries) <= 6 and sum(e["unlogged"] for e in summaries) == 97
 
 
 async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx: zmq.asyncio.Context) -> None:
