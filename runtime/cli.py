@@ -116,10 +116,12 @@ def _export(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from runtime.run_token import ensure_token
     from transport.security import generate_keys
 
     path = generate_keys(Path(args.run_dir) / "keys")
-    print(f"tandem: wrote CurveZMQ keys to {path}; copy this folder to every node's run directory")
+    ensure_token(args.run_dir)
+    print(f"tandem: wrote CurveZMQ keys and the run token to {path}; copy this folder to every node's run directory")
     return 0
 
 

@@ -36,6 +36,7 @@ from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
 from runtime.paths import model_dir
 from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes, visible_gpus
+from runtime.run_token import ensure_token
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -54,6 +55,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    ensure_token(run_dir)
     if not cfg.model.path:
         t = cfg.model.tiny
         make_tiny_model(

@@ -33,8 +33,9 @@ import zmq.asyncio
 from runtime import addresses
 from runtime.config import RunConfig
 from runtime.logs import get_logger
+from runtime.run_token import read_token
 from transport import wire
-from transport.rpc import RpcEndpoint
+from transport.rpc import RemoteError, RpcEndpoint
 from transport.sockets import connect_dealer
 
 log = get_logger("role")
@@ -204,9 +205,11 @@ class Role:
             self.zmq, self.ctx.controller_address, name="controller", identity=self.ctx.name, options=opts
         )
         self.controller.start(self.handle, on_peer_lost=self._controller_lost)
-        reply = await self.controller.request(
-            wire.Register(peer=self.peer_info(), pid=os.getpid()), timeout=self.cfg.startup_timeout_s
-        )
+        register = wire.Register(peer=self.peer_info(), pid=os.getpid(), token=read_token(self.ctx.run_dir))
+        try:
+            reply = await self.controller.request(register, timeout=self.cfg.startup_timeout_s)
+        except RemoteError as exc:
+            raise FatalError(f"registration refused: {exc.message}") from None
         if not isinstance(reply, wire.Registered):
             raise FatalError(f"controller answered Register with {type(reply).__name__}")
         self.registered = reply

@@ -23,7 +23,8 @@ def bind_router(
     sock = ctx.socket(zmq.ROUTER)
     _configure(sock, options)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # No handover: a second connection with a live peer's identity cannot take its place.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
     if options.curve is not None:
         apply_curve(sock, options.curve, server=True)
     ep = RpcEndpoint(sock, name, options)

@@ -128,6 +128,7 @@ class Register(msgspec.Struct, **_msg(MsgType.REGISTER)):
 
     peer: PeerInfo
     pid: int = 0
+    token: str = ""  # the run's secret (runtime/run_token.py)
 
 
 class Registered(msgspec.Struct, **_msg(MsgType.REGISTERED)):
@@ -222,6 +223,7 @@ class WeightBucket(msgspec.Struct, **_msg(MsgType.WEIGHT_BUCKET)):
     index: int
     last: bool
     tensors: dict[str, torch.Tensor]
+    token: str = ""  # the run's secret: a rollout takes weights only with it
 
 
 class WeightsApplied(msgspec.Struct, **_msg(MsgType.WEIGHTS_APPLIED)):
@@ -261,6 +263,7 @@ class WeightGroupInit(msgspec.Struct, **_msg(MsgType.WEIGHT_GROUP_INIT)):
     rank_offset: int = 1
     backend: str = "gloo"
     timeout_s: float = 60.0
+    token: str = ""
 
 
 class TensorSlot(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -304,6 +307,7 @@ class WeightBucketMeta(msgspec.Struct, **_msg(MsgType.WEIGHT_BUCKET_META)):
     slots: list[TensorSlot]
     nbytes: int
     ipc: IpcHandle | None = None
+    token: str = ""
 
 
 class WeightChecksums(msgspec.Struct, **_msg(MsgType.WEIGHT_CHECKSUMS)):

@@ -20,6 +20,7 @@ from roles.controller import state as cstate
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
 from roles.controller.dataset import PromptDataset
 from roles.controller.dispatch import Dispatcher
+from roles.controller.gatekeeper import Gatekeeper
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
 from roles.controller.metrics import MetricsSink
@@ -35,6 +36,7 @@ from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
 from runtime.role import FatalError, Role
+from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.sockets import bind_router
@@ -59,6 +61,9 @@ class Controller(Role):
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()
         self.expected = role_counts(cfg)
+        self.gatekeeper = Gatekeeper(
+            self.registry, read_token(self.ctx.run_dir), self.expected, elastic=cfg.rollout.elastic
+        )
         self.registered_event = asyncio.Event()
         self.started = False
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
@@ -207,6 +212,8 @@ class Controller(Role):
                 peer.version = max(peer.version, msg.version)
                 self.dispatcher.wake()
         elif isinstance(msg, wire.Dead):
+            if not self.gatekeeper.believe_dead(env.peer, msg):
+                return None
             peer = self.registry.get(env.peer)
             if msg.role == "rollout" and self.cfg.rollout.elastic and peer is not None:
                 self.lose_rollout(peer, f"died: {msg.cause}")
@@ -225,6 +232,9 @@ class Controller(Role):
 
     def _accept_registration(self, identity: bytes | None, msg: wire.Register) -> wire.Message:
         assert identity is not None
+        why = self.gatekeeper.refuse_registration(identity, msg)
+        if why is not None:
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=f"registration refused: {why}")
         peer = self.registry.add(identity, msg.peer)
         log.info("registered", peer=peer.name, address=msg.peer.address, version=msg.peer.version, pid=msg.pid)
         self.registered_event.set()

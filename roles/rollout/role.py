@@ -29,6 +29,7 @@ from runtime.gpu_check import rollout_shares_trainer_gpu
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import Role
+from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
@@ -70,6 +71,7 @@ class RolloutRole(Role):
             self.ctx.name,
             local_host=_host(addresses.advertised(self.weights.address)),
             timeout_s=cfg.weight_sync.timeout_s,
+            token=read_token(self.ctx.run_dir),
             on_applied=self._applied,
         )
         self.weights.start(self._on_weights)

@@ -32,6 +32,7 @@ from runtime import addresses
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import model_dir
 from runtime.role import FatalError
+from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 
@@ -61,17 +62,19 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         except BackendError as exc:
             raise FatalError(str(exc)) from None
         timeout_s = cfg.weight_sync.timeout_s
+        token = read_token(self.ctx.run_dir)
         transfer: Transfer
         if backend == "ipc":
-            transfer = IpcTransfer(timeout_s)
+            transfer = IpcTransfer(timeout_s, token=token)
         elif backend == "nccl":
             # The host rollouts reach this process at, as for its sockets (127.0.0.1 on one node).
             host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
             transfer = NcclTransfer(
-                timeout_s, host=host, device=device, workers_per_rollout=cfg.rollout.engine.tensor_parallel_size
-            )
+                timeout_s, token=token, host=host, device=device,
+                workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
+            )  # fmt: skip
         else:
-            transfer = ZmqTransfer(timeout_s)
+            transfer = ZmqTransfer(timeout_s, token=token)
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
         self.packer = BucketPacker(pack_on, cfg.weight_sync.bucket_mb << 20)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)

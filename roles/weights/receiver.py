@@ -13,10 +13,11 @@
   does not come within `timeout_s` (a trainer that died mid-update) is abandoned:
   generation resumes on the old version (layers loaded before keep the new weights).
 
-Every update older than the rollout's version is refused (`Error(REFUSED)`) before any
-work; buckets out of order are refused (`BAD_REQUEST`). One update is open at a time:
-a new bucket 0 abandons an open one. `on_applied(applied, pause_s)` runs after each
-loaded version (all backends).
+Weight messages without the run's secret (runtime/run_token.py) are refused (`REFUSED`)
+and counted in `refused`, before anything else. Every update older than the rollout's
+version is refused (`Error(REFUSED)`) before any work; buckets out of order are refused
+(`BAD_REQUEST`). One update is open at a time: a new bucket 0 abandons an open one.
+`on_applied(applied, pause_s)` runs after each loaded version (all backends).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from roles.weights.errors import StaleUpdate
 from roles.weights.group import describe
 from roles.weights.staging import WeightStager
 from runtime.logs import get_logger
+from runtime.run_token import matches
 from transport import wire
 
 log = get_logger("rollout")
@@ -77,10 +79,14 @@ class WeightReceiver:
         *,
         local_host: str,
         timeout_s: float,
+        token: str,
         on_applied: Callable[[wire.WeightsApplied, float], Awaitable[None]],
     ) -> None:
-        """`local_host`: the address the trainer reaches this host at (gloo's interface)."""
+        """`local_host`: the address the trainer reaches this host at (gloo's interface);
+        `token`: the run's secret, which every weight message must carry."""
         self.engine = engine
+        self.token = token
+        self.refused = 0
         self.name = name
         self.local_host = local_host
         self.timeout_s = timeout_s
@@ -91,6 +97,15 @@ class WeightReceiver:
         self._watchdog: asyncio.Task[None] | None = None
 
     async def handle(self, msg: wire.Message) -> wire.Message:
+        if isinstance(msg, wire.WeightBucket | wire.WeightBucketMeta | wire.WeightGroupInit) and not matches(
+            msg.token, self.token
+        ):
+            self.refused += 1
+            if self.refused <= 5:
+                log.warning(
+                    "weights_refused", reason="no valid run token", refused=self.refused, update=msg_version(msg)
+                )
+            return wire.Error(code=wire.ErrorCode.REFUSED, message="weights refused: no valid run token")
         if isinstance(msg, wire.WeightGroupInit):
             return await self._join(msg)  # not under the lock: the join runs while updates may go on
         async with self._lock:
@@ -257,3 +272,7 @@ class WeightReceiver:
     def close(self) -> None:
         self._stop_watchdog()
         self.stager.discard()
+
+
+def msg_version(msg: wire.Message) -> int | None:
+    return getattr(msg, "version", None)

@@ -52,15 +52,19 @@ async def _request(name: str, ep: RpcEndpoint, msg: wire.Message, phase: str, ti
 class ZmqTransfer:
     name = "zmq"
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, *, token: str) -> None:
+        """`token`: the run's secret, carried by every message (runtime/run_token.py)."""
         self.timeout_s = timeout_s
+        self.token = token
 
     async def prepare(self, target: str, ep: RpcEndpoint) -> None:
         pass
 
     async def send(self, target: str, ep: RpcEndpoint, version: int, bucket: PackedBucket) -> wire.Message:
         tensors = dict(unpack(bucket.flat, bucket.slots))
-        msg = wire.WeightBucket(version=version, index=bucket.index, last=bucket.last, tensors=tensors)
+        msg = wire.WeightBucket(
+            version=version, index=bucket.index, last=bucket.last, tensors=tensors, token=self.token
+        )
         return await _request(target, ep, msg, _phase(bucket), self.timeout_s)
 
     async def forget(self, target: str) -> None:
@@ -73,8 +77,9 @@ class ZmqTransfer:
 class IpcTransfer:
     name = "ipc"
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, *, token: str) -> None:
         self.timeout_s = timeout_s
+        self.token = token
         self._handles: dict[tuple[int, int], wire.IpcHandle] = {}  # (data_ptr, numel) -> handle
 
     async def prepare(self, target: str, ep: RpcEndpoint) -> None:
@@ -83,7 +88,7 @@ class IpcTransfer:
     async def send(self, target: str, ep: RpcEndpoint, version: int, bucket: PackedBucket) -> wire.Message:
         msg = wire.WeightBucketMeta(
             version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel(),
-            ipc=self._handle(bucket.flat),
+            ipc=self._handle(bucket.flat), token=self.token,
         )  # fmt: skip
         return await _request(target, ep, msg, _phase(bucket), self.timeout_s)
 
@@ -103,11 +108,14 @@ class IpcTransfer:
 class NcclTransfer:
     name = "nccl"
 
-    def __init__(self, timeout_s: float, *, host: str, device: torch.device, workers_per_rollout: int = 1) -> None:
-        """`host`: the address rollouts reach this process at (store and gloo);
+    def __init__(
+        self, timeout_s: float, *, token: str, host: str, device: torch.device, workers_per_rollout: int = 1
+    ) -> None:
+        """`token`: the run's secret; `host`: the address rollouts reach this process at (store and gloo);
         `device`: where buckets are broadcast from (CUDA: NCCL; CPU: gloo);
         `workers_per_rollout`: vLLM workers of one rollout (its tensor-parallel size)."""
         self.timeout_s = timeout_s
+        self.token = token
         self.host = host
         self.device = device
         self.backend = "nccl" if device.type == "cuda" else "gloo"
@@ -126,8 +134,9 @@ class NcclTransfer:
         if group is None:
             raise WeightSyncError(target, "broadcast", "no weight group (left the run)")
         meta = wire.WeightBucketMeta(
-            version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel()
-        )
+            version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel(),
+            token=self.token,
+        )  # fmt: skip
         phase = _phase(bucket)
         reply = asyncio.ensure_future(_request(target, ep, meta, phase, self.timeout_s + SLACK_S))
         sent = asyncio.ensure_future(self._blocking(lambda: group.broadcast(bucket.flat)))
@@ -153,7 +162,7 @@ class NcclTransfer:
         prefix = f"tandem-weights/{name}/{next(self._epochs)}"
         init = wire.WeightGroupInit(
             host=self.host, port=self.store.port, prefix=prefix, world_size=self.world_size,
-            backend=self.backend, timeout_s=self.timeout_s,
+            backend=self.backend, timeout_s=self.timeout_s, token=self.token,
         )  # fmt: skip
         store, world, device, timeout_s, host = self.store, self.world_size, self.device, self.timeout_s, self.host
         join = asyncio.ensure_future(

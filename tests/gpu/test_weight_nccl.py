@@ -37,6 +37,7 @@ from roles.weights.transfers import SLACK_S, NcclTransfer, ZmqTransfer
 from runtime import addresses
 from runtime.config import EngineConfig
 from runtime.config_load import load_config
+from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 
@@ -87,11 +88,11 @@ TRAINER_DEVICE = torch.device("cuda", TRAINER_GPU)
 
 def pusher_for(h: RoleHarness, backend: str = "nccl") -> WeightSender:
     opts = addresses.channel_options(h.cfg, h.cfg.run_dir)
+    token = read_token(h.cfg.run_dir)
     if backend == "zmq":
-        return WeightSender(h.zmq, opts, "trainer-0", TIMEOUT_S, ZmqTransfer(TIMEOUT_S))
-    return WeightSender(
-        h.zmq, opts, "trainer-0", TIMEOUT_S, NcclTransfer(TIMEOUT_S, host="127.0.0.1", device=TRAINER_DEVICE)
-    )
+        return WeightSender(h.zmq, opts, "trainer-0", TIMEOUT_S, ZmqTransfer(TIMEOUT_S, token=token))
+    transfer = NcclTransfer(TIMEOUT_S, token=token, host="127.0.0.1", device=TRAINER_DEVICE)
+    return WeightSender(h.zmq, opts, "trainer-0", TIMEOUT_S, transfer)
 
 
 async def push(pusher: WeightSender, version: int, buckets: list[dict[str, torch.Tensor]]) -> PushResult:

@@ -12,6 +12,7 @@ from roles.weights.layout import BucketPacker
 from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
 from runtime import addresses
+from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness
 
 
@@ -31,12 +32,13 @@ class TrainerSide:
         """`identity`: this sender's socket identity (default `trainer-<backend>`); two
         senders alive at once need two (the rollout's ROUTER routes by identity)."""
         transfer: Transfer
+        token = read_token(h.cfg.run_dir)
         if backend == "ipc":
-            transfer = IpcTransfer(timeout_s)
+            transfer = IpcTransfer(timeout_s, token=token)
         elif backend == "nccl":
-            transfer = NcclTransfer(timeout_s, host="127.0.0.1", device=device)
+            transfer = NcclTransfer(timeout_s, token=token, host="127.0.0.1", device=device)
         else:
-            transfer = ZmqTransfer(timeout_s)
+            transfer = ZmqTransfer(timeout_s, token=token)
         opts = addresses.channel_options(h.cfg, h.cfg.run_dir)
         self.sender = WeightSender(h.zmq, opts, identity or f"trainer-{backend}", timeout_s, transfer)
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")

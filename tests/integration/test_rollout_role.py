@@ -16,6 +16,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.config_load import load_config
+from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness
 from transport import wire
 from transport.rpc import RemoteError, RpcEndpoint
@@ -59,13 +60,13 @@ def model_tensors(h: RoleHarness, scale: float) -> dict[str, torch.Tensor]:
     }
 
 
-async def push(ep: RpcEndpoint, version: int, tensors: dict[str, torch.Tensor]) -> list[wire.Message]:
+async def push(ep: RpcEndpoint, version: int, tensors: dict[str, torch.Tensor], token: str) -> list[wire.Message]:
     names = list(tensors)
     chunks = [names[i : i + 8] for i in range(0, len(names), 8)]
     replies = []
     for i, chunk in enumerate(chunks):
         msg = wire.WeightBucket(
-            version=version, index=i, last=i == len(chunks) - 1, tensors={k: tensors[k] for k in chunk}
+            version=version, index=i, last=i == len(chunks) - 1, tensors={k: tensors[k] for k in chunk}, token=token
         )
         replies.append(await ep.request(msg, timeout=60))
     return replies
@@ -86,7 +87,7 @@ async def test_completions_stream_back_per_sample(rollout: RoleHarness) -> None:
 
 async def test_weight_update_in_place_over_the_channel(rollout: RoleHarness, weights: RpcEndpoint) -> None:
     start = time.perf_counter()
-    replies = await push(weights, 1, model_tensors(rollout, 0.5))
+    replies = await push(weights, 1, model_tensors(rollout, 0.5), read_token(rollout.cfg.run_dir))
     elapsed = time.perf_counter() - start
     assert all(isinstance(r, wire.Ack) for r in replies[:-1])
     applied = replies[-1]
@@ -101,8 +102,21 @@ async def test_weight_update_in_place_over_the_channel(rollout: RoleHarness, wei
 
 async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoint) -> None:
     with pytest.raises(RemoteError, match="refused") as info:
-        await push(weights, 0, model_tensors(rollout, 1.0))
+        await push(weights, 0, model_tensors(rollout, 1.0), read_token(rollout.cfg.run_dir))
     assert info.value.code == wire.ErrorCode.REFUSED
+
+
+async def test_weights_without_the_run_token_are_refused(rollout: RoleHarness, weights: RpcEndpoint) -> None:
+    """Another process of the same user (issue 23, finding 2): an empty update to version
+    10**9 would make the rollout refuse every real one after it."""
+    for forged in ("", "0" * 64):
+        bogus = wire.WeightBucket(version=10**9, index=0, last=True, tensors={}, token=forged)
+        with pytest.raises(RemoteError, match="no valid run token") as info:
+            await weights.request(bogus, timeout=10)
+        assert info.value.code == wire.ErrorCode.REFUSED
+    await rollout.send(generate("still", 1, 4))
+    (c,) = await completions(rollout, 1)
+    assert c.versions.tolist() == [1] * 4  # still at the version of the real update above
 
 
 async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHarness) -> None:

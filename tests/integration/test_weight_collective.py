@@ -28,6 +28,7 @@ from roles.weights.sender import ListSource, PushResult, WeightSender
 from roles.weights.transfers import SLACK_S, NcclTransfer
 from runtime import addresses
 from runtime.config_load import load_config
+from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 from transport.rpc import RpcEndpoint
@@ -58,7 +59,7 @@ async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rol
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pusher(rollout: RoleHarness) -> AsyncIterator[WeightSender]:
     opts = addresses.channel_options(rollout.cfg, rollout.cfg.run_dir)
-    transfer = NcclTransfer(TIMEOUT_S, host="127.0.0.1", device=CPU)
+    transfer = NcclTransfer(TIMEOUT_S, token=read_token(rollout.cfg.run_dir), host="127.0.0.1", device=CPU)
     p = WeightSender(rollout.zmq, opts, "trainer-0", TIMEOUT_S, transfer)
     yield p
     await p.aclose()
@@ -82,10 +83,10 @@ def source(buckets: list[dict[str, torch.Tensor]]) -> ListSource:
     return ListSource(buckets, CPU)
 
 
-async def zmq_push(ep: RpcEndpoint, version: int, buckets: list[dict[str, torch.Tensor]]) -> wire.Message:
+async def zmq_push(ep: RpcEndpoint, version: int, buckets: list[dict[str, torch.Tensor]], token: str) -> wire.Message:
     reply: wire.Message | None = None
     for i, tensors in enumerate(buckets):
-        msg = wire.WeightBucket(version=version, index=i, last=i == len(buckets) - 1, tensors=tensors)
+        msg = wire.WeightBucket(version=version, index=i, last=i == len(buckets) - 1, tensors=tensors, token=token)
         reply = await ep.request(msg, timeout=60)
     assert reply is not None
     return reply
@@ -193,7 +194,7 @@ async def test_update_over_the_group_loads_the_new_weights(rollout: RoleHarness,
     assert rollout.peer is not None
     ep = rollout.connect(rollout.peer.address, name="trainer-zmq")
     try:
-        reply = await zmq_push(ep, 2, half)
+        reply = await zmq_push(ep, 2, half, read_token(rollout.cfg.run_dir))
     finally:
         await ep.aclose()
     assert isinstance(reply, wire.WeightsApplied) and reply.version == 2
