@@ -113,8 +113,17 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
         default_factory=EngineConfig
     )
     request_timeout_s: Annotated[
-        float, Doc(description="A generate request not finished in this time is an error.", gt=0)
+        float,
+        Doc(description="A sample not finished in this time is aborted and comes back as an error.", gt=0),
     ] = 600.0
+    stall_timeout_s: Annotated[
+        float,
+        Doc(
+            description="Samples in flight and no engine step for this long: the rollout reports itself dead "
+            "(the run ends naming it, or, elastic, its prompts go to the other rollouts).",
+            gt=0,
+        ),
+    ] = 60.0
     drain_timeout_s: Annotated[
         float, Doc(description="On shutdown, wait this long for in-flight requests, then abort them.", ge=0)
     ] = 5.0

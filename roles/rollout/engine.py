@@ -22,6 +22,7 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -86,6 +87,7 @@ class RolloutEngine:
         self._kv_asleep = False  # woken for an update with the KV cache still freed
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
+        self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
 
     async def start(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -119,8 +121,11 @@ class RolloutEngine:
     def num_active(self) -> int:
         return len(self._active)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0) -> Sample:
-        """One completion of `prompt_ids` (sample `index` of request `request_id`)."""
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0, *, timeout_s: float = 0.0
+    ) -> Sample:
+        """One completion of `prompt_ids` (sample `index` of request `request_id`). With
+        `timeout_s`, a sample not finished by then is aborted and comes back as an error."""
         self._check_alive()
         if self.sleep_mode:
             await self.wake(self.cfg.call_timeout_s)  # waits for a sleep in progress, too
@@ -132,7 +137,10 @@ class RolloutEngine:
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
             if self.prefix_salt:
                 prompt["cache_salt"] = f"v{self.version}"
-            last = await self._run(vid, prompt, params, state)
+            run = self._run(vid, prompt, params, state)
+            last = await (asyncio.wait_for(run, timeout_s) if timeout_s else run)
+        except TimeoutError:
+            return _error_sample(prompt_ids, started, f"request timed out after {timeout_s:g}s", state)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # vLLM raises several types for bad requests
@@ -154,7 +162,8 @@ class RolloutEngine:
                 last = queue.get_nowait() or await queue.get()
                 self._take(state, last.outputs[0])
         except asyncio.CancelledError:
-            await self.engine.abort(vid)
+            with contextlib.suppress(Exception):  # a wedged engine must not hold the cancellation
+                await asyncio.wait_for(self.engine.abort(vid), self.cfg.call_timeout_s)
             raise
         return last
 
@@ -414,6 +423,8 @@ def _stats_factory(owner: RolloutEngine) -> Any:
         ) -> None:
             if scheduler_stats is not None:
                 owner.scheduler_stats = scheduler_stats
+            if iteration_stats is not None:
+                owner.last_step_at = time.monotonic()  # the engine ran a step: progress
 
         def log_engine_initialized(self) -> None:
             pass

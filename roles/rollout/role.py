@@ -113,7 +113,10 @@ class RolloutRole(Role):
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:
-            sample = await self.engine.generate(req.request_id, req.prompt_ids, req.sampling, index)
+            timeout_s = self.cfg.rollout.request_timeout_s
+            sample = await self.engine.generate(
+                req.request_id, req.prompt_ids, req.sampling, index, timeout_s=timeout_s
+            )
         except EngineDead as exc:
             self.fail(str(exc))
             return
@@ -140,10 +143,22 @@ class RolloutRole(Role):
             await self.controller.send(applied)
 
     async def _watch_engine(self) -> None:
+        """The role dies with the engine: when vLLM reports it dead, or when samples are in
+        flight and no engine step came for `rollout.stall_timeout_s` (a wedged engine)."""
+        stall_s = self.cfg.rollout.stall_timeout_s
         while True:
             await asyncio.sleep(1.0)
             if self.engine.engine is not None and self.engine.engine.errored:
                 raise EngineDead(f"vLLM engine died: {self.engine.engine.dead_error}")
+            quiet = time.monotonic() - self.engine.last_step_at
+            waiting = self.engine.num_active and self.engine.updating is None and not self.engine.sleeping
+            if waiting and quiet > stall_s:
+                raise EngineDead(
+                    f"vLLM engine made no progress for {quiet:.0f}s with {self.engine.num_active} samples in flight "
+                    f"(rollout.stall_timeout_s={stall_s:g})"
+                )
+            if not waiting:
+                self.engine.last_step_at = max(self.engine.last_step_at, time.monotonic() - 1.0)
 
     async def _log_stats(self) -> None:
         interval = self.cfg.rollout.stats_interval_s
