@@ -289,7 +289,18 @@ class RewardConfig(msgspec.Struct, **_STRUCT):
     timeout_s: Annotated[
         float, Doc(description="Per-call timeout; a call that times out or raises scores 0.", gt=0)
     ] = 10.0
-    concurrency: Annotated[int, Doc(description="Reward calls running at once per reward role.", ge=1)] = 16
+    concurrency: Annotated[
+        int, Doc(description="Reward calls running at once per reward role (each in a worker process).", ge=1)
+    ] = 16
+    max_failure_fraction: Annotated[
+        float,
+        Doc(
+            description="More than this fraction of a step's samples without a reward (a function raised, timed "
+            "out or returned no number) ends the run, naming the function and the first error.",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.5
 
 
 class WeightSyncConfig(msgspec.Struct, **_STRUCT):

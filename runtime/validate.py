@@ -11,6 +11,7 @@ from runtime.config import RunConfig
 from runtime.config_load import ConfigError
 from runtime.gpu_check import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
 from runtime.placement import role_counts
+from runtime.user_functions import load_reward_function
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -36,6 +37,10 @@ def check_config(cfg: RunConfig) -> None:
     for fn in cfg.reward.functions:
         if ":" not in fn:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
+        try:
+            load_reward_function(fn)  # importable, and callable with the reward arguments
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)

@@ -26,6 +26,7 @@ class SampleRec:
     finish_reason: FinishReason
     error: str = ""
     reward: float | None = None
+    reward_error: str = ""  # why the reward role gave this sample no reward ("" when it did)
     token_rewards: torch.Tensor | None = None  # float32 [R] (GAE: reward + KL penalty per token)
     values: torch.Tensor | None = None  # float32 [R] critic values of response tokens
     advantages: torch.Tensor | None = None  # float32 [R] token advantages (GAE)

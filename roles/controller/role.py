@@ -118,7 +118,7 @@ class Controller(Role):
         self.steps = StepRunner(
             self.ledger, self.trainers, self.critics, cfg.algorithm, self.recorder,
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
-            on_rollout_failed=self.rollout_failed,
+            on_rollout_failed=self.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
         )  # fmt: skip
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(

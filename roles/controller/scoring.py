@@ -56,15 +56,18 @@ class Scorer:
             await self._score(await self.queue.get())
 
     async def _score(self, group: Group) -> None:
-        scores = await self._rewards(group)
+        scores, failure = await self._rewards(group)
         for s in group.ordered():
-            s.reward = float(scores.get(_sample_id(group, s), 0.0))
+            score = scores.get(_sample_id(group, s))
+            s.reward = float(score.reward) if score is not None else 0.0
+            s.reward_error = (score.error if score is not None else failure) or ""
         self.done(group)
 
-    async def _rewards(self, group: Group) -> dict[int, float]:
+    async def _rewards(self, group: Group) -> tuple[dict[int, wire.RewardScore], str]:
+        """The reward role's score of each sample, or why there are none."""
         rewards = self.registry.of("reward")
         if not rewards:
-            return {}
+            return {}, ""
         peer = rewards[self._next_reward % len(rewards)]
         self._next_reward += 1
         items = [self._item(group, s) for s in group.ordered()]
@@ -74,9 +77,9 @@ class Scorer:
             )
         except (RequestTimeout, RemoteError) as exc:
             log.warning("reward_failed", group=group.gid, error=str(exc))
-            return {}
+            return {}, f"reward request failed: {exc}"
         assert isinstance(reply, wire.RewardResult)
-        return {s.sample_id: s.reward for s in reply.scores}
+        return {s.sample_id: s for s in reply.scores}, ""
 
     def _item(self, group: Group, s: SampleRec) -> wire.RewardItem:
         ids = s.token_ids.tolist()

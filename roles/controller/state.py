@@ -34,6 +34,7 @@ class SampleState(msgspec.Struct):
     finish_reason: int
     reward: float | None = None
     tensors: dict[str, list[float]] = {}
+    reward_error: str = ""
 
 
 class GroupState(msgspec.Struct):
@@ -72,8 +73,9 @@ def group_state(g: Group, with_samples: bool = True) -> GroupState:
 def _sample_state(s: SampleRec) -> SampleState:
     tensors = {k: getattr(s, k).tolist() for k in _TENSORS if getattr(s, k) is not None}
     return SampleState(
-        s.index, s.token_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), int(s.finish_reason), s.reward, tensors
-    )
+        s.index, s.token_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), int(s.finish_reason), s.reward, tensors,
+        s.reward_error,
+    )  # fmt: skip
 
 
 def restore_group(gs: GroupState) -> Group:
@@ -89,6 +91,7 @@ def restore_group(gs: GroupState) -> Group:
             versions=torch.tensor(ss.versions, dtype=torch.int32),
             finish_reason=FinishReason(ss.finish_reason),
             reward=ss.reward,
+            reward_error=ss.reward_error,
         )
         for k, v in ss.tensors.items():
             setattr(rec, k, torch.tensor(v, dtype=torch.float32))

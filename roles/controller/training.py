@@ -22,6 +22,7 @@ from roles.controller.ranks import RankGroup
 from roles.controller.step_metrics import StepRecorder
 from runtime.config import AlgorithmConfig
 from runtime.logs import get_logger, set_policy_version
+from runtime.role import FatalError
 from transport import wire
 
 log = get_logger("controller")
@@ -39,8 +40,10 @@ class StepRunner:
         timeout_s: float,
         reward_kl: RewardKL | None,
         on_rollout_failed: Callable[[str, str], None],
+        max_reward_failures: float = 1.0,
     ) -> None:
-        """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound."""
+        """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
+        `max_reward_failures`: the fraction of a batch's samples without a reward that ends the run."""
         self.ledger = ledger
         self.trainers = trainers
         self.critics = critics
@@ -49,9 +52,11 @@ class StepRunner:
         self.timeout_s = timeout_s
         self.reward_kl = reward_kl
         self.on_rollout_failed = on_rollout_failed
+        self.max_reward_failures = max_reward_failures
 
     async def step(self) -> None:
         groups = await self.ledger.wait_batch()
+        self._check_rewards(groups)
         a = self.algorithm
         if self.critics is not None and a.whiten_advantages:
             whiten_groups(groups)
@@ -68,6 +73,17 @@ class StepRunner:
         drops["dropped_stale_total"] = self.ledger.totals["dropped_stale"] * self.ledger.group_size
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
+
+    def _check_rewards(self, groups: list[Group]) -> None:
+        """A batch where more than `max_failure_fraction` of the samples got no reward ends
+        the run: reward functions that fail on every call must not make a "successful" run."""
+        samples = [s for g in groups for s in g.ordered()]
+        failed = [s.reward_error for s in samples if s.reward_error]
+        if samples and len(failed) / len(samples) > self.max_reward_failures:
+            raise FatalError(
+                f"step {self.ledger.step + 1}: {len(failed)} of {len(samples)} samples got no reward "
+                f"(more than reward.max_failure_fraction={self.max_reward_failures:g}); first: {failed[0]}"
+            )
 
     async def _train(
         self, groups: list[Group], batches: list[wire.TrainBatch], build: dict[str, Any]

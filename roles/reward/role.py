@@ -35,6 +35,10 @@ class RewardRole(Role):
             return None
         return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"reward does not serve {type(msg).__name__}")
 
+    async def close(self) -> None:
+        if hasattr(self, "runner"):
+            self.runner.close()
+
 
 def _as_dict(item: wire.RewardItem) -> dict[str, object]:
     return {

@@ -39,3 +39,13 @@ def held_zero(**_: object) -> float:
     while hold and os.path.exists(hold) and time.monotonic() < deadline:
         time.sleep(0.2)
     return 0.0
+
+
+def always_raises(completion: str) -> float:
+    """A verifier that fails on every call (a bug, or the wrong data)."""
+    raise KeyError("answer_field")
+
+
+def wrong_signature(text: str) -> float:
+    """Takes an argument no reward call passes."""
+    return 0.0

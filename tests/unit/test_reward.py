@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from roles.reward.builtin import copy_task, extract_answer, gsm8k_exact_match
-from roles.reward.runner import ARGUMENTS, RewardRunner, load_function
+from roles.reward.runner import ARGUMENTS, RewardRunner
+from runtime.user_functions import load_function
 
 HERE = __name__
 TIMEOUT_S = 0.2
-SEEN: dict[str, Any] = {}
 _NEVER = threading.Event()  # never set: a sync function waiting on it hangs for good
 
 
@@ -51,12 +51,30 @@ def not_a_number() -> str:
 
 
 def takes_two(completion: str, answer: str) -> float:
-    SEEN["takes_two"] = {"completion": completion, "answer": answer}
-    return 0.0
+    """Raises unless given exactly these two (calls run in another process: the result is the evidence)."""
+    assert (completion, answer) == ("c", "yes")
+    return 0.25
 
 
 def takes_all(prompt: str, **kwargs: Any) -> float:
-    SEEN["takes_all"] = {"prompt": prompt, **kwargs}
+    assert prompt == "p" and set(kwargs) == set(ARGUMENTS) - {"prompt"}
+    assert kwargs["metadata"] == {"k": 1} and kwargs["completion_ids"] == [3]
+    return 0.5
+
+
+def holds_the_gil(completion: str) -> float:
+    """Catastrophic backtracking: the regex engine holds the GIL for minutes."""
+    import re
+
+    return float(bool(re.match(r"(a+)+$", "a" * 40 + "b")))
+
+
+async def blocks_its_loop(completion: str) -> float:
+    time.sleep(3600)  # a sync sleep inside an async function
+    return 1.0
+
+
+def wrong_signature(text: str) -> float:
     return 0.0
 
 
@@ -79,56 +97,94 @@ def _runner(*names: str, concurrency: int = 16) -> RewardRunner:
     return RewardRunner([f"{HERE}:{n}" for n in names], timeout_s=TIMEOUT_S, concurrency=concurrency)
 
 
+async def _warm(runner: RewardRunner, workers: int) -> None:
+    """Start `workers` worker processes (a start is no part of any call's timeout)."""
+    await asyncio.gather(*(runner.pool.call(f"{HERE}:const_one", {}, 60.0) for _ in range(workers)))
+
+
 async def test_the_reward_is_the_sum_of_every_function() -> None:
     runner = _runner("const_one", "async_half")
     assert await runner.score(_item()) == (1.5, "")
     assert await runner.score(_item(answer="no")) == (1.0, "")
-    assert runner.failures == 0
+    assert not runner.failures
 
 
 @pytest.mark.parametrize("name", ["sleeps_forever", "awaits_forever"])
 async def test_a_hanging_function_scores_zero_without_blocking_others(name: str) -> None:
     runner = _runner(name, "const_one")
     good = _runner("const_one", "async_half")
+    await _warm(runner, 2)  # the hanging call's worker is killed; const_one then runs in the other
+    await _warm(good, 5)
     start = time.monotonic()
     hung, *rest = await asyncio.gather(runner.score(_item()), *(good.score(_item()) for _ in range(5)))
     assert hung[0] == 1.0  # only the hanging function scored 0; const_one still counted
     assert f"{HERE}:{name} timed out after 0.2s" in hung[1]
     assert rest == [(1.5, "")] * 5
     assert time.monotonic() - start < TIMEOUT_S + 1.0
-    assert runner.failures == 1
-    assert runner.abandoned == (1 if name == "sleeps_forever" else 0)
+    assert runner.failures == {f"{HERE}:{name}": 1} and runner.pool.killed == 1
 
 
 async def test_good_calls_finish_before_the_hanging_one_times_out() -> None:
-    runner = _runner("sleeps_forever")
+    runner = _runner("sleeps_forever", "const_one")
     good = _runner("const_one")
+    await _warm(runner, 1)
+    await _warm(good, 5)
     hanging = asyncio.ensure_future(runner.score(_item()))
     start = time.monotonic()
     results = await asyncio.gather(*(good.score(_item()) for _ in range(5)))
     assert results == [(1.0, "")] * 5
     assert time.monotonic() - start < TIMEOUT_S
     assert not hanging.done()
-    assert (await hanging)[0] == 0.0
+    assert (await hanging)[0] == 1.0  # const_one's part; the hanging one scored 0
 
 
 async def test_a_raising_function_scores_zero_with_the_exception_text() -> None:
     runner = _runner("raises", "const_one")
     value, error = await runner.score(_item(completion="xyz"))
     assert value == 1.0
-    assert error == f"{HERE}:raises raised RuntimeError: cannot score 'xyz'"
+    assert error == f"{HERE}:raises RuntimeError: cannot score 'xyz'"
     value, error = await _runner("not_a_number").score(_item())
-    assert value == 0.0 and "ValueError" in error
-    assert runner.failures == 1
+    assert value == 0.0 and "returned str 'high', not a number" in error
+    assert sum(runner.failures.values()) == 1
 
 
 async def test_functions_get_only_the_arguments_they_declare() -> None:
-    SEEN.clear()
-    await _runner("takes_two", "takes_all").score(_item())
-    assert SEEN["takes_two"] == {"completion": "c", "answer": "yes"}
-    assert set(SEEN["takes_all"]) == set(ARGUMENTS)
-    assert SEEN["takes_all"]["metadata"] == {"k": 1}
-    assert SEEN["takes_all"]["completion_ids"] == [3]
+    assert await _runner("takes_two", "takes_all").score(_item()) == (0.75, "")
+
+
+@pytest.mark.parametrize("name", ["holds_the_gil", "blocks_its_loop"])
+async def test_a_function_that_starves_its_process_scores_zero_and_the_role_goes_on(name: str) -> None:
+    """Issue 23, finding 3: these used to starve the reward role's event loop until the
+    run died as "reward-0 went silent". They run in worker processes now: the role's loop
+    keeps turning, and the worker is killed at the timeout."""
+    import psutil
+
+    runner = _runner(name, "const_one")
+    await _warm(runner, 1)
+    (starved,) = runner.pool.pids()  # the worker the starving call will get
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    value, error = await runner.score(_item())
+    ticker.cancel()
+    assert value == 1.0 and f"{HERE}:{name} timed out after 0.2s" in error
+    assert ticks >= 10  # the loop ran all along
+    assert runner.pool.killed == 1
+    await runner.pool.settled()  # the killed worker's replacement
+    alive = {c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE}
+    assert starved not in alive and set(runner.pool.pids()) <= alive  # the starved worker is gone
+    runner.close()
+
+
+def test_a_signature_no_reward_call_can_satisfy_is_refused_at_load() -> None:
+    with pytest.raises(ValueError, match=r"wrong_signature': parameter 'text' is not one it can be given"):
+        _runner("wrong_signature")
 
 
 def test_load_function_errors_name_the_failing_part() -> None:

@@ -1,0 +1,159 @@
+"""User reward functions run in worker processes, never in the reward role's own.
+
+A caller may rely on:
+* `WorkerPool.call(spec, kwargs, timeout_s)` runs function `spec` in an idle worker
+  process (started on demand, at most `size` at once) and returns its result, or raises
+  `RewardCallError` saying why not (it raised, returned something that is not a number,
+  or did not answer within `timeout_s`). A worker that overran its timeout is killed and
+  replaced: no process or thread outlives its call's timeout, and a function that holds
+  the GIL (catastrophic regex backtracking) or blocks an event loop (`time.sleep` in an
+  `async def`) costs only its own worker, never the role.
+* Arguments and results cross the pipe as msgpack (msgspec), never pickle. Workers are
+  spawned (not forked from the role, which holds ZeroMQ's threads) and import only the
+  reward functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+
+from runtime.logs import get_logger
+
+log = get_logger("reward")
+STARTUP_TIMEOUT_S = 120.0  # a worker's start (spawn, importing the functions)
+
+
+class RewardCallError(RuntimeError):
+    """A call that gave no reward; the message names the function and why."""
+
+
+def _serve(conn: Connection, specs: list[str]) -> None:
+    """A worker's loop: [spec, kwargs] in, [ok, value or error text] out, until EOF."""
+    import inspect
+
+    from runtime.user_functions import load_function
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the role stops us, not a Ctrl-C to the group
+    functions = {spec: load_function(spec) for spec in specs}
+    conn.send_bytes(b"ready")
+    while True:
+        try:
+            spec, kwargs = msgspec.msgpack.decode(conn.recv_bytes())
+        except EOFError:
+            return
+        try:
+            fn = functions[spec]
+            value = asyncio.run(fn(**kwargs)) if inspect.iscoroutinefunction(fn) else fn(**kwargs)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"returned {type(value).__name__} {value!r:.80}, not a number")
+            reply: list[Any] = [True, float(value)]
+        except BaseException as exc:  # a user function's failure is the call's result
+            reply = [False, f"{type(exc).__name__}: {exc}"[:500]]
+        conn.send_bytes(msgspec.msgpack.encode(reply))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, specs: list[str]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, specs), daemon=True, name="reward-worker")
+        self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(5)
+        self.conn.close()
+
+
+async def _readable(conn: Connection) -> None:
+    """Until `conn` has something to read, without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+    loop.add_reader(conn.fileno(), ready.set)
+    try:
+        await ready.wait()
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+class WorkerPool:
+    def __init__(self, specs: list[str], size: int) -> None:
+        self.specs = specs
+        self.size = size
+        self._ctx = mp.get_context("spawn")
+        self._idle: list[_Worker] = []
+        self._slots = asyncio.Semaphore(size)
+        self._starting: set[asyncio.Task[None]] = set()
+        self.killed = 0
+
+    async def call(self, spec: str, kwargs: dict[str, Any], timeout_s: float) -> float:
+        async with self._slots:
+            worker = self._idle.pop() if self._idle else await self._start()
+            try:
+                ok, value = await asyncio.wait_for(self._ask(worker, spec, kwargs), timeout_s)
+            except TimeoutError:
+                self._discard(worker)
+                raise RewardCallError(f"{spec} timed out after {timeout_s:g}s (its worker was killed)") from None
+            except (EOFError, OSError) as exc:
+                self._discard(worker)
+                raise RewardCallError(f"{spec}: its worker died ({type(exc).__name__})") from None
+            self._idle.append(worker)
+        if not ok:
+            raise RewardCallError(f"{spec} {value}")
+        return float(value)
+
+    async def _start(self) -> _Worker:
+        """A new worker, once it has imported the functions (not counted in any call's timeout)."""
+        worker = _Worker(self._ctx, self.specs)
+        try:
+            await asyncio.wait_for(_readable(worker.conn), STARTUP_TIMEOUT_S)
+            if worker.conn.recv_bytes() != b"ready":
+                raise EOFError
+        except (TimeoutError, EOFError, OSError):
+            worker.kill()
+            raise RewardCallError(f"a reward worker did not start in {STARTUP_TIMEOUT_S:g}s") from None
+        return worker
+
+    async def _ask(self, worker: _Worker, spec: str, kwargs: dict[str, Any]) -> list[Any]:
+        """Send the call and wait for the answer without blocking the event loop."""
+        worker.conn.send_bytes(msgspec.msgpack.encode([spec, kwargs]))
+        await _readable(worker.conn)
+        return msgspec.msgpack.decode(worker.conn.recv_bytes())  # type: ignore[no-any-return]
+
+    def _discard(self, worker: _Worker) -> None:
+        """Kill `worker` and start its replacement in the background."""
+        self.killed += 1
+        worker.kill()
+        task = asyncio.ensure_future(self._replace())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _replace(self) -> None:
+        try:
+            self._idle.append(await self._start())
+        except RewardCallError as exc:
+            log.warning("reward_worker_not_replaced", error=str(exc))
+
+    def pids(self) -> list[int]:
+        """The idle workers' process ids."""
+        return [w.proc.pid for w in self._idle if w.proc.pid is not None]
+
+    async def settled(self) -> None:
+        """Until no replacement is starting."""
+        while self._starting:
+            await asyncio.gather(*self._starting, return_exceptions=True)
+
+    def close(self) -> None:
+        for task in self._starting:
+            task.cancel()
+        for worker in self._idle:
+            worker.kill()
+        self._idle.clear()
