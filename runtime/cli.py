@@ -69,12 +69,15 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
-    from runtime.launcher import launch
+    from runtime.inputs import check_inputs
     from runtime.placement import PlacementError
     from runtime.validate import check_config
 
     try:
-        check_config(cfg)
+        check_config(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
+        check_inputs(cfg)
+        from runtime.launcher import launch
+
         return launch(cfg, opts)
     except (PlacementError, ConfigError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)

@@ -8,14 +8,13 @@ continues with the next prompt that was not yet drawn. Prompts longer than
 
 from __future__ import annotations
 
-import json
 import random
 import string
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from runtime.config import DataConfig
+from runtime.data_files import read_rows
 
 
 @dataclass
@@ -38,34 +37,14 @@ def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def read_rows(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"data.path '{path}' does not exist")
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(p).to_pylist()  # type: ignore[no-any-return]
-    rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-    return rows
-
-
 class PromptDataset:
     def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int = 0) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.seed = seed
-        self.rows = synthetic_rows(cfg, seed) if cfg.source == "synthetic" else read_rows(cfg.path)
+        self.rows = synthetic_rows(cfg, seed) if cfg.source == "synthetic" else read_rows(cfg.path, cfg.prompt_key)
         if not self.rows:
-            raise ValueError(f"dataset {cfg.path or 'synthetic'} is empty")
-        if cfg.prompt_key not in self.rows[0] and cfg.source == "file":
-            raise ValueError(f"{cfg.path}: rows have no field '{cfg.prompt_key}' (data.prompt_key)")
+            raise ValueError("the synthetic dataset is empty (data.synthetic_num_prompts)")
         self.epoch = 0
         self.position = 0
         self.drawn = 0

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from roles.controller.dataset import Prompt, PromptDataset
+from runtime.data_files import DataError
 from runtime.config import DataConfig
 
 ROWS = [{"prompt": f"question {i}", "answer": str(i), "source": "unit"} for i in range(10)]
@@ -120,8 +121,27 @@ def test_restore_continues_exactly_like_an_uninterrupted_run(tok: Any, tmp_path:
 
 
 def test_missing_file_is_a_clear_error(tok: Any, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"data\.path '.*nope\.jsonl' does not exist"):
+    with pytest.raises(DataError, match=r"data\.path '.*nope\.jsonl' does not exist"):
         _dataset(tok, str(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("lines", "error"),
+    [
+        ([], r"has no rows"),
+        (['{"prompt": "ok"}', '["not", "an", "object"]'], r"bad\.jsonl:2: a row must be a JSON object, not list"),
+        (['{"prompt": "ok"}', '{"prompt": "ok"}', '{"question": "q"}'], r"bad\.jsonl:3: no field 'prompt'"),
+        (['{"prompt": ""}'], r"bad\.jsonl:1: field 'prompt' is empty"),
+        (['{"prompt": 7}'], r"bad\.jsonl:1: field 'prompt' must be text or a list of chat messages, not int"),
+    ],
+)
+def test_every_row_is_checked_and_the_line_named(tok: Any, tmp_path: Path, lines: list[str], error: str) -> None:
+    """Issue 23, finding 7: a row that was not an object killed the run mid-way, and only
+    row 0 was checked for the prompt key (others were trained as empty prompts)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=error):
+        _dataset(tok, str(path))
 
 
 def test_missing_prompt_key_names_the_field(tok: Any, tmp_path: Path) -> None:

@@ -1,0 +1,71 @@
+"""Bad inputs fail before anything starts (issue 23, finding 7): each used to cost 12–28 s
+of spawning roles and end in a traceback fragment. Now `tandem launch` checks them first:
+exit 2, one line naming the key and the file, no role spawned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+LAUNCH = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
+
+
+def model_dir(tmp_path: Path, *, truncate: bool = False) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    blob = len(header).to_bytes(8, "little") + header + bytes(16)
+    (d / "model.safetensors").write_bytes(blob[:-8] if truncate else blob)
+    return d
+
+
+def data_file(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def rows_with_a_list(tmp_path: Path) -> Path:
+    return data_file(tmp_path, [json.dumps({"prompt": "a"}), json.dumps([1, 2])])
+
+
+CASES = {
+    "missing model": (lambda t: [f"model.path={t / 'nope'}"], "model.path '", "is not a directory"),
+    "corrupt model": (lambda t: [f"model.path={model_dir(t, truncate=True)}"], "model.safetensors is truncated", ""),
+    "missing data": (lambda t: ["data.source=file", f"data.path={t / 'none.jsonl'}"], "does not exist", ""),
+    "empty data": (lambda t: ["data.source=file", f"data.path={data_file(t, [])}"], "has no rows", ""),
+    "row not an object": (
+        lambda t: ["data.source=file", f"data.path={rows_with_a_list(t)}"],
+        "data.jsonl:2: a row",
+        "",
+    ),
+    "missing reward module": (
+        lambda t: ["reward.functions=[no_such_pkg.rewards:score]"],
+        "cannot import 'no_such_pkg",
+        "",
+    ),
+    "max_tokens over the context": (lambda t: ["rollout.max_tokens=512"], "rollout.max_tokens (512) must be below", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_input_fails_at_once_in_one_line(tmp_path: Path, case: str) -> None:
+    overrides, *expected = CASES[case]
+    run = tmp_path / "run"
+    started = time.monotonic()
+    out = subprocess.run([*LAUNCH, f"run_dir={run}", *overrides(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = out.stderr.strip()
+    assert "\n" not in line and line.startswith("tandem: error: ") and all(e in line for e in expected), line
+    assert not (run / "logs").exists(), "a role was started"
+    # 2 s on an idle machine (python's start and the config's imports); a margin for CI's.
+    assert took < 6.0, took
