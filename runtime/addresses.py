@@ -80,4 +80,5 @@ def channel_options(cfg: RunConfig, run_dir: str | Path) -> ChannelOptions:
         heartbeat_s=t.heartbeat_s,
         peer_timeout_s=t.peer_timeout_s,
         curve=curve,
+        send_timeout_s=t.send_timeout_s,
     )

@@ -255,6 +255,10 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"
     seed: Annotated[int, Doc(description="Trainer seed.")] = 0
+    collective_timeout_s: Annotated[
+        float,
+        Doc(description="Bound on the trainer's (and critic's) rendezvous and each collective of its world.", gt=0),
+    ] = 600.0
 
 
 class CriticConfig(msgspec.Struct, **_STRUCT):
@@ -321,6 +325,7 @@ class CheckpointConfig(msgspec.Struct, **_STRUCT):
     every: Annotated[int, Doc(description="Checkpoint every this many steps; 0 = never.", ge=0)] = 0
     keep: Annotated[int, Doc(description="Keep this many newest checkpoints; 0 = all.", ge=0)] = 3
     export_hf: Annotated[bool, Doc(description="Also write an HF safetensors directory of the policy.")] = True
+    timeout_s: Annotated[float, Doc(description="Bound on every rank's save of one checkpoint.", gt=0)] = 600.0
 
 
 class PlacementEntry(msgspec.Struct, **_STRUCT):
@@ -341,6 +346,9 @@ class TransportConfig(msgspec.Struct, **_STRUCT):
     peer_timeout_s: Annotated[float, Doc(description="A peer silent this long is lost.", gt=0)] = 10.0
     max_message_mb: Annotated[int, Doc(description="Largest accepted message in MiB.", ge=1)] = 1024
     hwm: Annotated[int, Doc(description="ZeroMQ high-water mark (messages).", ge=1)] = 1000
+    send_timeout_s: Annotated[
+        float, Doc(description="A send waits this long for room in a peer's full queue, then fails.", gt=0)
+    ] = 60.0
     curve: Annotated[bool, Doc(description="Authenticate and encrypt with CurveZMQ (required across hosts).")] = False
     server_port: Annotated[
         int,

@@ -42,6 +42,7 @@ class ChannelOptions:
     peer_timeout_s: float = 10.0
     inline_threshold: int = 256
     curve: CurveKeys | None = None
+    send_timeout_s: float = 60.0  # a send waits this long for room in a full queue
 
 
 @dataclass

@@ -116,13 +116,20 @@ class RpcEndpoint(Endpoint):
         return answer
 
     async def send(self, msg: wire.Message, *, peer: bytes | None = None, corr: int = 0, flags: int = 0) -> None:
-        """Send one message (to `peer` on a ROUTER), waiting for room if the queue is full.
-        Raises PeerUnreachable if the ROUTER has no such peer."""
-        await self._send(msg, peer, corr, flags)
+        """Send one message (to `peer` on a ROUTER), waiting for room if the queue is full,
+        at most `options.send_timeout_s`. Raises PeerUnreachable if the ROUTER has no such
+        peer, or if the peer did not take the message in that time (it stopped reading)."""
+        try:
+            await asyncio.wait_for(self._send(msg, peer, corr, flags), self.options.send_timeout_s)
+        except TimeoutError:
+            raise PeerUnreachable(
+                f"{self.name}: peer {peer_name(peer)} took no message for {self.options.send_timeout_s:g}s "
+                "(its queue is full: it stopped reading)"
+            ) from None
 
     async def reply(self, env: Envelope, msg: wire.Message) -> None:
-        """Answer the request `env` with `msg`."""
-        await self._send(msg, env.peer, env.header.corr, wire.Flag.REPLY)
+        """Answer the request `env` with `msg` (bounded as `send` is)."""
+        await self.send(msg, peer=env.peer, corr=env.header.corr, flags=wire.Flag.REPLY)
 
     def forget(self, peer: bytes | None) -> None:
         """Stop tracking `peer` (it left); its pending requests fail as unreachable."""

@@ -1,9 +1,12 @@
 """The sockets endpoints use, with the policy of `ChannelOptions` applied.
 
 Every socket has explicit high-water marks, a linger bound and a hard per-frame size
-limit (4x `max_message_bytes`; the logged and counted cap is `Endpoint.admit`'s). A
-ROUTER routes mandatorily, so a send to an unknown peer is an error (`PeerUnreachable`)
-rather than a silent loss, and a peer that reconnects under its identity takes it over.
+limit of `max_message_bytes` (ZMQ_MAXMSGSIZE): libzmq reads a frame's length first and
+drops the connection of a peer that sends a larger one, so such a frame never costs the
+receiver its size in memory (a message of several frames, each under the cap, still can:
+libzmq has no limit on the number of frames; `Endpoint.admit` then drops and counts it).
+A ROUTER routes mandatorily, so a send to an unknown peer is an error (`PeerUnreachable`)
+rather than a silent loss, and it refuses a newcomer with a live peer's identity.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _configure(sock: zmq.asyncio.Socket, options: ChannelOptions) -> None:
     sock.setsockopt(zmq.SNDHWM, options.hwm)
     sock.setsockopt(zmq.RCVHWM, options.hwm)
     sock.setsockopt(zmq.LINGER, int(options.linger_s * 1000))
-    sock.setsockopt(zmq.MAXMSGSIZE, 4 * options.max_message_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
 
 
 def _bind(sock: zmq.asyncio.Socket, address: str) -> str:

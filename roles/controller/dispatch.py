@@ -85,10 +85,10 @@ class Dispatcher:
         )
         try:
             await self.server.send(msg, peer=rollout.identity)
-        except PeerUnreachable:
-            # Gone before its heartbeat ran out; elastic runs hand this group (and the rest
-            # of the worker's) to the survivors.
-            self.on_unreachable(rollout, "not connected")
+        except PeerUnreachable as exc:
+            # Gone before its heartbeat ran out, or no longer reading; elastic runs hand this
+            # group (and the rest of the worker's) to the survivors.
+            self.on_unreachable(rollout, str(exc))
 
     def on_completion(self, identity: bytes | None, msg: wire.Completion) -> Group | None:
         """Record one sample; the group once all its samples are in."""

@@ -122,7 +122,7 @@ class Controller(Role):
         )  # fmt: skip
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(
-            self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=1800.0
+            self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s
         )
 
     def _sampling_spec(self) -> wire.SamplingSpec:

@@ -70,7 +70,7 @@ class MegatronEngine:
 
         self.cfg = cfg
         self.device = pick_device(cfg)
-        init_distributed(self.device)
+        init_distributed(self.device, cfg.trainer.collective_timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         m = cfg.trainer.megatron
         tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size

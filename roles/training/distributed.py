@@ -8,6 +8,7 @@ and gloo on CPU, and is made once per process.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -27,11 +28,15 @@ def pick_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> None:
-    """Join this role's world from the launcher's RANK/WORLD_SIZE/MASTER_* variables."""
+def init_distributed(device: torch.device, timeout_s: float) -> None:
+    """Join this role's world from the launcher's RANK/WORLD_SIZE/MASTER_* variables; the
+    rendezvous and every collective of the default group are bounded by `timeout_s`
+    (`trainer.collective_timeout_s`), not torch's default of 10 (gloo 30) minutes."""
     if dist.is_initialized():
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend=backend, device_id=device if device.type == "cuda" else None, timeout=timedelta(seconds=timeout_s)
+    )

@@ -49,7 +49,7 @@ class FSDPEngineBase(ABC):
     def __init__(self, cfg: RunConfig, *, micro_batch_tokens: int, epochs: int = 1) -> None:
         self.cfg = cfg
         self.device = pick_device(cfg)
-        init_distributed(self.device)
+        init_distributed(self.device, cfg.trainer.collective_timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.trainer.seed)
         self.version = 0

@@ -144,14 +144,17 @@ def bad_messages() -> dict[str, list[bytes]]:
     """One message per drop reason, for a server with max_message_bytes=4096."""
     enc = Encoder()
     good = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(100)))]
-    big = [bytes(np.asarray(f)) for f in enc.encode(bucket(0, t=torch.zeros(2000)))]
+    # Three 1.6 KB tensor frames: each under the socket's per-frame limit, 4.8 KB in all.
+    big = [
+        bytes(np.asarray(f)) for f in enc.encode(bucket(0, a=torch.zeros(400), b=torch.zeros(400), c=torch.zeros(400)))
+    ]
     return {
         "bad_header": [b"\x01\x02\x03", *good[1:]],
         "schema_version": [Header(SCHEMA_VERSION + 1, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), *good[1:]],
         "unknown_type": [Header(SCHEMA_VERSION, 200, 0, 0).pack(), *good[1:]],
         "malformed": [good[0], b"\xc1 this is not msgpack"],
         "truncated": good[:2],  # the tensor's frame is missing
-        "oversized": big,  # 8 KB: above the 4 KiB cap, below the socket's hard per-frame limit
+        "oversized": big,  # above the 4 KiB cap in all, every frame below the socket's per-frame limit
     }
 
 
@@ -221,11 +224,30 @@ def test_drop_summaries_come_at_most_every_period() -> None:
     assert 4 <= len(summaries) <= 6 and sum(e["unlogged"] for e in summaries) == 97
 
 
+async def test_an_oversized_frame_never_costs_the_receiver_its_size(ctx: zmq.asyncio.Context) -> None:
+    """Issue 23, finding 5: two 96 MiB frames to a server capped at 32 MiB used to be read
+    whole (the socket allowed 4x the cap per frame) before the drop. Now the socket cuts the
+    connection at the first frame's length: the server's memory does not grow by the cap."""
+    import psutil
+
+    cap = 32 << 20
+    server = await serve(ctx, "tcp://127.0.0.1:0", ChannelOptions(max_message_bytes=cap))
+    raw = RawDealer(ctx, server.address)
+    rss = psutil.Process().memory_info().rss
+    frame = bytes(96 << 20)
+    await raw.send([Header(SCHEMA_VERSION, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), frame, frame])
+    await asyncio.sleep(1.0)
+    grew = psutil.Process().memory_info().rss - rss
+    del frame
+    assert grew < cap, f"the receiver grew by {grew >> 20} MiB"
+    await server.aclose()
+
+
 async def test_frame_over_the_socket_cap_costs_one_connection_not_the_server(ctx: zmq.asyncio.Context) -> None:
-    """zmq cuts a peer sending a frame over 4x max_message_bytes; the server serves the reconnection."""
+    """zmq cuts a peer sending a frame over max_message_bytes; the server serves the reconnection."""
     server = await serve(ctx, "tcp://127.0.0.1:0", SMALL)
     raw = RawDealer(ctx, server.address)
-    huge = [Header(SCHEMA_VERSION, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), b"\0" * (4 * 4096 + 1)]
+    huge = [Header(SCHEMA_VERSION, wire.MsgType.WEIGHT_BUCKET, 0, 0).pack(), b"\0" * (4096 + 1)]
     await raw.send(huge)
     for corr in range(1, 50):  # messages in flight while the connection drops are lost
         try:

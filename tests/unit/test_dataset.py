@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from roles.controller.dataset import Prompt, PromptDataset
-from runtime.data_files import DataError
 from runtime.config import DataConfig
+from runtime.data_files import DataError
 
 ROWS = [{"prompt": f"question {i}", "answer": str(i), "source": "unit"} for i in range(10)]
 
