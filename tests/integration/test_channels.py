@@ -474,6 +474,27 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
     await c.aclose()
 
 
+async def test_a_send_to_a_peer_that_never_reads_fails_after_send_timeout(
+    ctx: zmq.asyncio.Context, tmp_path: Path
+) -> None:
+    """Issue 23, finding 8: a live peer that stops reading held the sender forever (the
+    controller's dispatch, unnoticed). Now the send gives up after send_timeout_s, naming it."""
+    options = ChannelOptions(hwm=2, send_timeout_s=0.5)
+    server = bind_router(ctx, f"ipc://{tmp_path}/s", name="server", options=options)
+    server.start(echo)
+    raw = RawDealer(ctx, server.address)
+    raw.sock.setsockopt(zmq.RCVHWM, 2)
+    assert isinstance(await raw.ask(wire.Ack(), corr=1), wire.Ack)
+    mib = torch.zeros(1 << 18)
+    started = time.monotonic()
+    with pytest.raises(PeerUnreachable, match=r"peer raw took no message for 0\.5s .*stopped reading"):
+        for i in range(64):
+            await server.send(bucket(i, x=mib), peer=b"raw")
+    assert time.monotonic() - started < 5.0
+    raw.sock.close(linger=0)
+    await server.aclose()
+
+
 async def test_router_send_to_a_peer_that_does_not_read_waits_for_it(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
     """With the peer's queue full a ROUTER send waits (the socket stays writable toward
     other peers, so it polls with a backoff) and completes, in order, once the peer reads."""
