@@ -236,6 +236,22 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)
     ] = 8
     micro_batch_tokens: Annotated[int, Doc(description="Token budget of one micro-batch (padded tokens).", ge=1)] = 4096
+    ppo_epochs: Annotated[
+        int,
+        Doc(
+            description="Passes over each batch. With ppo_epochs or mini_batches above 1 the proximal logprobs come "
+            "from one no-grad forward before the first update and the PPO clip acts; 1 and 1 = one update per batch.",
+            ge=1,
+        ),
+    ] = 1
+    mini_batches: Annotated[
+        int,
+        Doc(
+            description="Optimizer steps per epoch: each rank's shard is split into this many seeded, shuffled "
+            "mini-batches (ppo_epochs x mini_batches steps per batch; the policy version still counts batches).",
+            ge=1,
+        ),
+    ] = 1
     optim: Annotated[OptimConfig, Doc(description="Optimizer.")] = msgspec.field(default_factory=OptimConfig)
     loss: Annotated[LossConfig, Doc(description="Policy loss.")] = msgspec.field(default_factory=LossConfig)
     megatron: Annotated[MegatronConfig, Doc(description="Megatron-core options (backend: megatron).")] = msgspec.field(
@@ -257,7 +273,10 @@ class CriticConfig(msgspec.Struct, **_STRUCT):
     )
     value_clip: Annotated[float, Doc(description="Clip of the value update around the old value; 0 = off.", ge=0)] = 0.2
     micro_batch_tokens: Annotated[int, Doc(description="Token budget of one critic micro-batch.", ge=1)] = 4096
-    epochs: Annotated[int, Doc(description="Optimizer steps of the critic on each batch (PPO epochs).", ge=1)] = 1
+    epochs: Annotated[int, Doc(description="Passes of the critic over each batch (PPO epochs).", ge=1)] = 1
+    mini_batches: Annotated[
+        int, Doc(description="Critic optimizer steps per epoch (seeded, shuffled mini-batches of the shard).", ge=1)
+    ] = 1
 
 
 class AlgorithmConfig(msgspec.Struct, **_STRUCT):

@@ -77,3 +77,18 @@ def reduce_metrics(acc: dict[str, float], names: MetricNames, device: torch.devi
             out[k] /= tokens
     out.update(zip(names.maxed, maxes.tolist(), strict=True))
     return out
+
+
+def mean_over_steps(steps: list[dict[str, float]], names: MetricNames) -> dict[str, float]:
+    """Metrics of several optimizer steps of one training step: the mean of each name over
+    the steps that report it, the max for `maxed` names, the last `lr`, and
+    `optimizer_steps`. Every rank holds the same reduced values, so this is no collective."""
+    out: dict[str, float] = {}
+    keys = dict.fromkeys(k for m in steps for k in m)
+    for k in keys:
+        values = [m[k] for m in steps if k in m]
+        out[k] = max(values) if k in names.maxed else sum(values) / len(values)
+    if steps and "lr" in steps[-1]:
+        out["lr"] = steps[-1]["lr"]
+    out["optimizer_steps"] = float(len(steps))
+    return out
