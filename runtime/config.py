@@ -182,21 +182,77 @@ class OptimConfig(msgspec.Struct, **_STRUCT):
     grad_clip: Annotated[float, Doc(description="Clip the global gradient norm to this; 0 = off.", ge=0)] = 1.0
 
 
+class RolloutCorrectionConfig(msgspec.Struct, **_STRUCT):
+    """The importance weight exp(proximal - behaviour logprob) that corrects for the
+    vLLM-trainer mismatch and for staleness (decoupled PPO)."""
+
+    mode: Annotated[
+        Literal["truncate", "mask"],
+        Doc(
+            description="`truncate`: cap the weight at trainer.loss.importance_cap (truncated IS); `mask`: weights "
+            "outside [mask_low, mask_high] become 0 (masked IS), the others are used as they are."
+        ),
+    ] = "truncate"
+    level: Annotated[
+        Literal["token", "sequence"],
+        Doc(description="`token`: a weight per token; `sequence`: the product of a sequence's token ratios."),
+    ] = "token"
+    mask_low: Annotated[float, Doc(description="mode=mask: weights below this are masked.", ge=0)] = 0.5
+    mask_high: Annotated[float, Doc(description="mode=mask: weights above this are masked.", gt=0)] = 2.0
+
+
 class LossConfig(msgspec.Struct, **_STRUCT):
     clip_low: Annotated[float, Doc(description="PPO ratio clip below 1 (ratio >= 1 - clip_low).", ge=0)] = 0.2
     clip_high: Annotated[float, Doc(description="PPO ratio clip above 1 (ratio <= 1 + clip_high).", ge=0)] = 0.2
     importance_cap: Annotated[
-        float, Doc(description="Cap of the behaviour importance weight prox/behaviour (decoupled PPO).", gt=0)
+        float,
+        Doc(
+            description="Cap of the behaviour importance weight prox/behaviour (rollout_correction.mode=truncate).",
+            gt=0,
+        ),
     ] = 5.0
     entropy_coef: Annotated[float, Doc(description="Entropy bonus coefficient.", ge=0)] = 0.0
-    agg: Annotated[Literal["token-mean", "seq-mean"], Doc(description="Loss aggregation over tokens.")] = "token-mean"
+    mode: Annotated[
+        Literal["vanilla", "dual-clip", "gspo", "cispo"],
+        Doc(
+            description="`vanilla`: clipped surrogate; `dual-clip`: plus the bound clip_ratio_c for negative "
+            "advantages; `gspo`: sequence-level geometric-mean ratio (use agg seq-mean-token-mean); `cispo`: "
+            "clipped, stop-gradient ratio times logprob (clip_low/clip_high clip the weight)."
+        ),
+    ] = "vanilla"
+    clip_ratio_c: Annotated[
+        float, Doc(description="dual-clip: for A < 0 the loss is at most -clip_ratio_c * A.", gt=1.0)
+    ] = 3.0
+    agg: Annotated[
+        Literal[
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "token-sum",
+            "seq-mean",
+        ],
+        Doc(
+            description="Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO; `seq-mean` is its old "
+            "alias), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / (seqs * norm_tokens)), token-sum."
+        ),
+    ] = "token-mean"
+    norm_tokens: Annotated[
+        int, Doc(description="seq-mean-token-sum-norm: the constant length normaliser; 0 = rollout.max_tokens.", ge=0)
+    ] = 0
+    rollout_correction: Annotated[
+        RolloutCorrectionConfig, Doc(description="Behaviour-policy importance weights (truncated or masked IS).")
+    ] = msgspec.field(default_factory=RolloutCorrectionConfig)
 
 
 class KLConfig(msgspec.Struct, **_STRUCT):
     """KL to a frozen reference policy (the initial weights), held by the trainer."""
 
     enabled: Annotated[bool, Doc(description="Keep a frozen reference model and compute KL to it.")] = False
-    estimator: Annotated[Literal["k1", "k2", "k3"], Doc(description="Per-token KL estimator.")] = "k3"
+    estimator: Annotated[
+        Literal["k1", "k2", "k3", "low_var_kl"],
+        Doc(description="Per-token KL estimator; k3 (alias low_var_kl, verl's name) is clamped to at most 10."),
+    ] = "k3"
     use: Annotated[
         Literal["loss", "reward"],
         Doc(description="`loss`: add coef*KL to the loss; `reward`: subtract it from token rewards."),

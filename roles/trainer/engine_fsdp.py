@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -34,6 +35,7 @@ from roles.algo import (
     ppo_policy_loss,
     token_logprobs,
 )
+from roles.trainer.policy_loss import policy_loss_options
 from roles.training.engine import FSDPEngineBase
 from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
 from roles.training.metrics import ACTOR_METRICS
@@ -89,13 +91,12 @@ class FSDPEngine(FSDPEngineBase):
         logp = token_logprobs(logits, ids[:, 1:])
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
-        norm = dict(num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs)
+        opts = policy_loss_options(self.cfg)
+        norm: dict[str, Any] = dict(num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs)
+        norm["norm_tokens"] = opts.pop("norm_tokens")
         lc = self.cfg.trainer.loss
         prox = f.get("proximal_logprobs", logp.detach())
-        loss, m = ppo_policy_loss(
-            logp, prox, f["behaviour_logprobs"], f["advantages"], mask,
-            clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, agg=lc.agg, **norm,
-        )  # fmt: skip
+        loss, m = ppo_policy_loss(logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **opts, **norm)
         with torch.set_grad_enabled(lc.entropy_coef > 0):
             entropy = entropy_from_logits(logits)
         if lc.entropy_coef > 0:

@@ -48,6 +48,7 @@ from roles.trainer.megatron_model import (
     transformer_config,
     unwrap,
 )
+from roles.trainer.policy_loss import policy_loss_options
 from roles.training.distributed import init_distributed, pick_device
 from roles.training.metrics import ACTOR_METRICS, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
@@ -222,11 +223,9 @@ class MegatronEngine:
         logp = next_token_logprobs(logits, mb.input_ids_BT)
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
-        lc = self.cfg.trainer.loss
         prox = f.get("proximal_logprobs", logp.detach())
         loss, m = ppo_policy_loss(
-            logp, prox, f["behaviour_logprobs"], f["advantages"], mask,
-            clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, agg=lc.agg,
+            logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **policy_loss_options(self.cfg),
             num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
         )  # fmt: skip
         tokens = float(mask.sum())
