@@ -336,13 +336,20 @@ class CriticConfig(msgspec.Struct, **_STRUCT):
 
 
 class AlgorithmConfig(msgspec.Struct, **_STRUCT):
-    advantage: Annotated[Literal["grpo", "rloo", "reinforce_pp", "gae"], Doc(description="Advantage estimator.")] = (
-        "grpo"
-    )
-    norm_by_std: Annotated[
-        bool, Doc(description="GRPO: divide by the group's reward std (false = Dr. GRPO style).")
-    ] = True
-    gamma: Annotated[float, Doc(description="GAE discount.", ge=0, le=1)] = 1.0
+    advantage: Annotated[
+        Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp", "gae"],
+        Doc(
+            description="Advantage estimator: grpo (group mean and std), dr_grpo (group mean only), rloo "
+            "(leave-one-out mean), reinforce_pp_baseline (group mean, then whitened over the batch), reinforce_pp "
+            "(token-level discounted returns with `gamma`, whitened over the batch's tokens), gae (critic)."
+        ),
+    ] = "grpo"
+    norm_by_std: Annotated[bool, Doc(description="GRPO: divide by the group's reward std (false = dr_grpo).")] = True
+    std: Annotated[
+        Literal["unbiased", "population"],
+        Doc(description="GRPO's group std: unbiased (Bessel-corrected, as verl and TRL) or population."),
+    ] = "unbiased"
+    gamma: Annotated[float, Doc(description="Discount of GAE and reinforce_pp.", ge=0, le=1)] = 1.0
     lam: Annotated[float, Doc(description="GAE lambda.", ge=0, le=1)] = 0.95
     whiten_advantages: Annotated[bool, Doc(description="GAE: whiten advantages over the batch.")] = True
     kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)

@@ -55,7 +55,9 @@ class StepRunner:
         a = self.algorithm
         if self.critics is not None and a.whiten_advantages:
             whiten_groups(groups)
-        build: dict[str, Any] = dict(step=self.ledger.step, advantage=a.advantage, norm_by_std=a.norm_by_std)
+        build: dict[str, Any] = dict(
+            step=self.ledger.step, advantage=a.advantage, norm_by_std=a.norm_by_std, std=a.std, gamma=a.gamma
+        )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
         actor, critic = await self._train(groups, batches, build)
