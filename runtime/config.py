@@ -353,6 +353,31 @@ class AlgorithmConfig(msgspec.Struct, **_STRUCT):
     lam: Annotated[float, Doc(description="GAE lambda.", ge=0, le=1)] = 0.95
     whiten_advantages: Annotated[bool, Doc(description="GAE: whiten advantages over the batch.")] = True
     kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)
+    filter_groups: Annotated[
+        bool,
+        Doc(
+            description="DAPO dynamic sampling: drop groups whose rewards are all equal (counted as dropped_filtered) "
+            "and keep admitting until the batch is full."
+        ),
+    ] = False
+    max_filter_rounds: Annotated[
+        int,
+        Doc(
+            description="filter_groups: at most this many batches' worth of groups (x prompts_per_step) are filtered "
+            "per step; past that, equal-reward groups are trained, so the run never stalls.",
+            ge=1,
+        ),
+    ] = 4
+
+
+class OverlongConfig(msgspec.Struct, **_STRUCT):
+    """DAPO's soft overlong punishment, added to each sample's reward."""
+
+    enabled: Annotated[bool, Doc(description="Penalise responses that end in the last `buffer` tokens.")] = False
+    buffer: Annotated[
+        int, Doc(description="Tokens before rollout.max_tokens where the penalty grows linearly.", ge=1)
+    ] = 4
+    penalty: Annotated[float, Doc(description="The penalty at rollout.max_tokens.", ge=0)] = 1.0
 
 
 class RewardConfig(msgspec.Struct, **_STRUCT):
@@ -363,6 +388,9 @@ class RewardConfig(msgspec.Struct, **_STRUCT):
         float, Doc(description="Per-call timeout; a call that times out or raises scores 0.", gt=0)
     ] = 10.0
     concurrency: Annotated[int, Doc(description="Reward calls running at once per reward role.", ge=1)] = 16
+    overlong: Annotated[OverlongConfig, Doc(description="Overlong reward shaping (DAPO).")] = msgspec.field(
+        default_factory=OverlongConfig
+    )
 
 
 class WeightSyncConfig(msgspec.Struct, **_STRUCT):

@@ -29,6 +29,13 @@ def check_config(cfg: RunConfig) -> None:
             f"algorithm.advantage={cfg.algorithm.advantage} needs rollout.n >= 2 (a group of one has no baseline "
             "and gets advantage 0); use reinforce_pp or gae with rollout.n=1"
         )
+    if cfg.reward.overlong.enabled and cfg.reward.overlong.buffer > cfg.rollout.max_tokens:
+        raise ConfigError(
+            f"reward.overlong.buffer ({cfg.reward.overlong.buffer}) must not exceed rollout.max_tokens "
+            f"({cfg.rollout.max_tokens})"
+        )
+    if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
+        raise ConfigError("algorithm.filter_groups needs rollout.n >= 2 (a group of one always has equal rewards)")
     if cfg.algorithm.advantage != "gae" and counts.get("critic", 0):
         raise ConfigError("placement has a critic but algorithm.advantage is not gae")
     kl = cfg.algorithm.kl

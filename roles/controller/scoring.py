@@ -32,8 +32,11 @@ class Scorer:
         *,
         timeout_s: float,
         done: Callable[[Group], None],
+        shaping: Callable[[int], float] | None = None,
     ) -> None:
-        """`timeout_s`: the reward role's bound per call (a request of k samples gets k + 2 of it)."""
+        """`timeout_s`: the reward role's bound per call (a request of k samples gets k + 2 of it);
+        `shaping(length)`: added to each sample's reward (overlong punishment), if given."""
+        self.shaping = shaping
         self.server = server
         self.registry = registry
         self.tokenizer = tokenizer
@@ -59,6 +62,8 @@ class Scorer:
         scores = await self._rewards(group)
         for s in group.ordered():
             s.reward = float(scores.get(_sample_id(group, s), 0.0))
+            if self.shaping is not None:
+                s.reward += self.shaping(s.length)
         self.done(group)
 
     async def _rewards(self, group: Group) -> dict[int, float]:

@@ -68,6 +68,7 @@ class StepRunner:
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
         drops = self.ledger.take_step_drops()
         drops["dropped_stale_total"] = self.ledger.totals["dropped_stale"] * self.ledger.group_size
+        drops["dropped_filtered_total"] = self.ledger.totals["dropped_filtered"] * self.ledger.group_size
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
 
