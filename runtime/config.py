@@ -191,21 +191,77 @@ class OptimConfig(msgspec.Struct, **_STRUCT):
     grad_clip: Annotated[float, Doc(description="Clip the global gradient norm to this; 0 = off.", ge=0)] = 1.0
 
 
+class RolloutCorrectionConfig(msgspec.Struct, **_STRUCT):
+    """The importance weight exp(proximal - behaviour logprob) that corrects for the
+    vLLM-trainer mismatch and for staleness (decoupled PPO)."""
+
+    mode: Annotated[
+        Literal["truncate", "mask"],
+        Doc(
+            description="`truncate`: cap the weight at trainer.loss.importance_cap (truncated IS); `mask`: weights "
+            "outside [mask_low, mask_high] become 0 (masked IS), the others are used as they are."
+        ),
+    ] = "truncate"
+    level: Annotated[
+        Literal["token", "sequence"],
+        Doc(description="`token`: a weight per token; `sequence`: the product of a sequence's token ratios."),
+    ] = "token"
+    mask_low: Annotated[float, Doc(description="mode=mask: weights below this are masked.", ge=0)] = 0.5
+    mask_high: Annotated[float, Doc(description="mode=mask: weights above this are masked.", gt=0)] = 2.0
+
+
 class LossConfig(msgspec.Struct, **_STRUCT):
     clip_low: Annotated[float, Doc(description="PPO ratio clip below 1 (ratio >= 1 - clip_low).", ge=0)] = 0.2
     clip_high: Annotated[float, Doc(description="PPO ratio clip above 1 (ratio <= 1 + clip_high).", ge=0)] = 0.2
     importance_cap: Annotated[
-        float, Doc(description="Cap of the behaviour importance weight prox/behaviour (decoupled PPO).", gt=0)
+        float,
+        Doc(
+            description="Cap of the behaviour importance weight prox/behaviour (rollout_correction.mode=truncate).",
+            gt=0,
+        ),
     ] = 5.0
     entropy_coef: Annotated[float, Doc(description="Entropy bonus coefficient.", ge=0)] = 0.0
-    agg: Annotated[Literal["token-mean", "seq-mean"], Doc(description="Loss aggregation over tokens.")] = "token-mean"
+    mode: Annotated[
+        Literal["vanilla", "dual-clip", "gspo", "cispo"],
+        Doc(
+            description="`vanilla`: clipped surrogate; `dual-clip`: plus the bound clip_ratio_c for negative "
+            "advantages; `gspo`: sequence-level geometric-mean ratio (use agg seq-mean-token-mean); `cispo`: "
+            "clipped, stop-gradient ratio times logprob (clip_low/clip_high clip the weight)."
+        ),
+    ] = "vanilla"
+    clip_ratio_c: Annotated[
+        float, Doc(description="dual-clip: for A < 0 the loss is at most -clip_ratio_c * A.", gt=1.0)
+    ] = 3.0
+    agg: Annotated[
+        Literal[
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "token-sum",
+            "seq-mean",
+        ],
+        Doc(
+            description="Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO; `seq-mean` is its old "
+            "alias), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: sum / (seqs * norm_tokens)), token-sum."
+        ),
+    ] = "token-mean"
+    norm_tokens: Annotated[
+        int, Doc(description="seq-mean-token-sum-norm: the constant length normaliser; 0 = rollout.max_tokens.", ge=0)
+    ] = 0
+    rollout_correction: Annotated[
+        RolloutCorrectionConfig, Doc(description="Behaviour-policy importance weights (truncated or masked IS).")
+    ] = msgspec.field(default_factory=RolloutCorrectionConfig)
 
 
 class KLConfig(msgspec.Struct, **_STRUCT):
     """KL to a frozen reference policy (the initial weights), held by the trainer."""
 
     enabled: Annotated[bool, Doc(description="Keep a frozen reference model and compute KL to it.")] = False
-    estimator: Annotated[Literal["k1", "k2", "k3"], Doc(description="Per-token KL estimator.")] = "k3"
+    estimator: Annotated[
+        Literal["k1", "k2", "k3", "low_var_kl"],
+        Doc(description="Per-token KL estimator; k3 (alias low_var_kl, verl's name) is clamped to at most 10."),
+    ] = "k3"
     use: Annotated[
         Literal["loss", "reward"],
         Doc(description="`loss`: add coef*KL to the loss; `reward`: subtract it from token rewards."),
@@ -245,6 +301,22 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)
     ] = 8
     micro_batch_tokens: Annotated[int, Doc(description="Token budget of one micro-batch (padded tokens).", ge=1)] = 4096
+    ppo_epochs: Annotated[
+        int,
+        Doc(
+            description="Passes over each batch. With ppo_epochs or mini_batches above 1 the proximal logprobs come "
+            "from one no-grad forward before the first update and the PPO clip acts; 1 and 1 = one update per batch.",
+            ge=1,
+        ),
+    ] = 1
+    mini_batches: Annotated[
+        int,
+        Doc(
+            description="Optimizer steps per epoch: each rank's shard is split into this many seeded, shuffled "
+            "mini-batches (ppo_epochs x mini_batches steps per batch; the policy version still counts batches).",
+            ge=1,
+        ),
+    ] = 1
     optim: Annotated[OptimConfig, Doc(description="Optimizer.")] = msgspec.field(default_factory=OptimConfig)
     loss: Annotated[LossConfig, Doc(description="Policy loss.")] = msgspec.field(default_factory=LossConfig)
     megatron: Annotated[MegatronConfig, Doc(description="Megatron-core options (backend: megatron).")] = msgspec.field(
@@ -270,20 +342,55 @@ class CriticConfig(msgspec.Struct, **_STRUCT):
     )
     value_clip: Annotated[float, Doc(description="Clip of the value update around the old value; 0 = off.", ge=0)] = 0.2
     micro_batch_tokens: Annotated[int, Doc(description="Token budget of one critic micro-batch.", ge=1)] = 4096
-    epochs: Annotated[int, Doc(description="Optimizer steps of the critic on each batch (PPO epochs).", ge=1)] = 1
+    epochs: Annotated[int, Doc(description="Passes of the critic over each batch (PPO epochs).", ge=1)] = 1
+    mini_batches: Annotated[
+        int, Doc(description="Critic optimizer steps per epoch (seeded, shuffled mini-batches of the shard).", ge=1)
+    ] = 1
 
 
 class AlgorithmConfig(msgspec.Struct, **_STRUCT):
-    advantage: Annotated[Literal["grpo", "rloo", "reinforce_pp", "gae"], Doc(description="Advantage estimator.")] = (
-        "grpo"
-    )
-    norm_by_std: Annotated[
-        bool, Doc(description="GRPO: divide by the group's reward std (false = Dr. GRPO style).")
-    ] = True
-    gamma: Annotated[float, Doc(description="GAE discount.", ge=0, le=1)] = 1.0
+    advantage: Annotated[
+        Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp", "gae"],
+        Doc(
+            description="Advantage estimator: grpo (group mean and std), dr_grpo (group mean only), rloo "
+            "(leave-one-out mean), reinforce_pp_baseline (group mean, then whitened over the batch), reinforce_pp "
+            "(token-level discounted returns with `gamma`, whitened over the batch's tokens), gae (critic)."
+        ),
+    ] = "grpo"
+    norm_by_std: Annotated[bool, Doc(description="GRPO: divide by the group's reward std (false = dr_grpo).")] = True
+    std: Annotated[
+        Literal["unbiased", "population"],
+        Doc(description="GRPO's group std: unbiased (Bessel-corrected, as verl and TRL) or population."),
+    ] = "unbiased"
+    gamma: Annotated[float, Doc(description="Discount of GAE and reinforce_pp.", ge=0, le=1)] = 1.0
     lam: Annotated[float, Doc(description="GAE lambda.", ge=0, le=1)] = 0.95
     whiten_advantages: Annotated[bool, Doc(description="GAE: whiten advantages over the batch.")] = True
     kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)
+    filter_groups: Annotated[
+        bool,
+        Doc(
+            description="DAPO dynamic sampling: drop groups whose rewards are all equal (counted as dropped_filtered) "
+            "and keep admitting until the batch is full."
+        ),
+    ] = False
+    max_filter_rounds: Annotated[
+        int,
+        Doc(
+            description="filter_groups: at most this many batches' worth of groups (x prompts_per_step) are filtered "
+            "per step; past that, equal-reward groups are trained, so the run never stalls.",
+            ge=1,
+        ),
+    ] = 4
+
+
+class OverlongConfig(msgspec.Struct, **_STRUCT):
+    """DAPO's soft overlong punishment, added to each sample's reward."""
+
+    enabled: Annotated[bool, Doc(description="Penalise responses that end in the last `buffer` tokens.")] = False
+    buffer: Annotated[
+        int, Doc(description="Tokens before rollout.max_tokens where the penalty grows linearly.", ge=1)
+    ] = 4
+    penalty: Annotated[float, Doc(description="The penalty at rollout.max_tokens.", ge=0)] = 1.0
 
 
 class RewardConfig(msgspec.Struct, **_STRUCT):
@@ -305,6 +412,9 @@ class RewardConfig(msgspec.Struct, **_STRUCT):
             le=1,
         ),
     ] = 0.5
+    overlong: Annotated[OverlongConfig, Doc(description="Overlong reward shaping (DAPO).")] = msgspec.field(
+        default_factory=OverlongConfig
+    )
 
 
 class WeightSyncConfig(msgspec.Struct, **_STRUCT):

@@ -24,6 +24,19 @@ def check_config(cfg: RunConfig) -> None:
             f"rollout.max_tokens ({cfg.rollout.max_tokens}) must be below "
             f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})"
         )
+    group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+    if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage} needs rollout.n >= 2 (a group of one has no baseline "
+            "and gets advantage 0); use reinforce_pp or gae with rollout.n=1"
+        )
+    if cfg.reward.overlong.enabled and cfg.reward.overlong.buffer > cfg.rollout.max_tokens:
+        raise ConfigError(
+            f"reward.overlong.buffer ({cfg.reward.overlong.buffer}) must not exceed rollout.max_tokens "
+            f"({cfg.rollout.max_tokens})"
+        )
+    if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
+        raise ConfigError("algorithm.filter_groups needs rollout.n >= 2 (a group of one always has equal rewards)")
     if cfg.algorithm.advantage != "gae" and counts.get("critic", 0):
         raise ConfigError("placement has a critic but algorithm.advantage is not gae")
     kl = cfg.algorithm.kl

@@ -369,6 +369,9 @@ class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    # Filled in by the trainer itself (its no-grad forward before the first of several
+    # updates); the controller never sends it.
+    proximal_logprobs: torch.Tensor | None = None
 
 
 class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):

@@ -9,6 +9,7 @@ from roles.algo.advantages import (
     compute_advantages,
     grpo_advantages,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from roles.algo.gae import gae_advantages, whiten
@@ -38,6 +39,7 @@ __all__ = [
     "masked_sum",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "token_logprobs",
     "value_loss",

@@ -1,4 +1,5 @@
-"""Token-level losses for the trainer: decoupled PPO policy loss, clipped value loss.
+"""Token-level losses for the trainer: decoupled PPO policy losses (vanilla, dual-clip,
+GSPO, CISPO), clipped value loss.
 
 Invariant: every loss is a differentiable scalar reduced by `aggregate`, inputs are
 never modified, an all-zero mask gives loss 0 with the graph still attached, and every
@@ -12,6 +13,7 @@ from torch import Tensor
 
 from roles.algo.kl import kl_penalty
 from roles.algo.masked import aggregate, masked_max, masked_mean, masked_sum
+from roles.algo.rollout_correction import ISCorrection, importance_weights
 
 __all__ = [
     "aggregate",
@@ -26,6 +28,8 @@ __all__ = [
 
 # exp() of a float32 log-ratio overflows near 88; tokens beyond the bound get no gradient.
 _LOG_RATIO_BOUND = 20.0
+_GSPO_LOG_RATIO_MAX = 10.0
+POLICY_LOSS_MODES = ("vanilla", "dual-clip", "gspo", "cispo")
 
 
 def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
@@ -47,16 +51,39 @@ def token_logprobs(logits_BTV: Tensor, targets_BT: Tensor) -> Tensor:
     return target_logits_BT - torch.logsumexp(logits_BTV, dim=-1)
 
 
-def _policy_metrics(
-    ratio_BT: Tensor, unclipped_BT: Tensor, clipped_BT: Tensor, weight_BT: Tensor, mask_BT: Tensor, cap: float
-) -> dict[str, float]:
-    return {
-        "clip_fraction": float(masked_mean((clipped_BT < unclipped_BT).float(), mask_BT)),
-        "importance_weight_max": masked_max(weight_BT, mask_BT),
-        "importance_weight_mean": float(masked_mean(weight_BT, mask_BT)),
-        "ratio_max": masked_max(ratio_BT, mask_BT),
-        "truncated_fraction": float(masked_mean((weight_BT > cap).float(), mask_BT)),
-    }
+def _ratio(logp_BT: Tensor, prox_logp_BT: Tensor) -> Tensor:
+    return torch.exp((logp_BT - prox_logp_BT).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+
+
+def _gspo_ratio(logp_BT: Tensor, prox_logp_BT: Tensor, mask_BT: Tensor) -> Tensor:
+    """GSPO's token ratio sg[s_i] * p / sg[p], s_i = exp(mean log-ratio of row i): its value
+    is the sequence's geometric-mean ratio, its gradient each token's own (log clamped at 10, as verl)."""
+    log_s_B = masked_mean(logp_BT - prox_logp_BT, mask_BT, dim=-1)
+    log_ratio_BT = logp_BT - logp_BT.detach() + log_s_B.detach().unsqueeze(-1)
+    return torch.exp(log_ratio_BT.clamp(max=_GSPO_LOG_RATIO_MAX))
+
+
+def _surrogate(
+    mode: str, logp_BT: Tensor, prox_logp_BT: Tensor, adv_BT: Tensor, mask_BT: Tensor, clip: tuple[float, float, float]
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """(per-token loss before the importance weight, ratio, mode metrics)."""
+    low, high, ratio_c = clip
+    ratio_BT = _gspo_ratio(logp_BT, prox_logp_BT, mask_BT) if mode == "gspo" else _ratio(logp_BT, prox_logp_BT)
+    clipped_ratio_BT = ratio_BT.clamp(1.0 - low, 1.0 + high)
+    if mode == "cispo":
+        loss_BT = -clipped_ratio_BT.detach() * adv_BT * logp_BT
+        clip_fraction = masked_mean((clipped_ratio_BT != ratio_BT).float(), mask_BT)
+        return loss_BT, ratio_BT, {"clip_fraction": float(clip_fraction)}
+    unclipped_BT, clipped_BT = -ratio_BT * adv_BT, -clipped_ratio_BT * adv_BT
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    metrics = {"clip_fraction": float(masked_mean((clipped_BT > unclipped_BT).float(), mask_BT))}
+    if mode == "dual-clip":
+        # Dual-clip PPO (Ye et al. 2020): for A < 0 the loss is bounded by -c * A.
+        lower_BT = -ratio_c * adv_BT
+        dual_BT = (adv_BT < 0) & (loss_BT > lower_BT)
+        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, lower_BT), loss_BT)
+        metrics["dual_clip_fraction"] = float(masked_mean(dual_BT.float(), mask_BT))
+    return loss_BT, ratio_BT, metrics
 
 
 def ppo_policy_loss(
@@ -69,28 +96,40 @@ def ppo_policy_loss(
     clip_low: float,
     clip_high: float,
     importance_cap: float,
+    mode: str = "vanilla",
+    clip_ratio_c: float = 3.0,
+    correction: ISCorrection | None = None,
     agg: str = "token-mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    norm_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Decoupled PPO loss (Hilton et al. 2022, AReaL): -w * min(r * A, clip(r, 1-lo, 1+hi) * A).
+    """Decoupled PPO loss (Hilton et al. 2022, AReaL) w * L(r, A), aggregated by `agg`.
 
     r = exp(logp - prox_logp) is the trust-region ratio against the proximal policy;
-    w = min(exp(prox_logp - behav_logp), importance_cap) corrects for the behaviour
-    policy that sampled the tokens. Only `logp_BT` receives gradient: prox, behaviour
-    and advantages are treated as constants. The log-ratio is clamped to [-20, 20].
-    Metrics: clip_fraction, importance_weight_max / _mean (untruncated w),
-    kl_behaviour_proximal (k3 of KL(prox || behav)), ratio_max, truncated_fraction.
+    w corrects for the behaviour policy that sampled the tokens (`correction`, default:
+    min(exp(prox_logp - behav_logp), importance_cap) per token). L by `mode`:
+    "vanilla": max(-r A, -clip(r, 1-lo, 1+hi) A) (log-ratio clamped to [-20, 20]);
+    "dual-clip": vanilla, and for A < 0 at most -clip_ratio_c * A (Ye et al. 2020);
+    "gspo": vanilla with r the sequence's geometric-mean ratio (Zheng et al. 2025);
+    "cispo": -sg(clip(r, 1-lo, 1+hi)) * A * logp (MiniMax-M1), every token keeps a gradient.
+    Only `logp_BT` receives gradient. Metrics: clip_fraction, dual_clip_fraction (dual-clip
+    only), ratio_max, kl_behaviour_proximal (k3 of KL(prox || behav)) and the correction's
+    (importance_weight_mean / _max, truncated_fraction, masked_fraction, behaviour_proximal_abs_diff).
     """
+    if mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"unknown policy loss mode {mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
     prox_logp_BT, behav_logp_BT, adv_BT = prox_logp_BT.detach(), behav_logp_BT.detach(), adv_BT.detach()
-    ratio_BT = torch.exp((logp_BT - prox_logp_BT).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
-    unclipped_BT = ratio_BT * adv_BT
-    clipped_BT = ratio_BT.clamp(1.0 - clip_low, 1.0 + clip_high) * adv_BT
-    weight_BT = torch.exp(prox_logp_BT - behav_logp_BT)
-    per_token_BT = -weight_BT.clamp(max=importance_cap) * torch.minimum(unclipped_BT, clipped_BT)
-    loss = aggregate(per_token_BT, mask_BT, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    c = correction or ISCorrection(cap=importance_cap)
+    weight_BT, metrics = importance_weights(prox_logp_BT, behav_logp_BT, mask_BT, c)
+    loss_BT, ratio_BT, mode_metrics = _surrogate(
+        mode, logp_BT, prox_logp_BT, adv_BT, mask_BT, (clip_low, clip_high, clip_ratio_c)
+    )
+    loss = aggregate(
+        weight_BT * loss_BT, mask_BT, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_tokens=norm_tokens
+    )
     with torch.no_grad():
-        metrics = _policy_metrics(ratio_BT, unclipped_BT, clipped_BT, weight_BT, mask_BT, importance_cap)
+        metrics.update(mode_metrics, ratio_max=masked_max(ratio_BT, mask_BT))
         kl_BT = kl_penalty(prox_logp_BT, behav_logp_BT, "k3")
         metrics["kl_behaviour_proximal"] = float(masked_mean(kl_BT, mask_BT))
     return loss, metrics

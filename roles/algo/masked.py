@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
+# The name this module used before the seq-mean-* family; kept as an alias.
+AGG_ALIASES = {"seq-mean": "seq-mean-token-mean"}
 
 
 def _safe_denominator(denom: Tensor | float) -> Tensor | float:
@@ -42,22 +44,38 @@ def aggregate(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    norm_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss to a scalar.
+    """Reduce a per-token loss to a scalar (S = `num_seqs` or the local count of rows with
+    any masked token, N = `num_tokens` or the local masked-token count):
 
-    "token-mean": masked sum / (`num_tokens` or the local masked-token count).
-    "seq-mean": sum of per-row masked means / (`num_seqs` or the local count of rows with
-    any masked token). Passing the global counts makes the losses of micro-batches (and
-    ranks) sum to the loss of the whole batch. A zero denominator gives 0, not NaN.
+    "token-mean": masked sum / N (DAPO's token-level loss).
+    "seq-mean-token-mean" (alias "seq-mean"): sum over rows of each row's masked mean / S (GRPO).
+    "seq-mean-token-sum": sum over rows of each row's masked sum / S.
+    "seq-mean-token-sum-norm": masked sum / (S * `norm_tokens`), a constant length
+    normaliser (Dr. GRPO's MAX_TOKENS; the local row width when None).
+    "token-sum": masked sum, not normalised.
+
+    Passing the global counts makes the losses of micro-batches (and ranks) sum to the
+    loss of the whole batch. A zero denominator gives 0, not NaN.
     """
+    mode = AGG_ALIASES.get(mode, mode)
+    dtype = per_token_BT.dtype
     if mode == "token-mean":
-        denom = mask_BT.to(per_token_BT.dtype).sum() if num_tokens is None else num_tokens
+        denom = mask_BT.to(dtype).sum() if num_tokens is None else num_tokens
         return masked_sum(per_token_BT, mask_BT) / _safe_denominator(denom)
-    if mode == "seq-mean":
-        row_mean_B = masked_mean(per_token_BT, mask_BT, dim=-1)
-        denom = _num_nonempty_rows(mask_BT, per_token_BT.dtype) if num_seqs is None else num_seqs
-        return row_mean_B.sum() / _safe_denominator(denom)
-    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+    if mode == "token-sum":
+        return masked_sum(per_token_BT, mask_BT)
+    seqs = _num_nonempty_rows(mask_BT, dtype) if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-mean":
+        return masked_mean(per_token_BT, mask_BT, dim=-1).sum() / _safe_denominator(seqs)
+    if mode == "seq-mean-token-sum":
+        return masked_sum(per_token_BT, mask_BT) / _safe_denominator(seqs)
+    if mode == "seq-mean-token-sum-norm":
+        length = float(per_token_BT.shape[-1]) if norm_tokens is None else norm_tokens
+        return masked_sum(per_token_BT, mask_BT) / _safe_denominator(seqs * length)
+    valid = ", ".join([*AGG_MODES, *AGG_ALIASES])
+    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {valid}")
 
 
 def masked_max(x: Tensor, mask: Tensor) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roles.algo import compute_advantages
+from roles.algo import compute_advantages, reinforce_pp_advantages
 from roles.controller.groups import Group, SampleRec
 from transport.wire import TrainBatch
 
@@ -27,22 +27,46 @@ class BatchStats:
     response_len_mean: float
 
 
-def sample_advantages(groups: list[Group], advantage: str, norm_by_std: bool) -> list[torch.Tensor]:
+def sample_advantages(
+    groups: list[Group], advantage: str, norm_by_std: bool, *, std: str = "unbiased", gamma: float = 1.0
+) -> list[torch.Tensor]:
     """Per-token advantages of every sample, in group then sample order."""
     samples = [s for g in groups for s in g.ordered()]
     if advantage == "gae":
         return [_require(s.advantages, "advantages") for s in samples]
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
+    if advantage == "reinforce_pp":
+        return _token_level_reinforce_pp(samples, rewards, gamma)
     gids = torch.tensor([g.gid for g in groups for _ in g.ordered()], dtype=torch.int64)
-    adv_S = compute_advantages(advantage, rewards, gids, norm_by_std=norm_by_std)
+    adv_S = compute_advantages(advantage, rewards, gids, norm_by_std=norm_by_std, std=std)
     return [adv_S[i].expand(s.length).clone() for i, s in enumerate(samples)]
 
 
+def _token_level_reinforce_pp(samples: list[SampleRec], rewards: torch.Tensor, gamma: float) -> list[torch.Tensor]:
+    """REINFORCE++ over the batch: each reward on its response's last token, padded rows."""
+    width = max((s.length for s in samples), default=0)
+    rewards_BT = torch.zeros(len(samples), width)
+    mask_BT = torch.zeros(len(samples), width)
+    for i, s in enumerate(samples):
+        mask_BT[i, : s.length] = 1.0
+        if s.length:
+            rewards_BT[i, s.length - 1] = rewards[i]
+    adv_BT, _ = reinforce_pp_advantages(rewards_BT, mask_BT, gamma=gamma)
+    return [adv_BT[i, : s.length].clone() for i, s in enumerate(samples)]
+
+
 def build_train_batches(
-    groups: list[Group], *, step: int, advantage: str, norm_by_std: bool, num_shards: int
+    groups: list[Group],
+    *,
+    step: int,
+    advantage: str,
+    norm_by_std: bool,
+    num_shards: int,
+    std: str = "unbiased",
+    gamma: float = 1.0,
 ) -> tuple[list[TrainBatch], BatchStats]:
     pairs = [(g, s) for g in groups for s in g.ordered()]
-    advs = sample_advantages(groups, advantage, norm_by_std)
+    advs = sample_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma)
     lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
     shards = assign_shards(lengths, num_shards)
     num_tokens = sum(s.length for _, s in pairs)

@@ -60,6 +60,11 @@ class Group:
         return self.complete and all(s.reward is not None for s in self.samples.values())
 
     @property
+    def rewards_equal(self) -> bool:
+        """Every sample has the same reward (GRPO's advantages are then all 0)."""
+        return len({s.reward for s in self.samples.values()}) <= 1
+
+    @property
     def error(self) -> str:
         return next((s.error for s in self.samples.values() if s.error), "")
 

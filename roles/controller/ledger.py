@@ -10,6 +10,11 @@ A group is admitted once (`admit`), then lives in exactly one place until it lea
 What a caller may rely on:
 * `accounting()["unaccounted"]` is 0 after any sequence of calls: admitted groups equal
   trained + dropped (every reason) + pending (in flight, redo, ready, training).
+* With `filter_groups` (DAPO dynamic sampling), a scored group whose rewards are all
+  equal carries no GRPO signal: `complete` drops it as `filtered` instead of queueing it,
+  which gives its slots back so admission goes on until a batch is full. At most
+  `max_filtered_per_step` groups are filtered between two steps; past that they are kept,
+  so a run whose rewards are all equal still trains (slowly) instead of stalling.
 * `take_batch` hands out only groups fresh at the current version (`StalenessGate`);
   stale ones it meets are dropped as `stale`. So nothing is trained more than
   `max_staleness` versions after its oldest token was generated.
@@ -34,12 +39,24 @@ from runtime.logs import get_logger
 
 log = get_logger("controller")
 
-DROP_REASONS = ("stale", "error")
+DROP_REASONS = ("stale", "error", "filtered")
 
 
 class Ledger:
-    def __init__(self, *, group_size: int, prompts_per_step: int, max_staleness: int, total_steps: int) -> None:
+    def __init__(
+        self,
+        *,
+        group_size: int,
+        prompts_per_step: int,
+        max_staleness: int,
+        total_steps: int,
+        filter_groups: bool = False,
+        max_filtered_per_step: int = 0,
+    ) -> None:
         self.group_size = group_size
+        self.filter_groups = filter_groups
+        self.max_filtered_per_step = max_filtered_per_step
+        self.filtered_this_step = 0
         self.prompts_per_step = prompts_per_step
         self.total_steps = total_steps
         self.gate = StalenessGate(prompts_per_step * group_size, max_staleness)
@@ -115,9 +132,14 @@ class Ledger:
         self._notify()
 
     def complete(self, group: Group) -> None:
-        """An in-flight group is scored: queue it for training."""
+        """An in-flight group is scored: queue it for training (or, with `filter_groups`,
+        drop it as `filtered` when its rewards are all equal and the step's bound allows)."""
         self._take_in_flight(group)
-        self.ready.append(group)
+        if self.filter_groups and group.rewards_equal and self.filtered_this_step < self.max_filtered_per_step:
+            self.filtered_this_step += 1
+            self._count_drop(group, "filtered", "all rewards equal")
+        else:
+            self.ready.append(group)
         self._notify()
 
     def drop(self, group: Group, reason: str, why: str = "") -> None:
@@ -168,6 +190,7 @@ class Ledger:
         self.gate.train(sum(g.n for g in self.training))
         self.totals["trained_groups"] += len(self.training)
         self.training = []
+        self.filtered_this_step = 0
         self.step += 1
         self.gate.advance(version)
         self._notify()
@@ -205,12 +228,14 @@ class Ledger:
 
     @classmethod
     def restore(
-        cls, state: LedgerState, *, group_size: int, prompts_per_step: int, max_staleness: int, total_steps: int
-    ) -> Ledger:
-        """The ledger `state()` described, with its pending groups waiting in `redo`."""
+        cls, state: LedgerState, *, group_size: int, prompts_per_step: int, max_staleness: int, total_steps: int,
+        filter_groups: bool = False, max_filtered_per_step: int = 0,
+    ) -> Ledger:  # fmt: skip
+        """The ledger `state()` described, with its pending groups waiting in `redo` (the
+        count of groups filtered since the last step starts again at 0)."""
         ledger = cls(
             group_size=group_size, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
-            total_steps=total_steps,
+            total_steps=total_steps, filter_groups=filter_groups, max_filtered_per_step=max_filtered_per_step,
         )  # fmt: skip
         ledger.step, ledger.next_gid = state.step, state.next_gid
         ledger.gate.restore(state.gate)

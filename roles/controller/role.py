@@ -15,7 +15,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
+from roles.algo.shaping import overlong_penalty
 from roles.controller import state as cstate
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
 from roles.controller.dataset import PromptDataset
@@ -77,9 +81,11 @@ class Controller(Role):
         """A new ledger, or the one of the checkpoint this run resumes from (with the
         wall time the run had reached then)."""
         cfg = self.cfg
-        shape = dict(
+        a = cfg.algorithm
+        shape: dict[str, Any] = dict(
             group_size=cfg.rollout.n, prompts_per_step=cfg.trainer.prompts_per_step,
             max_staleness=cfg.rollout.max_staleness, total_steps=cfg.trainer.total_steps,
+            filter_groups=a.filter_groups, max_filtered_per_step=a.max_filter_rounds * cfg.trainer.prompts_per_step,
         )  # fmt: skip
         resume = checkpoint.resume_dir()
         if resume is None:
@@ -111,7 +117,7 @@ class Controller(Role):
             )  # fmt: skip
         self.scorer = Scorer(
             self.server, self.registry, self.tokenizer, timeout_s=cfg.reward.timeout_s,
-            done=self.values.submit if self.values is not None else self.ledger.complete,
+            done=self.values.submit if self.values is not None else self.ledger.complete, shaping=self._shaping(),
         )  # fmt: skip
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)
@@ -124,6 +130,12 @@ class Controller(Role):
         self.checkpointer = Checkpointer(
             self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s
         )
+
+    def _shaping(self) -> Callable[[int], float] | None:
+        o = self.cfg.reward.overlong
+        if not o.enabled:
+            return None
+        return partial(overlong_penalty, max_tokens=self.cfg.rollout.max_tokens, buffer=o.buffer, penalty=o.penalty)
 
     def _sampling_spec(self) -> wire.SamplingSpec:
         r = self.cfg.rollout

@@ -32,8 +32,11 @@ class Scorer:
         *,
         timeout_s: float,
         done: Callable[[Group], None],
+        shaping: Callable[[int], float] | None = None,
     ) -> None:
-        """`timeout_s`: the reward role's bound per call (a request of k samples gets k + 2 of it)."""
+        """`timeout_s`: the reward role's bound per call (a request of k samples gets k + 2 of it);
+        `shaping(length)`: added to each sample's reward (overlong punishment), if given."""
+        self.shaping = shaping
         self.server = server
         self.registry = registry
         self.tokenizer = tokenizer
@@ -61,6 +64,8 @@ class Scorer:
             score = scores.get(_sample_id(group, s))
             s.reward = float(score.reward) if score is not None else 0.0
             s.reward_error = (score.error if score is not None else failure) or ""
+            if self.shaping is not None:
+                s.reward += self.shaping(s.length)
         self.done(group)
 
     async def _rewards(self, group: Group) -> tuple[dict[int, wire.RewardScore], str]:

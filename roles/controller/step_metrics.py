@@ -14,7 +14,9 @@ from transport import wire
 
 TRAINER_KEYS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max", "clip_fraction",
                 "entropy", "grad_norm", "lr", "train_s", "kl_ref", "kl_coef", "weight_sync_gb",
-                "weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s", "cuda_free_gb")  # fmt: skip
+                "weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s", "cuda_free_gb",
+                "optimizer_steps", "ratio_max", "importance_weight_mean", "truncated_fraction", "masked_fraction",
+                "behaviour_proximal_abs_diff", "dual_clip_fraction")  # fmt: skip
 ZERO_DEFAULTS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max", "clip_fraction",
                  "entropy", "grad_norm")  # fmt: skip
 
@@ -63,6 +65,8 @@ class StepRecorder:
             "dropped_stale": drops.get("dropped_stale", 0),
             "dropped_stale_total": drops.get("dropped_stale_total", 0),
             "dropped_error": drops.get("dropped_error", 0),
+            "dropped_filtered": drops.get("dropped_filtered", 0),
+            "dropped_filtered_total": drops.get("dropped_filtered_total", 0),
             "samples_per_s": stats.num_samples / window,
             "tokens_per_s": stats.num_response_tokens / window,
             "gen_busy_s": gen_busy,

@@ -60,7 +60,9 @@ class StepRunner:
         a = self.algorithm
         if self.critics is not None and a.whiten_advantages:
             whiten_groups(groups)
-        build: dict[str, Any] = dict(step=self.ledger.step, advantage=a.advantage, norm_by_std=a.norm_by_std)
+        build: dict[str, Any] = dict(
+            step=self.ledger.step, advantage=a.advantage, norm_by_std=a.norm_by_std, std=a.std, gamma=a.gamma
+        )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
         actor, critic = await self._train(groups, batches, build)
@@ -71,6 +73,7 @@ class StepRunner:
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
         drops = self.ledger.take_step_drops()
         drops["dropped_stale_total"] = self.ledger.totals["dropped_stale"] * self.ledger.group_size
+        drops["dropped_filtered_total"] = self.ledger.totals["dropped_filtered"] * self.ledger.group_size
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
 

@@ -26,15 +26,17 @@ from transport.wire import TrainBatch, ValueRequest
 
 
 class CriticEngine(FSDPEngineBase):
-    """`train_step` (the base's) takes `critic.epochs` optimizer steps on each batch, values
-    clipped around the old ones; `values` scores packed sequences."""
+    """`train_step` (the base's) takes `critic.epochs × critic.mini_batches` optimizer steps
+    on each batch, values clipped around the old ones (which the controller sends, so no
+    extra forward is needed); `values` scores packed sequences."""
 
     metric_names = CRITIC_METRICS
 
     def __init__(self, cfg: RunConfig, actor_path: Path) -> None:
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        super().__init__(cfg, micro_batch_tokens=cfg.critic.micro_batch_tokens, epochs=cfg.critic.epochs)
+        c = cfg.critic
+        super().__init__(cfg, micro_batch_tokens=c.micro_batch_tokens, epochs=c.epochs, mini_batches=c.mini_batches)
         path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
         dtype = DTYPES[cfg.fsdp.param_dtype]
         config = AutoConfig.from_pretrained(str(path), num_labels=1)

@@ -7,8 +7,10 @@ Each rank trains on its shard of the step's batch. Per-token losses are normalis
 the GLOBAL token (or sequence) count carried in the batch and scaled by the world size
 before backward (FSDP averages gradients over ranks), so the update equals one step on
 the whole batch. The proximal policy of decoupled PPO is the trainer's policy before the
-update: with one optimizer step per batch its logprobs are exactly the detached
-logprobs of the same forward pass, so no second forward is spent on them.
+batch's first update: with one optimizer step per batch (`trainer.ppo_epochs` =
+`trainer.mini_batches` = 1) its logprobs are exactly the detached logprobs of the same
+forward pass, so no second forward is spent on them; with several steps `prepare` runs
+one no-grad forward over the shard first and every update's ratio is taken against it.
 
 The frozen reference policy for `algorithm.kl.use: loss` is held here (the initial
 weights, FSDP-wrapped, no gradients). All methods are blocking collectives, called from
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import torch
 
 from roles.algo import (
@@ -31,6 +35,7 @@ from roles.algo import (
     ppo_policy_loss,
     token_logprobs,
 )
+from roles.trainer.policy_loss import policy_loss_options
 from roles.training.engine import FSDPEngineBase
 from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
 from roles.training.metrics import ACTOR_METRICS
@@ -44,7 +49,8 @@ class FSDPEngine(FSDPEngineBase):
     metric_names = ACTOR_METRICS
 
     def __init__(self, cfg: RunConfig, model_path: Path) -> None:
-        super().__init__(cfg, micro_batch_tokens=cfg.trainer.micro_batch_tokens)
+        t = cfg.trainer
+        super().__init__(cfg, micro_batch_tokens=t.micro_batch_tokens, epochs=t.ppo_epochs, mini_batches=t.mini_batches)
         dtype = DTYPES[cfg.fsdp.param_dtype]
         checkpointing = cfg.trainer.gradient_checkpointing
         model = load_causal_lm(model_path, dtype, self.device, gradient_checkpointing=checkpointing)
@@ -59,20 +65,38 @@ class FSDPEngine(FSDPEngineBase):
         )
         self._setup_optimizer(cfg.trainer.optim)
 
+    def prepare(self, batch: TrainBatch) -> TrainBatch:
+        """`batch` with `proximal_logprobs`: this rank's token logprobs under the weights
+        before the first update, packed like `input_ids` (0 at each sequence's first token)."""
+        prox = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
+        spans = batch.cu_seqlens.tolist()
+        row = 0
+        with torch.no_grad():
+            for mb in self.micro_batches(batch, self.micro_batch_tokens):
+                mb = mb.to(self.device)
+                logits = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT).logits[:, :-1]
+                logp = token_logprobs(logits, mb.input_ids_BT[:, 1:]).cpu()
+                for i in range(logp.shape[0] if row < len(spans) - 1 else 0):
+                    start, end = spans[row], spans[row + 1]
+                    prox[start + 1 : end] = logp[i, : end - start - 1]
+                    row += 1
+        return msgspec.structs.replace(batch, proximal_logprobs=prox)
+
     def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Decoupled PPO (proximal = this forward, detached), minus the entropy bonus, plus
-        the KL to the reference policy when it is in the loss."""
+        """Decoupled PPO (proximal = `prepare`'s logprobs, or this forward detached when
+        there is one update per batch), minus the entropy bonus, plus the KL to the
+        reference policy when it is in the loss."""
         ids = mb.input_ids_BT
         logits = self.model(input_ids=ids, attention_mask=mb.attention_mask_BT).logits[:, :-1]
         logp = token_logprobs(logits, ids[:, 1:])
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
-        norm = dict(num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs)
+        opts = policy_loss_options(self.cfg)
+        norm: dict[str, Any] = dict(num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs)
+        norm["norm_tokens"] = opts.pop("norm_tokens")
         lc = self.cfg.trainer.loss
-        loss, m = ppo_policy_loss(
-            logp, logp.detach(), f["behaviour_logprobs"], f["advantages"], mask,
-            clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, agg=lc.agg, **norm,
-        )  # fmt: skip
+        prox = f.get("proximal_logprobs", logp.detach())
+        loss, m = ppo_policy_loss(logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **opts, **norm)
         with torch.set_grad_enabled(lc.entropy_coef > 0):
             entropy = entropy_from_logits(logits)
         if lc.entropy_coef > 0:

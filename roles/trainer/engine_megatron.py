@@ -12,7 +12,12 @@ are normalised by the step's global token (or sequence) count and scaled so that
 megatron's pipeline schedule (which divides by the number of micro-batches) and its DDP
 (which averages over data-parallel ranks) the update is one step on the whole batch, as
 in the FSDP engine. Micro-batches follow `trainer.micro_batch_tokens`; with pipeline
-parallelism their shapes travel with them (`variable_seq_lengths`).
+parallelism their shapes travel with them (`variable_seq_lengths`). With
+`trainer.ppo_epochs` or `trainer.mini_batches` above 1 the replica first runs one
+forward-only schedule for the proximal logprobs, then takes one optimizer step per
+mini-batch (seeded by the data-parallel rank, normalised by the mini-batch's counts over
+the data-parallel group), as the FSDP engine does. This path has not run here
+(megatron-core needs CUDA); the FSDP engine's tests cover the same mini-batch code.
 
 Weights. The model is built from the HF directory's config and loaded from its safetensors
 (`roles/trainer/megatron_convert.py` documents the mapping); `export_weights` yields HF
@@ -30,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -42,9 +48,11 @@ from roles.trainer.megatron_model import (
     transformer_config,
     unwrap,
 )
+from roles.trainer.policy_loss import policy_loss_options
 from roles.training.distributed import init_distributed, pick_device
-from roles.training.metrics import ACTOR_METRICS, accumulate, reduce_metrics
+from roles.training.metrics import ACTOR_METRICS, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.minibatch import epoch_mini_batches
 from roles.training.models import DTYPES
 from roles.training.rng import rng_state, set_rng_state
 from runtime.config import RunConfig
@@ -106,13 +114,49 @@ class MegatronEngine:
         self.dp = ps.get_data_parallel_world_size()
         self.replica_group = ps.get_model_parallel_group()
         self.reports_metrics = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-        self.version = 0  # optimizer steps taken; the learning-rate warm-up counts them too
+        self.version = 0  # batches trained (published policies)
+        self.optimizer_steps = 0  # what the learning-rate warm-up counts
 
     # --- training ----------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on this replica's sequences; returns metrics reduced over ranks."""
+        """`ppo_epochs × mini_batches` optimizer steps on this replica's sequences (one when
+        both are 1, with the ratio against this forward, as the FSDP engine); their metrics
+        reduced over ranks and averaged over the steps. `version` counts one more batch."""
         start = time.perf_counter()
         batch = gather_shards(batch, self.replica_group, self.device)
+        t = self.cfg.trainer
+        if t.ppo_epochs == 1 and t.mini_batches == 1:
+            metrics = self._update(batch)
+        else:
+            metrics = self._ppo_updates(self._with_proximal(batch))
+        self.version += 1
+        metrics.update(train_s=time.perf_counter() - start)
+        metrics.setdefault("optimizer_steps", 1.0)
+        return metrics
+
+    def _ppo_updates(self, batch: TrainBatch) -> dict[str, float]:
+        """Every epoch's mini-batch steps. The members of a replica hold the same sequences,
+        so the shuffle is seeded by the data-parallel rank and the counts summed over the
+        data-parallel group."""
+        from megatron.core import parallel_state as ps
+
+        t = self.cfg.trainer
+        steps, num_micro = [], 0.0
+        for epoch in range(t.ppo_epochs):
+            minis = epoch_mini_batches(
+                batch, t.mini_batches, seed=t.seed, epoch=epoch, rank=ps.get_data_parallel_rank(),
+                device=self.device, group=ps.get_data_parallel_group(),
+            )  # fmt: skip
+            for mini in minis:
+                steps.append(self._update(mini))
+                num_micro += steps[-1]["micro_batches"]
+        metrics = mean_over_steps(steps, METRICS)
+        metrics["micro_batches"] = num_micro
+        return metrics
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on `batch` (this replica's sequences, normalised by its global
+        counts); its metrics reduced over ranks."""
         mbs = self._micro_batches(batch)
         self.model.train()
         self.model.zero_grad_buffer()
@@ -121,15 +165,25 @@ class MegatronEngine:
         step = partial(self._forward_step, batch=batch, num_microbatches=len(mbs))
         outputs = self._run_schedule(mbs, step, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
+        self.optimizer_steps += 1
         acc = dict.fromkeys(METRICS.all(), 0.0)
         if self.reports_metrics:
             for m in outputs:
                 accumulate(acc, m, METRICS)
         metrics = reduce_metrics(acc, METRICS, self.device)
-        self.version += 1
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok),
-                       train_s=time.perf_counter() - start, micro_batches=len(mbs))  # fmt: skip
+                       micro_batches=len(mbs))  # fmt: skip
         return metrics
+
+    def _with_proximal(self, batch: TrainBatch) -> TrainBatch:
+        """`batch` with `proximal_logprobs` from one forward-only pass before the first
+        update. Only the last pipeline stage computes the loss, so only it fills them in;
+        the other stages carry zeros they never read."""
+        prox = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
+        cu = batch.cu_seqlens.tolist()
+        for i, row in enumerate(self._sequence_logprobs(batch)):
+            prox[cu[i] + 1 : cu[i + 1]] = row
+        return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
     def _run_schedule(self, mbs: list[MicroBatch], step: Any, *, forward_only: bool) -> list[Any]:
         """megatron's schedule (pipelined when PP > 1) over `mbs`; what the last stage's loss
@@ -149,7 +203,7 @@ class MegatronEngine:
     def _set_lr(self) -> float:
         """The FSDP engine's schedule: linear warm-up over `optim.warmup_steps`, then constant."""
         o = self.cfg.trainer.optim
-        lr = o.lr * min(1.0, (self.version + 1) / max(1, o.warmup_steps))
+        lr = o.lr * min(1.0, (self.optimizer_steps + 1) / max(1, o.warmup_steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -169,10 +223,9 @@ class MegatronEngine:
         logp = next_token_logprobs(logits, mb.input_ids_BT)
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
-        lc = self.cfg.trainer.loss
+        prox = f.get("proximal_logprobs", logp.detach())
         loss, m = ppo_policy_loss(
-            logp, logp.detach(), f["behaviour_logprobs"], f["advantages"], mask,
-            clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, agg=lc.agg,
+            logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **policy_loss_options(self.cfg),
             num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
         )  # fmt: skip
         tokens = float(mask.sum())
@@ -185,12 +238,15 @@ class MegatronEngine:
         """Token logprobs of this replica's sequences (its members' shards, gathered), one
         float32 CPU tensor per sequence: entry t-1 is log p(token t | tokens < t). Returned
         on the rank that reports metrics (last stage, TP rank 0), None on the others."""
-        batch = gather_shards(batch, self.replica_group, self.device)
+        rows = self._sequence_logprobs(gather_shards(batch, self.replica_group, self.device))
+        return rows if self.reports_metrics else None
+
+    @torch.no_grad()
+    def _sequence_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """Per-sequence token logprobs of `batch` on every last-stage rank; [] elsewhere."""
         mbs = self._micro_batches(batch)
         self.model.eval()
         outputs = self._run_schedule(mbs, self._logprobs_step, forward_only=True)
-        if not self.reports_metrics:
-            return None
         return [row for out in outputs for row in out["logprobs"]][: batch.cu_seqlens.numel() - 1]
 
     def _logprobs_step(self, data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
@@ -222,6 +278,7 @@ class MegatronEngine:
             "model": unwrap(self.model).state_dict(),
             "optim": self.optimizer.state_dict(),
             "version": self.version,
+            "optimizer_steps": self.optimizer_steps,
             "rng": rng_state(),
         }
         torch.save(state, directory / f"megatron-rank{self.rank}.pt")
@@ -238,6 +295,7 @@ class MegatronEngine:
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
         self.version = int(state["version"])
+        self.optimizer_steps = int(state.get("optimizer_steps", self.version))
         set_rng_state(state["rng"])
 
 

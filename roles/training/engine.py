@@ -6,11 +6,17 @@ schedule, micro-batches kept in step across ranks, and sharded checkpoints; and 
 `_setup_optimizer`, names its metrics (`metric_names`) and implements `loss`, the loss of
 one micro-batch; it may add metrics after the step in `after_step`.
 
-A step, on every rank: zero the gradients; split this rank's shard into micro-batches,
-padded with empty ones to the largest count of any rank; `epochs` times, backward each
+A step, on every rank. With `epochs` = `mini_batches` = 1: split this rank's shard into
+micro-batches, padded with empty ones to the largest count of any rank, backward each
 micro-batch's loss scaled by the world size (FSDP averages gradients over ranks, see
-`roles/training/fsdp.py`), fold its metrics, reduce them over ranks and take an
-optimizer step. `version` then counts one more step, whatever `epochs` is.
+`roles/training/fsdp.py`), fold its metrics, reduce them over ranks and take one optimizer
+step. Otherwise `prepare` first adds what the updates need that must come from the
+weights before the first one (the actor's proximal logprobs, one no-grad forward), then
+each epoch splits the shard into `mini_batches` seeded, shuffled mini-batches
+(`roles/training/minibatch.py`: the same count on every rank, each normalised by its own
+global counts) and takes one optimizer step per mini-batch, `epochs × mini_batches` in
+all. The step's metrics are the mean over those optimizer steps (the max for `maxed`
+names). `version` then counts one more published policy, whatever the number of steps.
 
 Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model and the
 optimizer (every rank writes its shards into one directory, loadable at another world
@@ -33,8 +39,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from roles.training.distributed import init_distributed, pick_device
 from roles.training.fsdp import clip_grad_norm_, finish_backward, optimizer_param_groups
-from roles.training.metrics import MetricNames, accumulate, reduce_metrics
+from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.minibatch import epoch_mini_batches
 from roles.training.rng import rng_state, set_rng_state
 from runtime.config import OptimConfig, RunConfig
 from transport.wire import TrainBatch
@@ -46,7 +53,7 @@ class FSDPEngineBase(ABC):
     model: torch.nn.Module
     metric_names: ClassVar[MetricNames]
 
-    def __init__(self, cfg: RunConfig, *, micro_batch_tokens: int, epochs: int = 1) -> None:
+    def __init__(self, cfg: RunConfig, *, micro_batch_tokens: int, epochs: int = 1, mini_batches: int = 1) -> None:
         self.cfg = cfg
         self.device = pick_device(cfg)
         init_distributed(self.device, cfg.trainer.collective_timeout_s)
@@ -55,6 +62,7 @@ class FSDPEngineBase(ABC):
         self.version = 0
         self.micro_batch_tokens = micro_batch_tokens
         self.epochs = epochs
+        self.num_mini_batches = mini_batches
 
     def _setup_optimizer(self, o: OptimConfig) -> None:
         self.optim_cfg = o
@@ -79,20 +87,46 @@ class FSDPEngineBase(ABC):
         with the reduced metrics, which it may add to. Does nothing unless overridden."""
         return None
 
+    def prepare(self, batch: TrainBatch) -> TrainBatch:
+        """Before several updates on `batch`: the batch with what must come from the
+        weights before the first update (a collective). Returns `batch` unless overridden."""
+        return batch
+
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`epochs` optimizer steps on this rank's shard; the last one's metrics reduced
-        over ranks, with grad_norm, lr, train_s and micro_batches."""
+        """`epochs × mini_batches` optimizer steps on this rank's shard; their metrics
+        reduced over ranks, with grad_norm, lr, train_s, micro_batches, optimizer_steps."""
         start = time.perf_counter()
         self.model.train()
-        mbs = self.micro_batches(batch, self.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
-        for _ in range(self.epochs):
+        if self.epochs == 1 and self.num_mini_batches == 1:
+            mbs = self.micro_batches(batch, self.micro_batch_tokens)
             metrics = self._backward(mbs, batch)
             metrics.update(self.optimizer_step())
+            num_micro = len(mbs)
+        else:
+            metrics, num_micro = self._ppo_updates(self.prepare(batch))
         self.version += 1
         self.after_step(batch, metrics)
-        metrics.update(train_s=time.perf_counter() - start, micro_batches=len(mbs))
+        metrics.update(train_s=time.perf_counter() - start, micro_batches=num_micro)
+        metrics.setdefault("optimizer_steps", 1.0)
         return metrics
+
+    def _ppo_updates(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
+        """Every epoch's mini-batch steps; (mean metrics over the steps, micro-batches run)."""
+        steps: list[dict[str, float]] = []
+        num_micro = 0
+        for epoch in range(self.epochs):
+            minis = epoch_mini_batches(
+                batch, self.num_mini_batches, seed=self.cfg.trainer.seed, epoch=epoch, rank=self.rank,
+                device=self.device,
+            )  # fmt: skip
+            for mini in minis:
+                mbs = self.micro_batches(mini, self.micro_batch_tokens)
+                m = self._backward(mbs, mini)
+                m.update(self.optimizer_step())
+                steps.append(m)
+                num_micro += len(mbs)
+        return mean_over_steps(steps, self.metric_names), num_micro
 
     def _backward(self, mbs: list[MicroBatch], batch: TrainBatch) -> dict[str, float]:
         """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""

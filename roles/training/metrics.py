@@ -40,6 +40,9 @@ ACTOR_METRICS = MetricNames(
         "entropy",
         "importance_weight_mean",
         "truncated_fraction",
+        "masked_fraction",
+        "behaviour_proximal_abs_diff",
+        "dual_clip_fraction",
         "kl_ref",
     ),
     maxed=("importance_weight_max", "ratio_max"),
@@ -76,4 +79,19 @@ def reduce_metrics(acc: dict[str, float], names: MetricNames, device: torch.devi
         if k in out:
             out[k] /= tokens
     out.update(zip(names.maxed, maxes.tolist(), strict=True))
+    return out
+
+
+def mean_over_steps(steps: list[dict[str, float]], names: MetricNames) -> dict[str, float]:
+    """Metrics of several optimizer steps of one training step: the mean of each name over
+    the steps that report it, the max for `maxed` names, the last `lr`, and
+    `optimizer_steps`. Every rank holds the same reduced values, so this is no collective."""
+    out: dict[str, float] = {}
+    keys = dict.fromkeys(k for m in steps for k in m)
+    for k in keys:
+        values = [m[k] for m in steps if k in m]
+        out[k] = max(values) if k in names.maxed else sum(values) / len(values)
+    if steps and "lr" in steps[-1]:
+        out["lr"] = steps[-1]["lr"]
+    out["optimizer_steps"] = float(len(steps))
     return out

@@ -15,7 +15,9 @@ import torch
 
 from transport.wire import TrainBatch
 
-PER_TOKEN = ("loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
+PER_TOKEN = (
+    "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs", "proximal_logprobs",
+)  # fmt: skip
 
 
 @dataclass

@@ -49,3 +49,11 @@ def always_raises(completion: str) -> float:
 def wrong_signature(text: str) -> float:
     """Takes an argument no reward call passes."""
     return 0.0
+
+
+def copy_task_passed(completion_ids: list[int], answer: str | None = None, **_: object) -> float:
+    """1.0 when at least half the copy task is right, else 0.0: a binary reward, so whole
+    groups often score alike (DAPO's dynamic sampling has something to filter)."""
+    from roles.reward.builtin import copy_task
+
+    return float(copy_task(completion_ids, answer) >= 0.5)

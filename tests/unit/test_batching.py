@@ -50,7 +50,9 @@ def _segments(batch: TrainBatch, values: torch.Tensor) -> list[list[float]]:
 
 
 def test_single_shard_packs_prompt_then_response_in_group_order() -> None:
-    (batch,), _ = build_train_batches(_two_groups(), step=3, advantage="grpo", norm_by_std=True, num_shards=1)
+    (batch,), _ = build_train_batches(
+        _two_groups(), step=3, advantage="grpo", norm_by_std=True, num_shards=1, std="population"
+    )
     assert batch.step == 3
     assert batch.cu_seqlens.tolist() == [0, 5, 9, 14, 17, 21]
     assert batch.input_ids.dtype == torch.int64
@@ -78,7 +80,9 @@ def test_single_shard_packs_prompt_then_response_in_group_order() -> None:
 
 
 def test_grpo_advantages_are_group_normalised_and_broadcast_over_response() -> None:
-    (batch,), _ = build_train_batches(_two_groups(), step=0, advantage="grpo", norm_by_std=True, num_shards=1)
+    (batch,), _ = build_train_batches(
+        _two_groups(), step=0, advantage="grpo", norm_by_std=True, num_shards=1, std="population"
+    )
     # Group 0: rewards (1, 0), mean 0.5, pop std 0.5 → ±0.5 / (0.5 + eps).
     a0 = 0.5 / (0.5 + EPS)
     # Group 7: rewards (2, 2, 5), mean 3, pop std sqrt(2) → (-1, -1, 2) / (sqrt(2) + eps).
@@ -173,3 +177,15 @@ def test_assign_shards_covers_every_index_once_and_balances_tokens(lengths: list
     loads = [sum(lengths[i] for i in s) for s in shards]
     # Greedy longest-first: the heaviest shard exceeds the lightest by at most one sequence.
     assert max(loads) - min(loads) <= max(lengths, default=0)
+
+
+def test_reinforce_pp_gives_token_level_discounted_whitened_advantages() -> None:
+    (batch,), _ = build_train_batches(
+        _two_groups(), step=0, advantage="reinforce_pp", norm_by_std=True, num_shards=1, gamma=0.5
+    )
+    # Returns per response token: (0.5, 1), (0), (0.5, 1, 2), (2), (2.5, 5); whitened over all 9.
+    flat = torch.tensor([0.5, 1.0, 0.0, 0.5, 1.0, 2.0, 2.0, 2.5, 5.0])
+    white = ((flat - flat.mean()) / torch.sqrt(flat.var(unbiased=False) + 1e-8)).tolist()
+    expected = [[0, 0, 0, *white[0:2]], [0, 0, 0, white[2]], [0, 0, *white[3:6]], [0, 0, white[6]], [0, 0, *white[7:9]]]
+    for got, want in zip(_segments(batch, batch.advantages), expected, strict=True):
+        assert got == pytest.approx(want, abs=1e-6)

@@ -254,3 +254,11 @@ def test_critic_without_gae_and_bad_reward_spec_are_refused() -> None:
         check_config(cfg)
     with pytest.raises(ConfigError, match=r"'mymodule\.fn' must be module:function"):
         check_config(load_config(None, ["reward.functions=[mymodule.fn]"]))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_group_estimators_refuse_groups_of_one(estimator: str) -> None:
+    cfg = load_config(None, [f"algorithm.advantage={estimator}", "rollout.n=1"])
+    with pytest.raises(ConfigError, match=rf"algorithm.advantage={estimator} needs rollout.n >= 2"):
+        check_config(cfg)
+    check_config(load_config(None, ["algorithm.advantage=reinforce_pp", "rollout.n=1"]))

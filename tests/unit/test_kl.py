@@ -58,9 +58,26 @@ def test_k3_is_never_negative() -> None:
 
 
 def test_k3_clamps_extreme_log_ratios() -> None:
-    out = kl_penalty(torch.tensor([-1e4, 1e4]), torch.zeros(2), "k3")
+    """A far token's k3 is at most 10, as verl's `kl_penalty` ("low_var_kl") clamps it."""
+    out = kl_penalty(torch.tensor([-1e4, 1e4, -5.0, 3.0]), torch.zeros(4), "k3")
     assert bool(torch.isfinite(out).all())
-    torch.testing.assert_close(out, torch.tensor([math.exp(20.0) - 1 - 20.0, math.exp(-20.0) - 1 + 20.0]))
+    # exp(5) - 1 - 5 = 142.4 unclamped; exp(-3) - 1 + 3 = 2.0498 stays.
+    torch.testing.assert_close(out, torch.tensor([10.0, 10.0, 10.0, math.exp(-3.0) - 1 + 3.0]))
+
+
+def _verl_kl_penalty_low_var_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """verl `core_algos.kl_penalty(..., "low_var_kl")`, written out as the independent reference."""
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def test_low_var_kl_is_k3_and_agrees_with_verl() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logp, ref = torch.randn(4, 50, generator=gen) * 3, torch.randn(4, 50, generator=gen) * 3
+    ours = kl_penalty(logp, ref, "low_var_kl")
+    torch.testing.assert_close(ours, kl_penalty(logp, ref, "k3"))
+    torch.testing.assert_close(ours, _verl_kl_penalty_low_var_kl(logp, ref), atol=1e-5, rtol=1e-5)
+    assert float(ours.max()) == 10.0
 
 
 def test_monte_carlo_estimates_are_close_to_kl() -> None:

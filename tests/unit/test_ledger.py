@@ -22,13 +22,13 @@ def prompt(uid: int) -> Prompt:
     return Prompt(uid=uid, row=uid, prompt_ids=[1, 2, uid % 7], text=f"p{uid}", answer=str(uid))
 
 
-def fill(group: Group, version: int, *, error: str = "") -> None:
-    """Every sample of `group`, generated at `version`, rewarded."""
+def fill(group: Group, version: int, *, error: str = "", varied: bool = False) -> None:
+    """Every sample of `group`, generated at `version`, rewarded (all 1.0 unless `varied`)."""
     for i in range(group.n):
         group.samples[i] = SampleRec(
             index=i, token_ids=torch.tensor([5, 6]), logprobs=torch.tensor([-0.5, -0.25]),
             versions=torch.tensor([version, version], dtype=torch.int32), finish_reason=FinishReason.STOP,
-            error=error, reward=1.0,
+            error=error, reward=float(i) if varied else 1.0,
         )  # fmt: skip
 
 
@@ -53,7 +53,7 @@ def test_a_group_goes_from_admission_through_training() -> None:
     assert (ledger.step, ledger.version) == (1, 1)
     assert ledger.accounting() == {
         "admitted_groups": 2, "trained_groups": 2, "dropped_stale": 0, "dropped_error": 0,
-        "pending_groups": 0, "unaccounted": 0,
+        "dropped_filtered": 0, "pending_groups": 0, "unaccounted": 0,
     }  # fmt: skip
     assert ledger.can_admit()
 
@@ -140,9 +140,11 @@ class Run:
         self.uids = 0
         self.trained_uids: list[int] = []
         self.trained_staleness: list[int] = []
+        self.filtered_since_step = 0
         self.shape = dict(
             group_size=ledger.group_size, prompts_per_step=ledger.prompts_per_step,
             max_staleness=ledger.max_staleness, total_steps=ledger.total_steps,
+            filter_groups=ledger.filter_groups, max_filtered_per_step=ledger.max_filtered_per_step,
         )  # fmt: skip
 
     def do(self, op: str, choice: int) -> None:
@@ -155,9 +157,11 @@ class Run:
         elif op == "redo":
             ledger.next_redo()
         elif op == "sample" and flying:
-            fill(flying[choice % len(flying)], max(0, ledger.version - choice % (self.lag + 1)))
+            version = max(0, ledger.version - choice % (self.lag + 1))
+            fill(flying[choice % len(flying)], version, varied=choice % 3 == 0)
         elif op == "score" and sampled:
             ledger.complete(sampled[choice % len(sampled)])
+            assert ledger.filtered_this_step <= ledger.max_filtered_per_step
         elif op == "fail" and sampled:
             ledger.drop(sampled[choice % len(sampled)], "error")
         elif op == "lose" and ledger.in_flight:
@@ -203,20 +207,23 @@ OPS = st.lists(
     prompts_per_step=st.integers(1, 3),
     max_staleness=st.integers(0, 3),
     lag=st.integers(0, 3),
+    filter_rounds=st.integers(0, 2),
     ops=OPS,
     rng=st.randoms(use_true_random=False),
 )
-def test_random_event_orders_keep_the_accounting_exact_and_the_bounds(
+def test_random_event_orders_keep_the_accounting_exact_and_the_bounds(  # DAPO filtering included
     group_size: int,
     prompts_per_step: int,
     max_staleness: int,
     lag: int,
+    filter_rounds: int,
     ops: list[tuple[str, int, int]],
     rng: random.Random,
 ) -> None:
     ledger = Ledger(
-        group_size=group_size, prompts_per_step=prompts_per_step, max_staleness=max_staleness, total_steps=1000
-    )
+        group_size=group_size, prompts_per_step=prompts_per_step, max_staleness=max_staleness, total_steps=1000,
+        filter_groups=filter_rounds > 0, max_filtered_per_step=filter_rounds * prompts_per_step,
+    )  # fmt: skip
     run = Run(ledger, lag)
     for op, choice, repeat in ops:
         for i in range(repeat):
@@ -262,3 +269,23 @@ async def test_waiting_for_a_batch_after_a_stale_drop_yields_to_the_loop() -> No
         fill(g, 1)
         ledger.complete(g)
     assert await asyncio.wait_for(waiter, 1.0) == fresh
+
+
+def test_filtered_groups_are_dropped_counted_and_bounded_per_step() -> None:
+    ledger = make(group_size=2, prompts_per_step=1, filter_groups=True, max_filtered_per_step=2)
+    groups = [ledger.admit(prompt(uid)) for uid in range(2)]
+    for g in groups:
+        fill(g, 0)  # equal rewards
+        ledger.complete(g)
+    assert ledger.accounting()["dropped_filtered"] == 2 and not ledger.ready
+    assert ledger.take_step_drops() == {"dropped_filtered": 4}  # samples
+    third = ledger.admit(prompt(2))  # the drops gave the slots back
+    fill(third, 0)
+    ledger.complete(third)  # past the bound: kept
+    varied = ledger.admit(prompt(3))
+    fill(varied, 0, varied=True)
+    ledger.complete(varied)
+    assert [g.prompt.uid for g in ledger.ready] == [2, 3]
+    assert ledger.take_batch() is not None
+    ledger.trained(1)
+    assert ledger.filtered_this_step == 0 and ledger.accounting()["unaccounted"] == 0

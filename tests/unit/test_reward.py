@@ -240,3 +240,10 @@ def test_extract_answer(text: str, expected: str | None) -> None:
 )
 def test_gsm8k_exact_match(completion: str, answer: str | None, score: float) -> None:
     assert gsm8k_exact_match(completion, answer) == score
+
+
+def test_overlong_penalty_by_hand() -> None:
+    from roles.algo.shaping import overlong_penalty
+
+    kw = dict(max_tokens=16, buffer=4, penalty=1.0)
+    assert [overlong_penalty(n, **kw) for n in (0, 12, 13, 14, 16, 20)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
