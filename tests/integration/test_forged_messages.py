@@ -44,11 +44,11 @@ async def forge(run: Path) -> dict[str, str]:
     )
     controller.start()
     try:
-        token = read_token(run)  # with the secret, placement still decides who may join
+        secret = read_token(run)  # with the secret, placement still decides who may join
         for label, peer, token in [
-            ("bogus role", wire.PeerInfo(role="bogus", rank=0), token),
-            ("undeclared rank", wire.PeerInfo(role="trainer", rank=7), token),
-            ("taken rank", wire.PeerInfo(role="trainer", rank=1), token),
+            ("bogus role", wire.PeerInfo(role="bogus", rank=0), secret),
+            ("undeclared rank", wire.PeerInfo(role="trainer", rank=7), secret),
+            ("taken rank", wire.PeerInfo(role="trainer", rank=1), secret),
             ("no token", wire.PeerInfo(role="reward", rank=1), ""),
             ("wrong token", wire.PeerInfo(role="rollout", rank=0), "0" * 64),
         ]:
