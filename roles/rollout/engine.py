@@ -88,6 +88,7 @@ class RolloutEngine:
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
         self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
+        self.steps_seen = 0
 
     async def start(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -425,6 +426,7 @@ def _stats_factory(owner: RolloutEngine) -> Any:
                 owner.scheduler_stats = scheduler_stats
             if iteration_stats is not None:
                 owner.last_step_at = time.monotonic()  # the engine ran a step: progress
+                owner.steps_seen += 1
 
         def log_engine_initialized(self) -> None:
             pass

@@ -145,11 +145,14 @@ class RolloutRole(Role):
     async def _watch_engine(self) -> None:
         """The role dies with the engine: when vLLM reports it dead, or when samples are in
         flight and no engine step came for `rollout.stall_timeout_s` (a wedged engine)."""
-        stall_s = self.cfg.rollout.stall_timeout_s
         while True:
             await asyncio.sleep(1.0)
             if self.engine.engine is not None and self.engine.engine.errored:
                 raise EngineDead(f"vLLM engine died: {self.engine.engine.dead_error}")
+            # The first steps compile and warm kernels: they get the start-up bound.
+            stall_s = self.cfg.rollout.stall_timeout_s
+            if self.engine.steps_seen < 2:
+                stall_s = max(stall_s, self.cfg.startup_timeout_s)
             quiet = time.monotonic() - self.engine.last_step_at
             waiting = self.engine.num_active and self.engine.updating is None and not self.engine.sleeping
             if waiting and quiet > stall_s:

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 from tests.integration.test_launcher import wait_ready
 
 pytestmark = pytest.mark.slow
-STALL_S = 8.0
+STALL_S = 15.0  # a warm engine's step on a busy 2-core machine is well under this
 
 
 def test_a_wedged_engine_ends_the_run_naming_the_stall(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import zmq.asyncio
 
 from runtime import addresses
 from runtime.config_load import load_config
+from runtime.run_token import read_token
 from tests.conftest import ROOT
 from tests.integration.test_launcher import wait_ready
 from transport import wire
@@ -24,7 +25,7 @@ from transport.rpc import RemoteError
 from transport.sockets import connect_dealer
 
 pytestmark = pytest.mark.slow
-STEPS = 8
+STEPS = 25  # with the paced reward, ~30 s: the forgeries (a few seconds) land mid-run
 
 
 def events(run: Path, name: str, event: str) -> list[dict]:
@@ -43,9 +44,11 @@ async def forge(run: Path) -> dict[str, str]:
     )
     controller.start()
     try:
+        secret = read_token(run)  # with the secret, placement still decides who may join
         for label, peer, token in [
-            ("bogus role", wire.PeerInfo(role="bogus", rank=0), ""),
-            ("undeclared rank", wire.PeerInfo(role="trainer", rank=7), ""),
+            ("bogus role", wire.PeerInfo(role="bogus", rank=0), secret),
+            ("undeclared rank", wire.PeerInfo(role="trainer", rank=7), secret),
+            ("taken rank", wire.PeerInfo(role="trainer", rank=1), secret),
             ("no token", wire.PeerInfo(role="reward", rank=1), ""),
             ("wrong token", wire.PeerInfo(role="rollout", rank=0), "0" * 64),
         ]:
@@ -103,10 +106,11 @@ def test_forged_messages_are_refused_and_the_run_completes(tmp_path: Path) -> No
     assert proc.returncode == 0, stdout[-3000:]
     assert "is not in this run's placement" in outcomes["bogus role"]
     assert "trainer rank 7 is not in this run's placement" in outcomes["undeclared rank"]
+    assert "trainer-1 is already registered" in outcomes["taken rank"]
     assert "no valid run token" in outcomes["no token"] and "no valid run token" in outcomes["wrong token"]
     assert "no valid run token" in outcomes["weights"]
     refused = events(run, "controller-0", "control_message_refused")
-    assert sum(e["kind"] == "registration" for e in refused) == 4
+    assert sum(e["kind"] == "registration" for e in refused) == 5
     assert sum(e["kind"] == "dead" for e in refused) == 1  # the impostor's never arrived
     assert events(run, "rollout-0", "weights_refused")
     done = events(run, "controller-0", "training_done")[-1]

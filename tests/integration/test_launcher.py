@@ -74,7 +74,7 @@ def test_bad_value_names_key_and_choices() -> None:
     assert "fsdp.sharding_strategy" in out.stderr and "FULL_SHARD" in out.stderr
 
 
-@pytest.mark.parametrize("victim", ["reward-0", "trainer-1", "controller-0", "rollout-0"])
+@pytest.mark.parametrize("victim", ["reward-0", "trainer-0", "trainer-1", "controller-0", "rollout-0"])
 def test_sigkill_of_any_role_ends_the_run(tmp_path: Path, victim: str) -> None:
     proc = launch(tmp_path / "run")
     try:
