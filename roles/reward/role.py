@@ -19,6 +19,7 @@ class RewardRole(Role):
     async def setup(self) -> None:
         r = self.cfg.reward
         self.runner = RewardRunner(r.functions, timeout_s=r.timeout_s, concurrency=r.concurrency)
+        await self.runner.start()
         log.info("reward_functions", functions=r.functions, timeout_s=r.timeout_s)
 
     async def handle(self, env: Envelope) -> wire.Message | None:

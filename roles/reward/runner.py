@@ -30,6 +30,10 @@ class RewardRunner:
         self.pool = WorkerPool(specs, concurrency)
         self.failures: Counter[str] = Counter()
 
+    async def start(self) -> None:
+        """Start the worker processes (before the first call, so no call waits for one)."""
+        await self.pool.start()
+
     async def score(self, item: dict[str, Any]) -> tuple[float, str]:
         """Sum of every function's reward for one sample, and the first error (or "")."""
         total, first_error = 0.0, ""

@@ -9,16 +9,21 @@ A caller may rely on:
   the GIL (catastrophic regex backtracking) or blocks an event loop (`time.sleep` in an
   `async def`) costs only its own worker, never the role.
 * Arguments and results cross the pipe as msgpack (msgspec), never pickle. Workers are
-  spawned (not forked from the role, which holds ZeroMQ's threads) and import only the
-  reward functions.
+  fresh interpreters (`python -m roles.reward.workers`: not forked from the role, which
+  holds ZeroMQ's threads, and not `multiprocessing` spawn, which would re-import the
+  role's own entry point and torch in every worker) that import only the reward
+  functions: one starts in about 0.1 s.
+* `await WorkerPool.start()` starts all `size` workers up front, so no request waits for
+  a worker's start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -34,7 +39,7 @@ class RewardCallError(RuntimeError):
     """A call that gave no reward; the message names the function and why."""
 
 
-def _serve(conn: Connection, specs: list[str]) -> None:
+def _serve(inbox: Connection, conn: Connection, specs: list[str]) -> None:
     """A worker's loop: [spec, kwargs] in, [ok, value or error text] out, until EOF."""
     import inspect
 
@@ -45,7 +50,7 @@ def _serve(conn: Connection, specs: list[str]) -> None:
     conn.send_bytes(b"ready")
     while True:
         try:
-            spec, kwargs = msgspec.msgpack.decode(conn.recv_bytes())
+            spec, kwargs = msgspec.msgpack.decode(inbox.recv_bytes())
         except EOFError:
             return
         try:
@@ -60,16 +65,31 @@ def _serve(conn: Connection, specs: list[str]) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, specs: list[str]) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, specs), daemon=True, name="reward-worker")
-        self.proc.start()
-        child.close()
+    def __init__(self, specs: list[str]) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        cmd = [sys.executable, "-m", "roles.reward.workers", str(to_child_r), str(from_child_w), *specs]
+        self.proc = subprocess.Popen(cmd, pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._out = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send_bytes(self, data: bytes) -> None:
+        self._out.send_bytes(data)
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(5)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._out.close()
         self.conn.close()
 
 
@@ -88,11 +108,16 @@ class WorkerPool:
     def __init__(self, specs: list[str], size: int) -> None:
         self.specs = specs
         self.size = size
-        self._ctx = mp.get_context("spawn")
         self._idle: list[_Worker] = []
         self._slots = asyncio.Semaphore(size)
         self._starting: set[asyncio.Task[None]] = set()
         self.killed = 0
+
+    async def start(self) -> None:
+        """Start workers until `size` are idle (all at once; a worker that fails to start
+        raises `RewardCallError`)."""
+        missing = self.size - len(self._idle)
+        self._idle.extend(await asyncio.gather(*[self._start() for _ in range(missing)]))
 
     async def call(self, spec: str, kwargs: dict[str, Any], timeout_s: float) -> float:
         async with self._slots:
@@ -112,7 +137,7 @@ class WorkerPool:
 
     async def _start(self) -> _Worker:
         """A new worker, once it has imported the functions (not counted in any call's timeout)."""
-        worker = _Worker(self._ctx, self.specs)
+        worker = _Worker(self.specs)
         try:
             await asyncio.wait_for(_readable(worker.conn), STARTUP_TIMEOUT_S)
             if worker.conn.recv_bytes() != b"ready":
@@ -124,7 +149,7 @@ class WorkerPool:
 
     async def _ask(self, worker: _Worker, spec: str, kwargs: dict[str, Any]) -> list[Any]:
         """Send the call and wait for the answer without blocking the event loop."""
-        worker.conn.send_bytes(msgspec.msgpack.encode([spec, kwargs]))
+        worker.send_bytes(msgspec.msgpack.encode([spec, kwargs]))
         await _readable(worker.conn)
         return msgspec.msgpack.decode(worker.conn.recv_bytes())  # type: ignore[no-any-return]
 
@@ -144,7 +169,7 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         """The idle workers' process ids."""
-        return [w.proc.pid for w in self._idle if w.proc.pid is not None]
+        return [w.pid for w in self._idle]
 
     async def settled(self) -> None:
         """Until no replacement is starting."""
@@ -157,3 +182,7 @@ class WorkerPool:
         for worker in self._idle:
             worker.kill()
         self._idle.clear()
+
+
+if __name__ == "__main__":  # a worker: python -m roles.reward.workers IN_FD OUT_FD SPEC...
+    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False), sys.argv[3:])

@@ -37,6 +37,18 @@ from roles.weights.layout import unpack
 from transport import wire
 
 
+def _request_amx_permission() -> None:
+    """vLLM-CPU's AMX attention kernel (bfloat16, block size a multiple of 32) needs the
+    process's AMX tile permission, which Linux grants only on request (arch_prctl) and
+    vLLM never asks for: the worker dies with SIGILL unless a oneDNN kernel happened to
+    ask first. This module is imported in every worker before its model runs."""
+    if not torch.cuda.is_available() and torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
+
+
+_request_amx_permission()
+
+
 class TandemWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's runner."""
 

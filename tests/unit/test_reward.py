@@ -56,6 +56,12 @@ def takes_two(completion: str, answer: str) -> float:
     return 0.25
 
 
+def torch_is_loaded() -> float:
+    import sys
+
+    return float("torch" in sys.modules)
+
+
 def takes_all(prompt: str, **kwargs: Any) -> float:
     assert prompt == "p" and set(kwargs) == set(ARGUMENTS) - {"prompt"}
     assert kwargs["metadata"] == {"k": 1} and kwargs["completion_ids"] == [3]
@@ -150,6 +156,23 @@ async def test_a_raising_function_scores_zero_with_the_exception_text() -> None:
 
 async def test_functions_get_only_the_arguments_they_declare() -> None:
     assert await _runner("takes_two", "takes_all").score(_item()) == (0.75, "")
+
+
+async def test_the_pool_starts_every_worker_up_front_and_light() -> None:
+    """A worker imports only the reward functions (not the role's entry point and torch,
+    as a `multiprocessing` spawn would): 16 start in seconds on a 2-core machine, before
+    the role says it is ready, so no reward request waits for a start."""
+    import psutil
+
+    runner = _runner("torch_is_loaded", concurrency=16)
+    started = time.perf_counter()
+    await runner.start()
+    took = time.perf_counter() - started
+    alive = {c.pid for c in psutil.Process().children()}
+    assert len(runner.pool.pids()) == 16 and set(runner.pool.pids()) <= alive
+    assert await runner.score(_item()) == (0.0, ""), "a reward worker imported torch"
+    assert took < 30, f"16 workers took {took:.1f}s to start"
+    runner.close()
 
 
 @pytest.mark.parametrize("name", ["holds_the_gil", "blocks_its_loop"])
