@@ -118,6 +118,7 @@ class Controller(Role):
         self.scorer = Scorer(
             self.server, self.registry, self.tokenizer, timeout_s=cfg.reward.timeout_s,
             done=self.values.submit if self.values is not None else self.ledger.complete, shaping=self._shaping(),
+            functions=len(cfg.reward.functions), concurrency=cfg.reward.concurrency,
         )  # fmt: skip
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)

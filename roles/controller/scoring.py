@@ -10,6 +10,8 @@ and training.
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ from transport.rpc import RemoteError, RequestTimeout, RpcEndpoint
 
 log = get_logger("controller")
 MAX_CONCURRENT = 64  # groups being scored at once
+START_SLACK_S = 30.0  # for the reward role's worker restarts (each call's own bound excludes them)
 
 
 class Scorer:
@@ -33,10 +36,18 @@ class Scorer:
         timeout_s: float,
         done: Callable[[Group], None],
         shaping: Callable[[int], float] | None = None,
+        functions: int = 1,
+        concurrency: int = 1,
     ) -> None:
-        """`timeout_s`: the reward role's bound per call (a request of k samples gets k + 2 of it);
+        """`timeout_s`: the reward role's bound per call; it runs `concurrency` calls at once
+        and a sample takes `functions` calls. A request's deadline is what the calls queued
+        at that role (this request's and those sent before it) can take at that bound, twice
+        over, plus START_SLACK_S: only a wedged reward role misses it.
         `shaping(length)`: added to each sample's reward (overlong punishment), if given."""
         self.shaping = shaping
+        self.functions = functions
+        self.concurrency = concurrency
+        self._outstanding: Counter[bytes] = Counter()  # samples sent to each reward role, unanswered
         self.server = server
         self.registry = registry
         self.tokenizer = tokenizer
@@ -76,15 +87,23 @@ class Scorer:
         peer = rewards[self._next_reward % len(rewards)]
         self._next_reward += 1
         items = [self._item(group, s) for s in group.ordered()]
+        self._outstanding[peer.identity] += len(items)
         try:
             reply = await self.server.request(
-                wire.RewardRequest(items=items), peer=peer.identity, timeout=self.timeout_s * (len(items) + 2)
+                wire.RewardRequest(items=items), peer=peer.identity, timeout=self.deadline(peer.identity)
             )
         except (RequestTimeout, RemoteError) as exc:
             log.warning("reward_failed", group=group.gid, error=str(exc))
             return {}, f"reward request failed: {exc}"
+        finally:
+            self._outstanding[peer.identity] -= len(items)
         assert isinstance(reply, wire.RewardResult)
         return {s.sample_id: s for s in reply.scores}, ""
+
+    def deadline(self, identity: bytes) -> float:
+        """Seconds a request just sent to reward role `identity` may take."""
+        rounds = math.ceil(self._outstanding[identity] * self.functions / self.concurrency)
+        return 2 * self.timeout_s * (rounds + 1) + START_SLACK_S
 
     def _item(self, group: Group, s: SampleRec) -> wire.RewardItem:
         ids = s.token_ids.tolist()
