@@ -56,7 +56,9 @@ BF16_BYTES = 2
 
 # --- summarising (pure) ---------------------------------------------------------------
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The step records (validation records, `kind: validation`, left out)."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if "kind" not in r]
 
 
 def summarize_run(

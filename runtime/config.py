@@ -473,6 +473,34 @@ class MetricsConfig(msgspec.Struct, **_STRUCT):
     wandb_project: Annotated[str, Doc(description="wandb project.")] = "tandem"
 
 
+class ValidationConfig(msgspec.Struct, **_STRUCT):
+    """Held-out evaluation between training requests (off while `every` is 0)."""
+
+    data: Annotated[
+        str,
+        Doc(
+            description="Validation prompts: a JSONL or Parquet file like `data.path` (same `data.prompt_key`, "
+            "`answer_key`, chat template), or `synthetic`: held-out copy-task prompts (another seed)."
+        ),
+    ] = ""
+    every: Annotated[
+        int, Doc(description="Validate after every this many training steps (and before the first); 0 = never.", ge=0)
+    ] = 0
+    n: Annotated[int, Doc(description="Samples per validation prompt (the k of pass@k and mean@k).", ge=1)] = 1
+    temperature: Annotated[float, Doc(description="Sampling temperature; 0 = greedy.", ge=0)] = 0.0
+    top_p: Annotated[float, Doc(description="Nucleus sampling threshold.", gt=0, le=1)] = 1.0
+    max_tokens: Annotated[int, Doc(description="Longest validation response; 0 = `rollout.max_tokens`.", ge=0)] = 0
+    max_prompts: Annotated[int, Doc(description="Use the file's first this many prompts; 0 = all.", ge=0)] = 0
+    pass_threshold: Annotated[float, Doc(description="A sample passes (pass@k) when its reward is at least this.")] = (
+        1.0
+    )
+    at_start: Annotated[bool, Doc(description="Also validate the initial weights, before step 1.")] = True
+    timeout_s: Annotated[
+        float,
+        Doc(description="A validation not complete after this long is written with the samples it has.", gt=0),
+    ] = 600.0
+
+
 class RunConfig(msgspec.Struct, **_STRUCT):
     name: Annotated[str, Doc(description="Run name; the default run directory is runs/<name>.")] = "run"
     run_dir: Annotated[str, Doc(description="Run directory; empty = runs/<name>.")] = ""
@@ -508,6 +536,9 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     transport: Annotated[TransportConfig, Doc(description="Sockets.")] = msgspec.field(default_factory=TransportConfig)
     metrics: Annotated[MetricsConfig, Doc(description="Metric sinks beside metrics.jsonl.")] = msgspec.field(
         default_factory=MetricsConfig
+    )
+    validation: Annotated[ValidationConfig, Doc(description="Held-out evaluation during training.")] = msgspec.field(
+        default_factory=ValidationConfig
     )
     log_level: Annotated[
         Literal["debug", "info", "warning", "error"], Doc(description="Least level written to role logs.")

@@ -17,10 +17,11 @@ class DataError(ValueError):
     """A data file that cannot be trained on; the message names the file (and line)."""
 
 
-def read_rows(path: str, prompt_key: str) -> list[dict[str, Any]]:
+def read_rows(path: str, prompt_key: str, key: str = "data.path") -> list[dict[str, Any]]:
+    """`key`: the config key that named the file (in the error messages)."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"data.path '{path}' does not exist")
+        raise DataError(f"{key} '{path}' does not exist")
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -37,7 +38,7 @@ def read_rows(path: str, prompt_key: str) -> list[dict[str, Any]]:
                 raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
             where.append(f"{path}:{n}")
     if not rows:
-        raise DataError(f"data.path '{path}' has no rows")
+        raise DataError(f"{key} '{path}' has no rows")
     for row, at in zip(rows, where, strict=True):
         check_row(row, prompt_key, at)
     return rows

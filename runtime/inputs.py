@@ -5,7 +5,8 @@ naming the key and the file.
 * `model.path` (when set): a directory with a `config.json` that is a JSON object, and
   weights (`*.safetensors` or `*.bin`); every safetensors file's header must parse and its
   tensors must lie within the file (a truncated or corrupt download fails here).
-* `data.path` (with `data.source=file`): every row, as runtime/data_files.py checks it.
+* `data.path` (with `data.source=file`) and `validation.data` (a file): every row, as
+  runtime/data_files.py checks it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def check_inputs(cfg: RunConfig) -> None:
     if cfg.data.source == "file":
         try:
             read_rows(cfg.data.path, cfg.data.prompt_key)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
+    v = cfg.validation
+    if v.every and v.data != "synthetic":
+        try:
+            read_rows(v.data, cfg.data.prompt_key, "validation.data")
         except DataError as exc:
             raise ConfigError(str(exc)) from None
 

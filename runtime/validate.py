@@ -19,6 +19,18 @@ def check_config(cfg: RunConfig) -> None:
     _check_megatron(cfg, counts.get("trainer", 0))
     if cfg.data.source == "file" and not cfg.data.path:
         raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
+    v = cfg.validation
+    if v.every and not v.data:
+        raise ConfigError("validation.every needs validation.data (a JSONL or Parquet file, or synthetic)")
+    if v.n > cfg.rollout.engine.max_num_seqs:
+        raise ConfigError(
+            f"validation.n ({v.n}) must not exceed rollout.engine.max_num_seqs ({cfg.rollout.engine.max_num_seqs})"
+        )
+    if v.max_tokens >= cfg.rollout.engine.max_model_len:
+        raise ConfigError(
+            f"validation.max_tokens ({v.max_tokens}) must be below "
+            f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})"
+        )
     if cfg.rollout.max_tokens >= cfg.rollout.engine.max_model_len:
         raise ConfigError(
             f"rollout.max_tokens ({cfg.rollout.max_tokens}) must be below "

@@ -8,13 +8,18 @@ What a caller may rely on:
   returns the group when its last sample arrived; anything else is ignored and logged.
 * `lose(peer)` hands the rollout's unfinished groups back to the ledger (`requeue`), so
   the survivors generate them again.
+* Side groups (`submit_side`: validation) have negative ids and never meet the ledger:
+  they go after re-dispatches and before new prompts, with their own sampling, and each
+  goes to `on_side_done` once all its samples are in; a lost rollout's unfinished side
+  groups are sent again; `cancel_side` forgets them (later samples are ignored).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 
 from roles.controller.dataset import PromptDataset
 from roles.controller.groups import Group, SampleRec
@@ -48,7 +53,34 @@ class Dispatcher:
         self.max_num_seqs = max_num_seqs
         self.on_unreachable = on_unreachable
         self._wake = asyncio.Event()
+        self.side: deque[Group] = deque()  # side groups waiting to be sent
+        self.side_groups: dict[int, Group] = {}  # every side group not yet done, by gid
+        self.on_side_done: Callable[[Group], None] = lambda group: None
         ledger.on_change(self.wake)
+
+    def submit_side(self, groups: Iterable[Group]) -> None:
+        """Queue side groups (negative `gid`, each with its own `sampling`)."""
+        for g in groups:
+            assert g.gid < 0 and g.sampling is not None, "a side group has a negative id and its own sampling"
+            self.side.append(g)
+            self.side_groups[g.gid] = g
+        self.wake()
+
+    def cancel_side(self, gids: Iterable[int]) -> None:
+        """Forget these side groups: unsent ones are not sent, later samples are ignored."""
+        gone = set(gids)
+        waiting = {g.gid for g in self.side}
+        for gid in gone:
+            group = self.side_groups.pop(gid, None)
+            if group is None or gid in waiting or not group.rollout:
+                continue
+            rollout = self.registry.get(group.rollout)
+            if rollout is not None:  # its samples still to come no longer hold the rollout's room
+                left = group.n - len(group.samples)
+                rollout.in_flight -= left
+                rollout.clock.done(left)
+        self.side = deque(g for g in self.side if g.gid not in gone)
+        self.wake()
 
     def wake(self) -> None:
         """Look again for work to send (a rollout freed up, or the gate opened)."""
@@ -66,12 +98,14 @@ class Dispatcher:
             assert group is not None
             await self._send(rollout, group)
             log.info("redispatched", group=group.gid, uid=group.prompt.uid, to=rollout.name, attempt=group.attempts)
+        while self.side and (rollout := self._pick_rollout(self.side[0].n)) is not None:
+            await self._send(rollout, self.side.popleft())
         while self.ledger.can_admit() and (rollout := self._pick_rollout()) is not None:
             await self._send(rollout, self.ledger.admit(self.dataset.next()))
 
-    def _pick_rollout(self) -> Peer | None:
+    def _pick_rollout(self, n: int = 0) -> Peer | None:
         floor = self.ledger.version - self.ledger.max_staleness
-        n = self.ledger.group_size
+        n = n or self.ledger.group_size
         ok = [p for p in self.registry.of("rollout") if p.version >= floor and p.in_flight + n <= self.max_num_seqs]
         return min(ok, key=lambda p: p.in_flight) if ok else None
 
@@ -80,8 +114,9 @@ class Dispatcher:
         group.dispatched_at = time.monotonic()
         rollout.in_flight += group.n
         rollout.clock.add(group.n)
+        sampling = group.sampling or self.sampling
         msg = wire.Generate(
-            request_id=group.request_id, group_id=group.gid, prompt_ids=group.prompt.prompt_ids, sampling=self.sampling
+            request_id=group.request_id, group_id=group.gid, prompt_ids=group.prompt.prompt_ids, sampling=sampling
         )
         try:
             await self.server.send(msg, peer=rollout.identity)
@@ -92,7 +127,8 @@ class Dispatcher:
 
     def on_completion(self, identity: bytes | None, msg: wire.Completion) -> Group | None:
         """Record one sample; the group once all its samples are in."""
-        group = self.ledger.group(msg.group_id)
+        side = msg.group_id < 0
+        group = self.side_groups.get(msg.group_id) if side else self.ledger.group(msg.group_id)
         if group is None or group.rollout != identity or msg.sample_index in group.samples:
             log.warning("completion_ignored", group=msg.group_id, sample=msg.sample_index, peer=_name(identity))
             return None
@@ -106,11 +142,30 @@ class Dispatcher:
             versions=msg.versions.clone(), finish_reason=msg.finish_reason, error=msg.error,
         )  # fmt: skip
         self.wake()
+        if side:
+            if group.complete:
+                del self.side_groups[group.gid]
+                self.on_side_done(group)
+            return None
         return group if group.complete else None
 
+    def _sent_side(self, peer: Peer) -> list[Group]:
+        """Side groups sent to `peer` and not complete."""
+        waiting = {g.gid for g in self.side}
+        return [
+            g
+            for g in self.side_groups.values()
+            if g.rollout == peer.identity and not g.complete and g.gid not in waiting
+        ]
+
     def lose(self, peer: Peer) -> list[Group]:
-        """Forget a rollout; its unfinished groups wait for re-dispatch. Returns them."""
+        """Forget a rollout; its unfinished groups wait for re-dispatch. Returns them
+        (the ledger's; its side groups are queued again, too)."""
         peer.alive = False
+        for g in self._sent_side(peer):
+            g.samples.clear()
+            g.rollout = b""
+            self.side.appendleft(g)
         moved = [g for g in list(self.ledger.in_flight.values()) if g.rollout == peer.identity and not g.complete]
         for g in moved:
             self.ledger.requeue(g)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from roles.controller.dataset import Prompt
-from transport.wire import FinishReason
+from transport.wire import FinishReason, SamplingSpec
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Group:
     samples: dict[int, SampleRec] = field(default_factory=dict)
     attempts: int = 1
     value_version: int | None = None  # critic version that computed the values (GAE)
+    sampling: SamplingSpec | None = None  # a side group's own sampling (validation); None: the run's
 
     @property
     def complete(self) -> bool:

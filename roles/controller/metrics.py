@@ -1,5 +1,7 @@
 """Per-step metrics: one JSON object per trainer step appended to RUN_DIR/metrics.jsonl,
-and optionally mirrored to TensorBoard and wandb (both off by default)."""
+and optionally mirrored to TensorBoard and wandb (both off by default). Validation rounds
+add records of their own (`kind: "validation"`, keys `val/...`); a step's record has no
+`kind`."""
 
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ class MetricsSink:
             raise KeyError(f"step metrics lack {missing}")
         self._file.write(json.dumps(record) + "\n")
         log.info("step", **record)
+        self._mirror(record)
+
+    def write_validation(self, record: dict[str, Any]) -> None:
+        """A validation round's record (`kind`, `step`, `policy_version`, `val/...`)."""
+        self._file.write(json.dumps(record) + "\n")
+        log.info("validation", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in record.items()})
+        self._mirror(record)
+
+    def _mirror(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         if self._tb is not None:

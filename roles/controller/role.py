@@ -19,10 +19,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from roles.algo.shaping import overlong_penalty
 from roles.controller import state as cstate
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
-from roles.controller.dataset import PromptDataset
+from roles.controller.dataset import Prompt, PromptDataset
 from roles.controller.dispatch import Dispatcher
 from roles.controller.gatekeeper import Gatekeeper
 from roles.controller.groups import Group
@@ -34,6 +36,7 @@ from roles.controller.ranks import RankGroup
 from roles.controller.scoring import Scorer
 from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
+from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
 from runtime import addresses, checkpoint
 from runtime.logs import get_logger, set_policy_version
@@ -127,6 +130,12 @@ class Controller(Role):
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
             on_rollout_failed=self.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
         )  # fmt: skip
+        self.validator: Validator | None = None
+        if cfg.validation.every:
+            self.validator = Validator(
+                cfg.validation, self._validation_prompts(), self._validation_sampling(), self.dispatcher,
+                self.scorer.submit, self.metrics.write_validation,
+            )  # fmt: skip
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(
             self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s
@@ -137,6 +146,30 @@ class Controller(Role):
         if not o.enabled:
             return None
         return partial(overlong_penalty, max_tokens=self.cfg.rollout.max_tokens, buffer=o.buffer, penalty=o.penalty)
+
+    def _validation_prompts(self) -> list[Prompt]:
+        """The validation file's prompts in file order (the first `max_prompts`), or
+        `max_prompts` (64 when 0) synthetic ones of another seed; over-long ones are left out."""
+        v, d = self.cfg.validation, self.cfg.data
+        synthetic = v.data == "synthetic"
+        data = msgspec.structs.replace(
+            d, source="synthetic" if synthetic else "file", path="" if synthetic else v.data, shuffle=False,
+            synthetic_num_prompts=v.max_prompts or 64,
+        )  # fmt: skip
+        ds = PromptDataset(data, self.tokenizer, self.cfg.seed + 1)
+        rows = range(min(len(ds), v.max_prompts or len(ds)))
+        prompts = [p for p in (ds.encode(r) for r in rows) if len(p.prompt_ids) <= d.max_prompt_tokens]
+        if not prompts:
+            limit = d.max_prompt_tokens
+            raise FatalError(f"validation.data: every prompt is longer than data.max_prompt_tokens ({limit})")
+        return prompts
+
+    def _validation_sampling(self) -> wire.SamplingSpec:
+        v, train = self.cfg.validation, self._sampling_spec()
+        return msgspec.structs.replace(
+            train, n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=0 if v.temperature == 0 else train.top_k,
+            max_tokens=v.max_tokens or train.max_tokens,
+        )  # fmt: skip
 
     def _sampling_spec(self) -> wire.SamplingSpec:
         r = self.cfg.rollout
@@ -162,14 +195,26 @@ class Controller(Role):
             self.spawn("rollout-watch", self._watch_rollouts())
         self.dispatcher.wake()
         every = self.cfg.checkpoint.every
+        if self.ledger.step == 0:
+            self._validate()
         while self.ledger.step < self.cfg.trainer.total_steps:
             await self.steps.step()
+            self._validate()
             if every and self.ledger.step % every == 0:
                 await self.checkpointer.save()
+        if self.validator is not None:
+            await self.validator.drain()
         served = {p.name: p.served for p in self.registry.peers.values() if p.info.role == "rollout"}
         log.info("training_done", steps=self.ledger.step, served=served, **self.ledger.accounting())
         await self._shutdown_peers("training finished")
         self.metrics.close()
+
+    def _validate(self) -> None:
+        """Start a validation round when one is due (training goes on meanwhile)."""
+        if self.validator is not None and self.validator.due(self.ledger.step):
+            round_ = self.validator.start(self.ledger.step, self.ledger.version)
+            if round_ is not None:
+                self.spawn(f"validation-{self.ledger.step}", round_)
 
     def snapshot(self) -> cstate.ControllerState:
         """The state a resumed run continues from (taken between steps)."""

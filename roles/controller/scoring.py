@@ -53,11 +53,13 @@ class Scorer:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
         self.done = done
-        self.queue: asyncio.Queue[Group] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[Group, Callable[[Group], None] | None]] = asyncio.Queue()
         self._next_reward = 0
 
-    def submit(self, group: Group) -> None:
-        self.queue.put_nowait(group)
+    def submit(self, group: Group, done: Callable[[Group], None] | None = None) -> None:
+        """Score `group`, then hand it to `done` (given: no shaping either, as for validation)
+        or to the scorer's own `done`."""
+        self.queue.put_nowait((group, done))
 
     async def run(self) -> None:
         """Score forever; an unexpected error in any worker ends `run` with it."""
@@ -67,17 +69,17 @@ class Scorer:
 
     async def _worker(self) -> None:
         while True:
-            await self._score(await self.queue.get())
+            await self._score(*await self.queue.get())
 
-    async def _score(self, group: Group) -> None:
+    async def _score(self, group: Group, done: Callable[[Group], None] | None) -> None:
         scores, failure = await self._rewards(group)
         for s in group.ordered():
             score = scores.get(_sample_id(group, s))
             s.reward = float(score.reward) if score is not None else 0.0
             s.reward_error = (score.error if score is not None else failure) or ""
-            if self.shaping is not None:
+            if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)
-        self.done(group)
+        (done or self.done)(group)
 
     async def _rewards(self, group: Group) -> tuple[dict[int, wire.RewardScore], str]:
         """The reward role's score of each sample, or why there are none."""

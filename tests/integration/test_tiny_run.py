@@ -24,11 +24,19 @@ BAD_REWARDS = (
 
 
 def run_tiny(run_dir: Path, *overrides: str) -> tuple[list[dict], str]:
+    """The run's step records (validation records: `validation_records`) and its stdout."""
     cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *overrides]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return metrics, out.stdout
+    return [m for m in records(run_dir) if "kind" not in m], out.stdout
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def validation_records(run_dir: Path) -> list[dict]:
+    return [m for m in records(run_dir) if m.get("kind") == "validation"]
 
 
 def quarter_means(metrics: list[dict]) -> tuple[float, float]:
@@ -39,7 +47,9 @@ def quarter_means(metrics: list[dict]) -> tuple[float, float]:
 
 
 def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> None:
-    metrics, _ = run_tiny(tmp_path / "run", "rollout.max_staleness=1")
+    """Also validates (greedy, 32 held-out prompts) before step 1 and every 10 steps."""
+    validation = ("validation.every=10", "validation.data=synthetic", "validation.max_prompts=32")
+    metrics, _ = run_tiny(tmp_path / "run", "rollout.max_staleness=1", *validation)
     assert len(metrics) == 40
     for m in metrics:
         assert set(REQUIRED_KEYS) <= set(m)
@@ -51,6 +61,12 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     busy = sum(m["gen_busy_s"] + m["train_busy_s"] for m in metrics)
     # Measured 1.45-1.5 on 2 cores (BENCHMARKS.md); the bound leaves room for a loaded machine.
     assert busy > 1.15 * metrics[-1]["wall_s"], "generation and training did not overlap"
+    val = validation_records(tmp_path / "run")
+    assert [v["step"] for v in val] == [0, 10, 20, 30, 40], val
+    assert all(v["val/complete"] and v["val/prompts"] == 32 and v["val/samples"] == 32 for v in val)
+    assert all(v["policy_version"] - 1 <= v["val/policy_version_min"] <= v["val/policy_version_max"] for v in val)
+    assert val[-1]["val/reward_mean"] > val[0]["val/reward_mean"] + 0.05, [v["val/reward_mean"] for v in val]
+    assert all(0.0 <= v["val/pass@1"] <= v["val/mean@1"] <= 1.0 for v in val)
     tail = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "tail", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True
     )
