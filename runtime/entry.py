@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runtime.addresses import CONTROLLER_ENV
 from runtime.config_load import load_config
+from runtime.last_words import say
 from runtime.logs import get_logger, setup_logging
 
 ROLES = {
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         role = role_class(args.role)(ctx)
     except Exception as exc:
+        say(f"{type(exc).__name__}: {exc}")
         get_logger().error("fatal", cause=f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
     role.main()

@@ -25,11 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import addresses, checkpoint
+from runtime import addresses, checkpoint, last_words
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
 from runtime.gpu_check import check_gpu_devices
+from runtime.last_words import LastWords
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
@@ -48,6 +49,7 @@ POLL_S = 0.1
 class Proc:
     spec: ProcSpec
     popen: subprocess.Popen[bytes]
+    words: LastWords
     ready: bool = False
 
 
@@ -163,7 +165,7 @@ class Supervisor:
                 log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
                 return 0
             self._pump_logs()
-            cause = last_error(self.run_dir / "logs", p.spec.name)
+            cause = p.words.first_line() or last_error(self.run_dir / "logs", p.spec.name)
             how = _describe_exit(code)
             if p.spec.role == "rollout" and self.cfg.rollout.elastic and len(self.procs) > 1:
                 # Elastic rollout workers may leave: the controller re-dispatches their work.
@@ -196,6 +198,7 @@ class Supervisor:
                 p.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
+            p.words.close()
 
 
 def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
@@ -231,17 +234,19 @@ def _resume_from(cfg: RunConfig, console: Console) -> str:
 
 
 def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
-    env = {**base_env, **spec.env}
+    words = LastWords()
+    env = {**base_env, **spec.env, last_words.ENV: str(words.write_fd)}
     out = open(run_dir / "logs" / f"{spec.name}.out", "ab")  # noqa: SIM115 (owned by the child)
     cmd = [sys.executable, "-m", "runtime.entry", "--run-dir", str(run_dir), "--role", spec.role]
     cmd += ["--rank", str(spec.rank), "--node", str(spec.node)]
     popen = subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=_die_with_parent,
+        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=(words.write_fd,),
     )  # fmt: skip
     out.close()
+    words.child_started()
     log.info("spawned", proc=spec.name, pid=popen.pid)
-    return Proc(spec=spec, popen=popen)
+    return Proc(spec=spec, popen=popen, words=words)
 
 
 def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, str]:

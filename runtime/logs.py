@@ -5,6 +5,10 @@ Every line carries `ts` (epoch seconds, float), `time` (ISO 8601 UTC), `level`, 
 event's own fields. Files live at `RUN_DIR/logs/<role>-<rank>.jsonl`; `tandem tail`
 merges them by `ts`. Lines are written whole and flushed, so a reader following the
 file never sees half a line unless it catches the writer mid-write.
+
+A line that cannot be written (disk full, I/O error) never raises into the code that
+logged it: the writer stops writing, and `on_write_error(callback)` callbacks get a
+one-line cause naming the file (the role fails with it: runtime/role.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +29,12 @@ from structlog.typing import EventDict, WrappedLogger
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _STATE: dict[str, Any] = {}
 _json = msgspec.json.Encoder(enc_hook=repr)
+_ON_WRITE_ERROR: list[Callable[[str], object]] = []
+
+
+def on_write_error(callback: Callable[[str], object]) -> None:
+    """Call `callback(cause)` once when a log line cannot be written."""
+    _ON_WRITE_ERROR.append(callback)
 
 
 def log_path(run_dir: str | Path, role: str, rank: int) -> Path:
@@ -54,7 +65,7 @@ def setup_logging(
     else:
         sink = stream or sys.stderr
     structlog.configure(
-        processors=[_stamp, structlog.processors.format_exc_info, _Writer(sink)],
+        processors=[_stamp, structlog.processors.format_exc_info, _Writer(sink, str(path or "the log stream"))],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         cache_logger_on_first_use=False,
     )
@@ -80,13 +91,21 @@ def _stamp(_: WrappedLogger, method: str, event: EventDict) -> EventDict:
 
 
 class _Writer:
-    def __init__(self, sink: TextIO) -> None:
+    def __init__(self, sink: TextIO, where: str) -> None:
         self.sink = sink
+        self.where = where
+        self.broken = ""  # why lines are no longer written
 
     def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> str:
-        line = _json.encode(event).decode()
-        self.sink.write(line + "\n")
-        self.sink.flush()
+        if not self.broken:
+            line = _json.encode(event).decode()
+            try:
+                self.sink.write(line + "\n")
+                self.sink.flush()
+            except OSError as exc:
+                self.broken = f"I/O error writing its log {self.where}: {exc.strerror or exc}"
+                for callback in _ON_WRITE_ERROR:
+                    callback(self.broken)
         raise structlog.DropEvent
 
 

@@ -32,7 +32,8 @@ import zmq.asyncio
 
 from runtime import addresses
 from runtime.config import RunConfig
-from runtime.logs import get_logger
+from runtime.last_words import say
+from runtime.logs import get_logger, on_write_error
 from runtime.run_token import read_token
 from transport import wire
 from transport.rpc import RemoteError, RpcEndpoint
@@ -153,7 +154,9 @@ class Role:
         try:
             code = uvloop.run(self._lifecycle())
         except BaseException as exc:
-            log.error("fatal", cause=f"{type(exc).__name__}: {exc}")
+            cause = f"{type(exc).__name__}: {exc}"
+            say(cause)  # first: the log may be what failed
+            log.error("fatal", cause=cause)
             code = 1
         sys.stdout.flush()
         sys.stderr.flush()
@@ -163,6 +166,7 @@ class Role:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        on_write_error(lambda cause: loop.call_soon_threadsafe(self.fail, cause))  # a full disk ends the role
         try:
             self._start_auth()
             await self.setup()
@@ -184,6 +188,7 @@ class Role:
             self.fail(f"{type(exc).__name__}: {exc}")
             log.error("traceback", text=traceback.format_exc()[-4000:])
         if self._fatal is not None:
+            say(self._fatal)
             log.error("fatal", cause=self._fatal)
             await self._send_dead(self._fatal)
         await self._bounded(self._close_all(), "close")

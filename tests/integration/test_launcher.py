@@ -129,3 +129,25 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     assert "interrupted" in out
     time.sleep(0.2)
     assert_all_gone(everything)
+
+
+def test_a_role_whose_log_cannot_be_written_dies_saying_so(tmp_path: Path) -> None:
+    """Issue 23, finding 8: a full disk used to end a run with "last error: no error was
+    logged". The controller's next log line fails (its file-size limit is set to the
+    file's size: the same OSError path as ENOSPC); it dies naming the file, and the
+    launcher learns the cause through the last-words pipe, not the disk."""
+    import resource
+
+    run = tmp_path / "run"
+    proc = launch(run)
+    try:
+        pid = wait_ready(run, "controller-0", proc)
+        size = (run / "logs" / "controller-0.jsonl").stat().st_size
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (size, size))
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    line = next((ln for ln in out.splitlines() if "role controller-0 died" in ln), out[-3000:])
+    assert "last error: I/O error writing its log" in line and "controller-0.jsonl: File too large" in line, line
