@@ -119,8 +119,9 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     stall_timeout_s: Annotated[
         float,
         Doc(
-            description="Samples in flight and no engine step for this long: the rollout reports itself dead "
-            "(the run ends naming it, or, elastic, its prompts go to the other rollouts).",
+            description="Samples in flight and no engine step for this long, or an engine call (pause, a "
+            "weight load, resume, sleep) unanswered this long: the rollout reports itself dead (the run ends "
+            "naming it, or, elastic, its prompts go to the other rollouts).",
             gt=0,
         ),
     ] = 60.0

@@ -35,6 +35,9 @@ from transport.wire import FinishReason, SamplingSpec
 
 log = get_logger("rollout")
 WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
+# Worker calls that wait for the trainer (a broadcast, a rendezvous): bounded by the weight
+# sync's timeouts, not watched as engine stalls.
+PEER_WAITING_RPCS = frozenset({"tandem_receive_bucket", "tandem_init_weight_group"})
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
 
 
@@ -89,6 +92,7 @@ class RolloutEngine:
         self.scheduler_stats: Any = None
         self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
         self.steps_seen = 0
+        self._calls: dict[object, tuple[str, float]] = {}  # engine calls in progress: (what, since)
 
     async def start(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -281,13 +285,30 @@ class RolloutEngine:
 
     async def _rpc(self, method: str, arg: Any, timeout_s: float) -> list[Any]:
         args = () if arg is None else (arg,)
-        return await self._bounded(self.engine.collective_rpc(method, args=args), timeout_s, method)  # type: ignore[no-any-return]
+        waits_on_peer = method in PEER_WAITING_RPCS
+        call = self.engine.collective_rpc(method, args=args)
+        return await self._bounded(call, timeout_s, method, watched=not waits_on_peer)  # type: ignore[no-any-return]
 
-    async def _bounded(self, call: Any, timeout_s: float, what: str) -> Any:
+    async def _bounded(self, call: Any, timeout_s: float, what: str, *, watched: bool = True) -> Any:
+        """`call` within `timeout_s`; while it runs, a `watched` call counts in
+        `oldest_call` (the stall watchdog's view: the engine alone must answer it)."""
+        key = object()
+        if watched:
+            self._calls[key] = (what, time.monotonic())
         try:
             return await asyncio.wait_for(call, timeout_s)
         except TimeoutError:
             raise TimeoutError(f"vLLM engine call {what} did not return in {timeout_s:g}s") from None
+        finally:
+            self._calls.pop(key, None)
+
+    def oldest_call(self) -> tuple[str, float] | None:
+        """The engine call (pause, update phases, resume, sleep, ...) waiting longest for the
+        engine, and for how many seconds; None when none is waiting."""
+        if not self._calls:
+            return None
+        what, since = min(self._calls.values(), key=lambda c: c[1])
+        return what, time.monotonic() - since
 
     # --- sleep mode (colocated synchronous runs) -----------------------------------------
     async def sleep(self, timeout_s: float) -> None:

@@ -143,8 +143,10 @@ class RolloutRole(Role):
             await self.controller.send(applied)
 
     async def _watch_engine(self) -> None:
-        """The role dies with the engine: when vLLM reports it dead, or when samples are in
-        flight and no engine step came for `rollout.stall_timeout_s` (a wedged engine)."""
+        """The role dies with the engine: when vLLM reports it dead, when samples are in
+        flight and no engine step came for `rollout.stall_timeout_s`, or when an engine call
+        that only the engine must answer (pause, a weight load, resume, ...) has waited that
+        long (a wedged engine)."""
         while True:
             await asyncio.sleep(1.0)
             if self.engine.engine is not None and self.engine.engine.errored:
@@ -162,6 +164,12 @@ class RolloutRole(Role):
                 )
             if not waiting:
                 self.engine.last_step_at = max(self.engine.last_step_at, time.monotonic() - 1.0)
+            call = self.engine.oldest_call()
+            if call is not None and call[1] > self.cfg.rollout.stall_timeout_s:
+                raise EngineDead(
+                    f"vLLM engine made no progress: its call {call[0]} waited {call[1]:.0f}s "
+                    f"(rollout.stall_timeout_s={self.cfg.rollout.stall_timeout_s:g})"
+                )
 
     async def _log_stats(self) -> None:
         interval = self.cfg.rollout.stats_interval_s
