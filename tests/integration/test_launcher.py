@@ -74,7 +74,10 @@ def test_bad_value_names_key_and_choices() -> None:
     assert "fsdp.sharding_strategy" in out.stderr and "FULL_SHARD" in out.stderr
 
 
-@pytest.mark.parametrize("victim", ["reward-0", "trainer-0", "trainer-1", "controller-0", "rollout-0"])
+# Every role goes through the same supervision path; these three cover the trainer rank the
+# campaign found slow (7.0 s), the controller (the others must notice) and the rollout
+# (vLLM's engine processes under it). benchmarks/faults.py measures all five.
+@pytest.mark.parametrize("victim", ["trainer-0", "controller-0", "rollout-0"])
 def test_sigkill_of_any_role_ends_the_run(tmp_path: Path, victim: str) -> None:
     proc = launch(tmp_path / "run")
     try:

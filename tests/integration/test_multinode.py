@@ -28,7 +28,7 @@ if reason:
     pytest.skip(f"multi-node tests skipped: {reason}", allow_module_level=True)
 
 PORT = 29600
-STEPS = 40
+STEPS = 16  # the run goes on ~10 steps after the loss: re-dispatch and the joiner's service both show
 PLACEMENT = (
     "placement=[{role: controller}, {role: reward}, {role: trainer, count: 1, nodes: [0, 1]},"
     " {role: rollout, count: 1, nodes: [1, 2]}]"
