@@ -35,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tail_arguments(tail)
 
+    report = sub.add_parser("report", help="write an HTML report (curves, schedule timeline) of a run")
+    report.add_argument("run_dir")
+    report.add_argument("-o", "--output", default=None, metavar="FILE.html", help="default: RUN_DIR/report.html")
+    report.add_argument("--png", default=None, metavar="DIR", help="also write DIR/report.png (headless Chromium)")
+    report.add_argument("--compare", default=None, metavar="RUN_DIR2", help="overlay a second run (e.g. sync)")
+
     docs = sub.add_parser("config-docs", help="print the config reference (markdown)")
     docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
 
@@ -50,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handler = {"launch": _launch, "tail": _tail, "config-docs": _docs, "export": _export, "keys": _keys}
+    handler = {"launch": _launch, "tail": _tail, "report": _report, "config-docs": _docs, "export": _export,
+               "keys": _keys}  # fmt: skip
     sys.exit(handler[args.command](args))
 
 
@@ -88,6 +95,18 @@ def _tail(args: argparse.Namespace) -> int:
     from runtime.tail import run_tail
 
     return run_tail(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from runtime.report.build import build_report
+
+    try:
+        path = build_report(args.run_dir, args.output, compare=args.compare, png_dir=args.png)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"tandem: wrote {path}" + (f" and {args.png}/report.png" if args.png else ""))
+    return 0
 
 
 def _docs(args: argparse.Namespace) -> int:
