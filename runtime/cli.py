@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--master-addr", default=None, help="node 0's address (controller, torch rendezvous)")
     launch.add_argument("--master-port", type=int, default=None, help="base port on node 0 (default 29500)")
     launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
+    launch.add_argument("--quiet", action="store_true", help="print errors only (to stderr): for scripts")
 
     tail = sub.add_parser("tail", help="merge and follow a run's logs")
     from runtime.tail import add_tail_arguments
@@ -85,7 +86,7 @@ def _launch(args: argparse.Namespace) -> int:
         check_inputs(cfg)
         from runtime.launcher import launch
 
-        return launch(cfg, opts)
+        return launch(cfg, opts, quiet=args.quiet)
     except (PlacementError, ConfigError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
