@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tail_arguments(tail)
 
+    watch = sub.add_parser("watch", help="live terminal view of a run (q or Ctrl-C quits)")
+    from runtime.watch import add_watch_arguments
+
+    add_watch_arguments(watch)
+
     report = sub.add_parser("report", help="write an HTML report (curves, schedule timeline) of a run")
     report.add_argument("run_dir")
     report.add_argument("-o", "--output", default=None, metavar="FILE.html", help="default: RUN_DIR/report.html")
@@ -57,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handler = {"launch": _launch, "tail": _tail, "report": _report, "config-docs": _docs, "export": _export,
-               "keys": _keys}  # fmt: skip
+    handler = {"launch": _launch, "tail": _tail, "report": _report, "watch": _watch, "config-docs": _docs,
+               "export": _export, "keys": _keys}  # fmt: skip
     sys.exit(handler[args.command](args))
 
 
@@ -96,6 +101,12 @@ def _tail(args: argparse.Namespace) -> int:
     from runtime.tail import run_tail
 
     return run_tail(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from runtime.watch import run_watch
+
+    return run_watch(args)
 
 
 def _report(args: argparse.Namespace) -> int:
