@@ -39,7 +39,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, compare:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(title, [summary(r) for r in runs], timelines, panels))
     if png_dir is not None:
-        height = heights + math.ceil(len(panels) / 2) * 340 + 500
+        height = heights + math.ceil(len(panels) / 2) * 340 + 250
         screenshot(path, Path(png_dir) / "report.png", width=1400, height=height)
     return path
 

@@ -145,6 +145,6 @@ def _clip(runs: list[RunData]) -> go.Figure:
 def _kl(runs: list[RunData]) -> go.Figure:
     fig = _figure("KL to the reference policy", "KL")
     if not _lines(fig, runs, [("kl_ref", "KL(π ‖ π_ref)"), ("kl_coef", "KL coefficient")]):
-        fig.update_layout(title="KL to the reference policy (off in this run: algorithm.kl.enabled=false)")
+        fig.update_layout(title="KL to the reference: off (algorithm.kl.enabled=false)", yaxis_title="weight")
         _lines(fig, runs, [("importance_weight_max", "importance weight max (shown instead)")])
     return fig

@@ -4,7 +4,8 @@ What a caller may rely on:
 * `trained_at(schedule)`: every trained group's id → the step that trained it.
 * `build_timeline(schedule)`: spans in seconds since the run's first record. Each rollout's
   generation spans (a group from its earliest sample's start to its last sample's arrival)
-  are spread over lanes `"rollout-0 · k"` so spans of one lane never overlap; the trainer's
+  are spread over lanes `"rollout-0 · k"` so spans of one lane never overlap (validation
+  groups: over at most 4 lanes `"rollout-0 val · k"`, which may overlap); the trainer's
   step is split into its compute (`train`) and its weight sync (`sync`, the step's last
   `sync_s` seconds); each rollout's weight loads are on `"<rollout> weights"`; validation
   rounds on `"validation"`. Groups dispatched but never sampled (a crashed run, or one still
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+VAL_LANES = 4
 
 
 @dataclass
@@ -93,21 +96,23 @@ def _generation(schedule: list[dict[str, Any]], t0: float, end: float, fate: dic
 
 
 def _lanes(gen: list[Span], out: list[Span]) -> list[str]:
-    """Spread each rollout's spans over as few non-overlapping lanes as it needs."""
-    by_rollout: dict[str, list[Span]] = defaultdict(list)
+    """Spread each rollout's spans over as few non-overlapping lanes as it needs; validation
+    groups (often dozens at once) get lanes of their own, at most `VAL_LANES`, which may overlap."""
+    by_row: dict[tuple[str, bool], list[Span]] = defaultdict(list)
     for s in gen:
-        by_rollout[s.row].append(s)
+        by_row[(s.row, s.kind == "validation_generation")].append(s)
     rows: list[str] = []
-    for rollout in sorted(by_rollout):
+    for rollout, val in sorted(by_row):
+        prefix = f"{rollout} val" if val else rollout
         ends: list[float] = []
-        for s in sorted(by_rollout[rollout], key=lambda s: s.start):
+        for s in sorted(by_row[(rollout, val)], key=lambda s: s.start):
             lane = next((i for i, e in enumerate(ends) if e <= s.start), len(ends))
             if lane == len(ends):
                 ends.append(s.end)
             ends[lane] = s.end
-            s.row = f"{rollout} · {lane}"
+            s.row = f"{prefix} · {lane % VAL_LANES if val else lane}"
             out.append(s)
-        rows += [f"{rollout} · {i}" for i in range(len(ends))]
+        rows += [f"{prefix} · {i}" for i in range(min(len(ends), VAL_LANES) if val else len(ends))]
     return rows
 
 

@@ -52,12 +52,13 @@ def test_the_timeline_has_generation_training_syncs_and_validation() -> None:
     kinds = {s.kind for s in tl.spans}
     assert {"generation", "validation_generation", "train", "sync", "weights", "validation"} <= kinds
     assert "in_flight" not in kinds, "a finished run has nothing in flight"
-    for lane in {s.row for s in tl.spans if s.kind.endswith("generation")}:
+    for lane in {s.row for s in tl.spans if s.kind == "generation"}:
         spans = sorted((s for s in tl.spans if s.row == lane), key=lambda s: s.start)
         assert all(a.end <= b.start for a, b in itertools.pairwise(spans)), lane
     train = sorted((s for s in tl.spans if s.kind == "train"), key=lambda s: s.start)
     assert [s.version for s in train] == list(range(40)), "step N trains version N - 1"
-    assert set(tl.rows) >= {"trainer", "rollout-0 weights", "validation", "rollout-0 · 0"}
+    assert set(tl.rows) >= {"trainer", "rollout-0 weights", "validation", "rollout-0 · 0", "rollout-0 val · 0"}
+    assert len([r for r in tl.rows if r.startswith("rollout-0 · ")]) <= 128 // 8, "at most max_num_seqs / n at once"
     assert min(s.start for s in tl.spans) >= 0 and max(s.end for s in tl.spans) <= tl.end + 1e-6
 
 
