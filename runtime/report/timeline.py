@@ -9,7 +9,8 @@ What a caller may rely on:
   step is split into its compute (`train`) and its weight sync (`sync`, the step's last
   `sync_s` seconds); each rollout's weight loads are on `"<rollout> weights"`; validation
   rounds on `"validation"`. Groups dispatched but never sampled (a crashed run, or one still
-  going) end at the last record's time, as `in_flight`. A span's `version` is the policy
+  going) end at the last record's time, as `in_flight` (validation groups a round gave up
+  on are left out). A span's `version` is the policy
   version it ran with (a group's oldest token; the version a step trained from).
 """
 
@@ -82,6 +83,8 @@ def _generation(schedule: list[dict[str, Any]], t0: float, end: float, fate: dic
             sent[int(r["g"])] = r
         elif ev in ("admit", "requeue"):
             sent.pop(int(r["g"]), None)
+        elif ev == "val":  # the round is over: its groups not back were cancelled
+            sent = {g: d for g, d in sent.items() if g >= 0}
         elif ev == "sampled":
             g = int(r["g"])
             sent.pop(g, None)

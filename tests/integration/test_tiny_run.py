@@ -77,7 +77,8 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
 
 def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
     """`tandem report` succeeds, and the schedule names the step that trained every trained
-    group: 8 groups of 8 samples per step, as the step records count them."""
+    group: 8 groups of 8 samples per step, as the step records count them, whose tokens' oldest
+    versions give the step's recorded staleness_max."""
     from runtime.report.load import read_jsonl
     from runtime.report.timeline import trained_at
 
@@ -90,9 +91,12 @@ def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
     admitted = {r["g"] for r in schedule if r["ev"] == "admit"}
     dropped = {r["g"] for r in schedule if r["ev"] == "drop"}
     assert set(steps) | dropped == admitted and not set(steps) & dropped, "every group trained or dropped once"
+    vmin = {r["g"]: r["vmin"] for r in schedule if r["ev"] == "sampled"}
     for m in metrics:
         groups = [g for g, s in steps.items() if s == m["step"]]
         assert len(groups) * 8 == round(m["samples_per_s"] * m["step_s"]) == 64, m["step"]
+        staleness = [m["step"] - 1 - vmin[g] for g in groups]  # the trainer was at version step - 1
+        assert max(staleness) == m["staleness_max"] and min(staleness) >= 0, (m["step"], staleness)
     assert len(dropped) * 8 == metrics[-1]["dropped_stale_total"] + metrics[-1]["dropped_filtered_total"] + sum(
         m["dropped_error"] for m in metrics
     )

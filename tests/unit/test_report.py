@@ -110,3 +110,17 @@ def test_the_cli_writes_the_report_and_refuses_a_directory_that_is_no_run(tmp_pa
     with pytest.raises(SystemExit) as refused:
         main(["report", str(tmp_path / "nothing")])
     assert refused.value.code == 2
+
+
+def test_validation_groups_a_round_gave_up_on_are_not_drawn_as_in_flight() -> None:
+    schedule = [
+        {"ev": "run", "step": 0, "version": 0, "t": 0.0},
+        {"ev": "dispatch", "g": -1, "to": "rollout-0", "try": 1, "t": 1.0},
+        {"ev": "dispatch", "g": -2, "to": "rollout-0", "try": 1, "t": 1.0},
+        {"ev": "dispatch", "g": 0, "to": "rollout-0", "try": 1, "t": 1.5},
+        {"ev": "sampled", "g": -1, "to": "rollout-0", "t0": 1.0, "vmin": 0, "vmax": 0, "tok": 3, "t": 2.0},
+        {"ev": "val", "step": 0, "version": 0, "t0": 1.0, "groups": 2, "t": 3.0},  # timed out: -2 never came
+    ]
+    tl = build_timeline(schedule)
+    drawn = {(s.kind, s.text.split(" ·")[0]) for s in tl.spans if "generation" in s.kind or s.kind == "in_flight"}
+    assert drawn == {("validation_generation", "validation group"), ("in_flight", "group 0 in flight")}
