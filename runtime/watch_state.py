@@ -134,6 +134,8 @@ class RunState:
             self.rollouts.add(str(rec["to"]))
         elif ev in ("sampled", "requeue"):
             self.in_flight.pop(int(rec["g"]), None)
+        elif ev == "run":  # a (re)start: what was in flight before died with the old controller
+            self.in_flight = {}
         elif ev == "val":  # the round is over: its groups not back were cancelled
             self.in_flight = {g: r for g, r in self.in_flight.items() if g >= 0}
 

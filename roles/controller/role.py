@@ -192,7 +192,7 @@ class Controller(Role):
     async def run(self) -> None:
         await self._wait_registered()
         self.recorder.start_clock()
-        self.schedule.run(self.ledger.step, self.ledger.version)
+        self.schedule.run(self.ledger.step, self.ledger.version, self.ledger.next_gid)
         self.started = True
         self.spawn("dispatcher", self.dispatcher.run())
         self.spawn("scorer", self.scorer.run())

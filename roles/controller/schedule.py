@@ -4,7 +4,9 @@ controller sees, so a person (or `tandem report`) can see *when* things happened
 Every record has `ev` (the event) and `t` (Unix time in seconds, 3 decimals; absolute, so
 the records of a resumed run line up after the ones before). What a caller may rely on:
 
-* `run` opens every controller's records (`t`, `step`, `version`: where it starts).
+* `run` opens every controller's records (`step`, `version`, `next_g`: where it starts; a
+  resumed run starts at its checkpoint, so the records of later steps and of groups
+  `next_g` and up before it are superseded by what follows).
 * Groups (`g` = the ledger's group id; validation groups are negative):
   `admit` (`v`: trainer version at admission, `uid`: the prompt), `dispatch` (`to`: the
   rollout, `try`: the attempt), `requeue` (its rollout was lost; it is generated again),
@@ -37,7 +39,6 @@ from typing import Any
 
 FLUSH_S = 1.0
 FLUSH_RECORDS = 512
-FILE = "schedule.jsonl"
 ROTATED = "schedule.1.jsonl"
 
 
@@ -54,8 +55,8 @@ class ScheduleLog:
         self._size = self._file.tell()
 
     # --- run and groups ----------------------------------------------------------------
-    def run(self, step: int, version: int) -> None:
-        self._emit({"ev": "run", "step": step, "version": version})
+    def run(self, step: int, version: int, next_gid: int) -> None:
+        self._emit({"ev": "run", "step": step, "version": version, "next_g": next_gid})
 
     def admit(self, gid: int, version: int, uid: int) -> None:
         self._emit({"ev": "admit", "g": gid, "v": version, "uid": uid})

@@ -83,6 +83,8 @@ def _generation(schedule: list[dict[str, Any]], t0: float, end: float, fate: dic
             sent[int(r["g"])] = r
         elif ev in ("admit", "requeue"):
             sent.pop(int(r["g"]), None)
+        elif ev == "run":  # a (re)start: what was in flight before died with the old controller
+            sent = {}
         elif ev == "val":  # the round is over: its groups not back were cancelled
             sent = {g: d for g, d in sent.items() if g >= 0}
         elif ev == "sampled":

@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from runtime.cli import main
 from runtime.report.build import build_report, summary
-from runtime.report.load import load_run
+from runtime.report.load import current_schedule, load_run
 from runtime.report.panels import PANELS
 from runtime.report.timeline import build_timeline, group_staleness, trained_at
 
@@ -124,3 +124,20 @@ def test_validation_groups_a_round_gave_up_on_are_not_drawn_as_in_flight() -> No
     tl = build_timeline(schedule)
     drawn = {(s.kind, s.text.split(" ·")[0]) for s in tl.spans if "generation" in s.kind or s.kind == "in_flight"}
     assert drawn == {("validation_generation", "validation group"), ("in_flight", "group 0 in flight")}
+
+
+def test_a_resumed_run_counts_what_it_did_again_once() -> None:
+    """Crashed after step 2 with group 4 in flight, resumed from step 1's checkpoint (next group 2)."""
+    first = [{"ev": "run", "step": 0, "version": 0, "next_g": 0, "t": 0.0}]
+    first += [{"ev": "admit", "g": g, "v": 0, "uid": g, "t": 0.1} for g in range(5)]
+    first += [{"ev": "dispatch", "g": 4, "to": "rollout-0", "try": 1, "t": 0.2}]
+    first += [{"ev": "step", "step": 1, "version": 1, "t0": 1.0, "groups": [0, 1], "t": 2.0},
+              {"ev": "step", "step": 2, "version": 2, "t0": 2.0, "groups": [2, 3], "t": 3.0}]  # fmt: skip
+    again = [{"ev": "run", "step": 1, "version": 1, "next_g": 2, "t": 10.0}]
+    again += [{"ev": "admit", "g": g, "v": 1, "uid": g + 10, "t": 10.1} for g in (2, 3)]
+    again += [{"ev": "step", "step": 2, "version": 2, "t0": 11.0, "groups": [2, 3], "t": 12.0}]
+    kept = current_schedule(first + again)
+    assert trained_at(kept) == {0: 1, 1: 1, 2: 2, 3: 2}
+    assert [r["t"] for r in kept if r["ev"] == "step"] == [2.0, 12.0]
+    assert {r["g"] for r in kept if r["ev"] == "admit"} == {0, 1, 2, 3} and not any(r.get("g") == 4 for r in kept)
+    assert not any(s.kind == "in_flight" for s in build_timeline(first + again).spans)

@@ -18,7 +18,7 @@ def read(path: Path) -> list[dict]:
 def test_a_scripted_run_writes_every_transition_and_which_step_trained_which_group(tmp_path: Path) -> None:
     log = ScheduleLog(tmp_path / "schedule.jsonl")
     ledger = Ledger(group_size=2, prompts_per_step=2, max_staleness=1, total_steps=10, schedule=log)
-    log.run(0, 0)
+    log.run(0, 0, ledger.next_gid)
     groups = [ledger.admit(prompt(u)) for u in range(4)]
     for g in groups:
         log.dispatch(g.gid, "rollout-0", g.attempts)
@@ -50,7 +50,8 @@ def test_a_scripted_run_writes_every_transition_and_which_step_trained_which_gro
         ("step", None), ("sync", None), ("val", None),
     ]  # fmt: skip
     by = {r["ev"]: r for r in recs}
-    assert by["admit"]["v"] == 0 and by["drop"]["why"] == "error" and by["drop"]["detail"] == "boom"
+    assert by["run"]["next_g"] == 0 and by["admit"]["v"] == 0
+    assert by["drop"]["why"] == "error" and by["drop"]["detail"] == "boom"
     assert [r["try"] for r in recs if r["ev"] == "dispatch" and r["g"] == 3] == [1, 2]
     assert by["sampled"] | {"t": 0} == {"ev": "sampled", "g": 0, "to": "rollout-0", "t0": 1.0, "vmin": 0, "vmax": 0,
                                         "tok": 4, "t": 0}  # fmt: skip
@@ -99,7 +100,7 @@ def test_past_the_cap_the_file_rotates_keeping_the_newest_records_in_order(tmp_p
 
 def test_events_after_close_are_ignored(tmp_path: Path) -> None:
     log = ScheduleLog(tmp_path / "schedule.jsonl")
-    log.run(0, 0)
+    log.run(0, 0, 0)
     log.close()
     log.sync("rollout-0", 1, 0.1, 0.05, 0.05)
     log.close()
