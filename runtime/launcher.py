@@ -82,6 +82,8 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     num_gpus = visible_gpus() if wants_gpus else 0  # asks torch once, only when GPUs are asked for
     if wants_gpus:
         check_gpu_devices(cfg, num_gpus, opts.node_rank)  # before the model is made: a missing GPU fails at once
+    if quiet:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' "Writing model shards" bars
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     check_topology(cfg, opts)
