@@ -46,7 +46,9 @@ def roles_table(state: RunState, now: float) -> Table:
         st = state.roles[name]
         alive = st.alive()
         mark = "[green]yes[/]" if alive else "[red]no[/]" if alive is False else "?"
-        flight = str(state.in_flight_of(name)) if name in state.rollouts or name.startswith("rollout") else "-"
+        flight = "-"
+        if name in state.rollouts or name.startswith("rollout"):  # "?": no schedule.jsonl to count from
+            flight = str(state.in_flight_of(name)) if state.has_schedule() else "?"
         ago = f"{clock(max(0.0, now - st.last_ts))} ago" if st.last_ts else "-"
         version = "-" if st.version is None else str(st.version)
         shown = "exited" if alive is False and st.state != "failed" else st.state

@@ -92,6 +92,9 @@ class RunState:
             self._schedule(rec)
         self.polled_at = time.time()
 
+    def has_schedule(self) -> bool:
+        return self.schedule.path.exists()
+
     def in_flight_of(self, rollout: str) -> int:
         return sum(1 for r in self.in_flight.values() if r == rollout)
 

@@ -85,7 +85,7 @@ def test_the_frame_shows_the_role_table_progress_and_sparklines(tmp_path: Path) 
                      "validation   step 40"):  # fmt: skip
         assert expected in text, expected
     row = next(line for line in text.splitlines() if "rollout-0" in line)
-    assert " no " in row and "exited" in row
+    assert " no " in row and "exited" in row and " ? " in row, "no schedule.jsonl: groups in flight unknown"
 
 
 def test_sparkline_scales_between_min_and_max() -> None:
