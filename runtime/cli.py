@@ -30,11 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--master-addr", default=None, help="node 0's address (controller, torch rendezvous)")
     launch.add_argument("--master-port", type=int, default=None, help="base port on node 0 (default 29500)")
     launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
+    launch.add_argument("--quiet", action="store_true", help="print errors only (to stderr): for scripts")
 
     tail = sub.add_parser("tail", help="merge and follow a run's logs")
     from runtime.tail import add_tail_arguments
 
     add_tail_arguments(tail)
+
+    watch = sub.add_parser("watch", help="live terminal view of a run (q or Ctrl-C quits)")
+    from runtime.watch import add_watch_arguments
+
+    add_watch_arguments(watch)
+
+    report = sub.add_parser("report", help="write an HTML report (curves, schedule timeline) of a run")
+    report.add_argument("run_dir")
+    report.add_argument("-o", "--output", default=None, metavar="FILE.html", help="default: RUN_DIR/report.html")
+    report.add_argument("--png", default=None, metavar="DIR", help="also write DIR/report.png (headless Chromium)")
+    report.add_argument("--compare", default=None, metavar="RUN_DIR2", help="overlay a second run (e.g. sync)")
 
     docs = sub.add_parser("config-docs", help="print the config reference (markdown)")
     docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
@@ -51,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handler = {"launch": _launch, "tail": _tail, "config-docs": _docs, "export": _export, "keys": _keys}
+    handler = {"launch": _launch, "tail": _tail, "report": _report, "watch": _watch, "config-docs": _docs,
+               "export": _export, "keys": _keys}  # fmt: skip
     code = handler[args.command](args)
     if args.command == "launch" and "torch" in sys.modules:
         # Every role is reaped and the logs are flushed: skip the interpreter's final
@@ -87,7 +100,7 @@ def _launch(args: argparse.Namespace) -> int:
         check_inputs(cfg)
         from runtime.launcher import launch
 
-        return launch(cfg, opts)
+        return launch(cfg, opts, quiet=args.quiet)
     except (PlacementError, ConfigError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +110,24 @@ def _tail(args: argparse.Namespace) -> int:
     from runtime.tail import run_tail
 
     return run_tail(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from runtime.watch import run_watch
+
+    return run_watch(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from runtime.report.build import build_report
+
+    try:
+        path = build_report(args.run_dir, args.output, compare=args.compare, png_dir=args.png)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"tandem: wrote {path}" + (f" and {args.png}/report.png" if args.png else ""))
+    return 0
 
 
 def _docs(args: argparse.Namespace) -> int:

@@ -472,6 +472,16 @@ class MetricsConfig(msgspec.Struct, **_STRUCT):
     tensorboard: Annotated[bool, Doc(description="Also write TensorBoard scalars under RUN_DIR/tb.")] = False
     wandb: Annotated[bool, Doc(description="Also log to Weights & Biases.")] = False
     wandb_project: Annotated[str, Doc(description="wandb project.")] = "tandem"
+    schedule: Annotated[
+        bool,
+        Doc(
+            description="Write RUN_DIR/schedule.jsonl: when each group was admitted, generated, scored, trained "
+            "or dropped, and each step's and weight sync's span (what `tandem report` draws its timeline from)."
+        ),
+    ] = True
+    schedule_max_mb: Annotated[
+        int, Doc(description="Past this size schedule.jsonl is renamed schedule.1.jsonl and a new one begins.", ge=1)
+    ] = 64
 
 
 class ValidationConfig(msgspec.Struct, **_STRUCT):

@@ -1,11 +1,14 @@
 """The launcher's console view: role readiness, warnings and errors, and a progress line.
 
 On a terminal the training progress is one live rich progress bar with the step's key
-metrics; otherwise (CI, pipes) each step is printed as a plain line.
+metrics; otherwise (CI, pipes) each step is printed as a plain line. Both end with the run's
+wall time so far (since the launcher started) and an ETA from the pace of the steps this
+launcher has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors only, to stderr.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +22,18 @@ SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_jo
 
 
 class Console:
-    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
-        self.out = RichConsole(highlight=False, soft_wrap=True)
+    def __init__(self, run_dir: Path, cfg: RunConfig, *, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.out = RichConsole(highlight=False, soft_wrap=True, stderr=quiet)
         self.total = cfg.trainer.total_steps
         self.progress: Progress | None = None
         self.task: Any = None
+        self.started = time.monotonic()
+        self.first: tuple[int, float] | None = None  # (step, wall_s) of the first step record seen
 
     def note(self, text: str) -> None:
-        self.out.print(f"[bold]tandem[/]: {escape(text)}")
+        if not self.quiet:
+            self.out.print(f"[bold]tandem[/]: {escape(text)}")
 
     def error(self, text: str) -> None:
         self.out.print(f"[bold red]tandem: {escape(text)}[/]")
@@ -34,6 +41,8 @@ class Console:
     def show(self, rec: dict[str, Any]) -> None:
         level, event = rec.get("level", "info"), rec.get("event", "")
         who = f"{rec.get('role', '?')}-{rec.get('rank', 0)}"
+        if self.quiet and level not in ("error", "critical"):
+            return
         if event == "step" and rec.get("role") == "controller":
             self._step(rec)
         elif level in ("warning", "error", "critical"):
@@ -48,7 +57,8 @@ class Console:
             f"v{rec.get('policy_version', '?')} reward {rec.get('reward_mean', 0):.3f} "
             f"stale≤{rec.get('staleness_max', 0)} drop {rec.get('dropped_stale', 0)} "
             f"{rec.get('samples_per_s', 0):.1f} samples/s idle gen {rec.get('rollout_idle_ratio', 0):.0%} "
-            f"train {rec.get('trainer_idle_ratio', 0):.0%}"
+            f"train {rec.get('trainer_idle_ratio', 0):.0%} wall {clock(time.monotonic() - self.started)} "
+            f"eta {self._eta(step, float(rec.get('wall_s', 0.0)))}"
         )
         if not self.out.is_terminal:
             self.out.print(f"step {step}/{self.total} {line}")
@@ -62,10 +72,25 @@ class Console:
             self.progress.start()
         self.progress.update(self.task, completed=step, line=line)
 
+    def _eta(self, step: int, wall_s: float) -> str:
+        """Time to the last step at the pace of the steps seen so far ("?" until two are in)."""
+        if self.first is None or step <= self.first[0]:
+            self.first = self.first or (step, wall_s)
+            return "?" if step < self.total else clock(0)
+        pace = (wall_s - self.first[1]) / (step - self.first[0])
+        return clock(max(0, self.total - step) * pace)
+
     def finish(self) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def clock(seconds: float) -> str:
+    """`1h02m03s`, `2m05s` or `7s`."""
+    s = round(seconds)
+    h, m = divmod(s // 60, 60)
+    return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s" if m else f"{s}s"
 
 
 def _fields(rec: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from runtime import addresses, checkpoint, last_words
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
-from runtime.console import Console
+from runtime.console import Console, clock
 from runtime.gpu_check import check_gpu_devices
 from runtime.last_words import LastWords
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
@@ -74,13 +74,16 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
-def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
-    """Run this node's share of the run; returns the process exit code."""
+def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = False) -> int:
+    """Run this node's share of the run; returns the process exit code. `quiet`: print
+    errors only (to stderr)."""
     opts = opts or LaunchOptions()
     wants_gpus = cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg))
     num_gpus = visible_gpus() if wants_gpus else 0  # asks torch once, only when GPUs are asked for
     if wants_gpus:
         check_gpu_devices(cfg, num_gpus, opts.node_rank)  # before the model is made: a missing GPU fails at once
+    if quiet:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' "Writing model shards" bars
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     check_topology(cfg, opts)
@@ -92,7 +95,7 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None) -> int:
     if any(s.devices for s in specs):
         check_devices(specs, num_gpus)  # the processes actually planned (a --join launcher's too)
     env = _base_env(cfg, run_dir, opts)
-    console = Console(run_dir, cfg)
+    console = Console(run_dir, cfg, quiet=quiet)
     if cfg.resume == "auto":
         env[checkpoint.RESUME_ENV] = _resume_from(cfg, console)
     log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
@@ -162,6 +165,7 @@ class Supervisor:
                 self.teardown(self.cfg.shutdown_timeout_s)
                 self._pump_logs()
                 self.console.finish()
+                self.console.note(f"finished in {clock(time.monotonic() - self.console.started)}")
                 log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
                 return 0
             self._pump_logs()

@@ -12,6 +12,8 @@ What a caller may rely on:
   they go after re-dispatches and before new prompts, with their own sampling, and each
   goes to `on_side_done` once all its samples are in; a lost rollout's unfinished side
   groups are sent again; `cancel_side` forgets them (later samples are ignored).
+* Every send is written to the schedule log (`dispatch`), and so is every group whose
+  samples are all in (`sampled`: generation span, the versions of its tokens).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from roles.controller.dataset import PromptDataset
 from roles.controller.groups import Group, SampleRec
 from roles.controller.ledger import Ledger
 from roles.controller.peers import Peer, Registry
+from roles.controller.schedule import NoSchedule, ScheduleLog
 from runtime.logs import get_logger
 from transport import wire
 from transport.rpc import PeerUnreachable, RpcEndpoint
@@ -43,8 +46,11 @@ class Dispatcher:
         *,
         max_num_seqs: int,
         on_unreachable: Callable[[Peer, str], None],
+        schedule: ScheduleLog | None = None,
     ) -> None:
-        """`on_unreachable(peer, why)`: a rollout a send could not reach."""
+        """`on_unreachable(peer, why)`: a rollout a send could not reach; `schedule`: where
+        dispatches and finished sampling are recorded."""
+        self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.dataset = dataset
         self.registry = registry
@@ -114,6 +120,7 @@ class Dispatcher:
         group.dispatched_at = time.monotonic()
         rollout.in_flight += group.n
         rollout.clock.add(group.n)
+        self.schedule.dispatch(group.gid, rollout.name, group.attempts)
         sampling = group.sampling or self.sampling
         msg = wire.Generate(
             request_id=group.request_id, group_id=group.gid, prompt_ids=group.prompt.prompt_ids, sampling=sampling
@@ -141,13 +148,24 @@ class Dispatcher:
             index=msg.sample_index, token_ids=msg.token_ids.clone(), logprobs=msg.logprobs.clone(),
             versions=msg.versions.clone(), finish_reason=msg.finish_reason, error=msg.error,
         )  # fmt: skip
+        started = time.time() - msg.gen_s
+        group.gen_started = min(group.gen_started, started) if group.gen_started else started
         self.wake()
+        if group.complete:
+            self._record_sampled(group, rollout.name if rollout is not None else _name(identity))
         if side:
             if group.complete:
                 del self.side_groups[group.gid]
                 self.on_side_done(group)
             return None
         return group if group.complete else None
+
+    def _record_sampled(self, group: Group, rollout: str) -> None:
+        samples = [s for s in group.samples.values() if s.versions.numel()]
+        vmin = min((int(s.versions.min()) for s in samples), default=group.admitted_version)
+        vmax = max((int(s.versions.max()) for s in samples), default=group.admitted_version)
+        tokens = sum(s.length for s in group.samples.values())
+        self.schedule.sampled(group.gid, rollout, group.gen_started, vmin, vmax, tokens)
 
     def _sent_side(self, peer: Peer) -> list[Group]:
         """Side groups sent to `peer` and not complete."""
@@ -165,6 +183,7 @@ class Dispatcher:
         for g in self._sent_side(peer):
             g.samples.clear()
             g.rollout = b""
+            g.gen_started = 0.0
             self.side.appendleft(g)
         moved = [g for g in list(self.ledger.in_flight.values()) if g.rollout == peer.identity and not g.complete]
         for g in moved:

@@ -47,6 +47,7 @@ class Group:
     admitted_version: int
     rollout: bytes = b""
     dispatched_at: float = field(default_factory=time.monotonic)
+    gen_started: float = 0.0  # Unix time its earliest sample began generating (0: none back yet)
     samples: dict[int, SampleRec] = field(default_factory=dict)
     attempts: int = 1
     value_version: int | None = None  # critic version that computed the values (GAE)

@@ -20,6 +20,8 @@ What a caller may rely on:
   `max_staleness` versions after its oldest token was generated.
 * Admission never exceeds the gate's capacity, and stops once the groups pending fill
   the steps left (`total_steps`).
+* Every transition is also written to the schedule log (`schedule`, see schedule.py):
+  `admit`, `requeue`, `scored`, `drop`.
 * `state()` between steps and `Ledger.restore(state, ...)` give a ledger whose counters,
   ready queue and pending prompts equal the saved ones; groups that were in flight come
   back in `redo` (their prompts are generated again), so nothing is skipped.
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from roles.controller.dataset import Prompt
 from roles.controller.gate import StalenessGate
 from roles.controller.groups import Group
+from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.state import LedgerState, group_state, restore_group
 from runtime.logs import get_logger
 
@@ -52,7 +55,9 @@ class Ledger:
         total_steps: int,
         filter_groups: bool = False,
         max_filtered_per_step: int = 0,
+        schedule: ScheduleLog | None = None,
     ) -> None:
+        self.schedule = schedule if schedule is not None else NoSchedule()
         self.group_size = group_size
         self.filter_groups = filter_groups
         self.max_filtered_per_step = max_filtered_per_step
@@ -111,6 +116,7 @@ class Ledger:
         self.next_gid += 1
         self.totals["admitted_groups"] += 1
         self.in_flight[gid] = group
+        self.schedule.admit(gid, self.version, prompt.uid)
         return group
 
     def next_redo(self) -> Group | None:
@@ -128,13 +134,16 @@ class Ledger:
         self._take_in_flight(group)
         group.samples.clear()
         group.rollout = b""
+        group.gen_started = 0.0
         self.redo.append(group)
+        self.schedule.requeue(group.gid)
         self._notify()
 
     def complete(self, group: Group) -> None:
         """An in-flight group is scored: queue it for training (or, with `filter_groups`,
         drop it as `filtered` when its rewards are all equal and the step's bound allows)."""
         self._take_in_flight(group)
+        self.schedule.scored(group.gid)
         if self.filter_groups and group.rewards_equal and self.filtered_this_step < self.max_filtered_per_step:
             self.filtered_this_step += 1
             self._count_drop(group, "filtered", "all rewards equal")
@@ -229,13 +238,14 @@ class Ledger:
     @classmethod
     def restore(
         cls, state: LedgerState, *, group_size: int, prompts_per_step: int, max_staleness: int, total_steps: int,
-        filter_groups: bool = False, max_filtered_per_step: int = 0,
+        filter_groups: bool = False, max_filtered_per_step: int = 0, schedule: ScheduleLog | None = None,
     ) -> Ledger:  # fmt: skip
         """The ledger `state()` described, with its pending groups waiting in `redo` (the
         count of groups filtered since the last step starts again at 0)."""
         ledger = cls(
             group_size=group_size, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
             total_steps=total_steps, filter_groups=filter_groups, max_filtered_per_step=max_filtered_per_step,
+            schedule=schedule,
         )  # fmt: skip
         ledger.step, ledger.next_gid = state.step, state.next_gid
         ledger.gate.restore(state.gate)
@@ -254,6 +264,7 @@ class Ledger:
 
     def _count_drop(self, group: Group, reason: str, why: str) -> None:
         log.info("group_dropped", group=group.gid, reason=f"dropped_{reason}", why=why)
+        self.schedule.drop(group.gid, reason, why)
         self.gate.drop(group.n)
         self.totals[f"dropped_{reason}"] += 1
         self.step_drops[f"dropped_{reason}"] += group.n

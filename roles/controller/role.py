@@ -33,6 +33,7 @@ from roles.controller.metrics import MetricsSink
 from roles.controller.peers import Peer, Registry
 from roles.controller.ppo import RewardKL
 from roles.controller.ranks import RankGroup
+from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.scoring import Scorer
 from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
@@ -65,6 +66,9 @@ class Controller(Role):
         kl = cfg.algorithm.kl
         gae = cfg.algorithm.advantage == "gae"
         self.reward_kl = RewardKL(kl) if gae and kl.enabled and kl.use == "reward" else None
+        m = cfg.metrics
+        path, cap = self.ctx.run_dir / "schedule.jsonl", m.schedule_max_mb << 20
+        self.schedule = ScheduleLog(path, max_bytes=cap) if m.schedule else NoSchedule()
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()
         self.expected = role_counts(cfg)
@@ -90,6 +94,7 @@ class Controller(Role):
             max_staleness=cfg.rollout.max_staleness, total_steps=cfg.trainer.total_steps,
             filter_groups=a.filter_groups, max_filtered_per_step=a.max_filter_rounds * cfg.trainer.prompts_per_step,
         )  # fmt: skip
+        shape["schedule"] = self.schedule
         resume = checkpoint.resume_dir()
         if resume is None:
             return Ledger(**shape), 0.0
@@ -109,7 +114,7 @@ class Controller(Role):
         self.critics = RankGroup("critic", self.server, self.registry) if gae else None
         self.dispatcher = Dispatcher(
             self.ledger, self.dataset, self.registry, self.server, self._sampling_spec(),
-            max_num_seqs=cfg.rollout.engine.max_num_seqs, on_unreachable=self._unreachable,
+            max_num_seqs=cfg.rollout.engine.max_num_seqs, on_unreachable=self._unreachable, schedule=self.schedule,
         )  # fmt: skip
         self.values: ValueStage | None = None
         if self.critics is not None:
@@ -129,12 +134,13 @@ class Controller(Role):
             self.ledger, self.trainers, self.critics, cfg.algorithm, self.recorder,
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
             on_rollout_failed=self.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
+            schedule=self.schedule,
         )  # fmt: skip
         self.validator: Validator | None = None
         if cfg.validation.every:
             self.validator = Validator(
                 cfg.validation, self._validation_prompts(), self._validation_sampling(), self.dispatcher,
-                self.scorer.submit, self.metrics.write_validation,
+                self.scorer.submit, self.metrics.write_validation, self.schedule,
             )  # fmt: skip
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(
@@ -186,6 +192,7 @@ class Controller(Role):
     async def run(self) -> None:
         await self._wait_registered()
         self.recorder.start_clock()
+        self.schedule.run(self.ledger.step, self.ledger.version, self.ledger.next_gid)
         self.started = True
         self.spawn("dispatcher", self.dispatcher.run())
         self.spawn("scorer", self.scorer.run())
@@ -208,6 +215,7 @@ class Controller(Role):
         log.info("training_done", steps=self.ledger.step, served=served, **self.ledger.accounting())
         await self._shutdown_peers("training finished")
         self.metrics.close()
+        self.schedule.close()
 
     def _validate(self) -> None:
         """Start a validation round when one is due (training goes on meanwhile)."""
@@ -268,6 +276,7 @@ class Controller(Role):
             peer = self.registry.get(env.peer)
             if peer is not None:
                 peer.version = max(peer.version, msg.version)
+                self.schedule.sync(peer.name, msg.version, msg.total_s, msg.receive_s, msg.load_s)
                 self.dispatcher.wake()
         elif isinstance(msg, wire.Dead):
             if not self.gatekeeper.believe_dead(env.peer, msg):
@@ -361,6 +370,8 @@ class Controller(Role):
         await asyncio.sleep(0.1)
 
     async def close(self) -> None:
+        if hasattr(self, "schedule"):
+            self.schedule.close()  # a failed run keeps its schedule up to the failure
         if hasattr(self, "server"):
             await self.server.aclose()
 

@@ -4,13 +4,15 @@ trainer (and critic) ranks.
 `step()` waits for `prompts_per_step` fresh groups (`Ledger.wait_batch`, which drops
 stale ones), builds every rank's shard (advantages, packing), sends the shards to the
 trainer ranks (and, with GAE, the critic ranks) through their `RankGroup`s, marks the
-batch trained at the version the trainer published, and records the step's metrics.
+batch trained at the version the trainer published, and records the step's metrics (and
+its span and groups in the schedule log).
 Rollouts the new weights could not reach are reported to `on_rollout_failed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
 from roles.controller.ppo import RewardKL, value_metrics, whiten_groups
 from roles.controller.ranks import RankGroup
+from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.step_metrics import StepRecorder
 from runtime.config import AlgorithmConfig
 from runtime.logs import get_logger, set_policy_version
@@ -41,9 +44,12 @@ class StepRunner:
         reward_kl: RewardKL | None,
         on_rollout_failed: Callable[[str, str], None],
         max_reward_failures: float = 1.0,
+        schedule: ScheduleLog | None = None,
     ) -> None:
         """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
-        `max_reward_failures`: the fraction of a batch's samples without a reward that ends the run."""
+        `max_reward_failures`: the fraction of a batch's samples without a reward that ends the run;
+        `schedule`: where each step's span and trained groups are recorded."""
+        self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.trainers = trainers
         self.critics = critics
@@ -65,10 +71,12 @@ class StepRunner:
         )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
+        started = time.time()
         actor, critic = await self._train(groups, batches, build)
         for name in actor.failed_rollouts:
             self.on_rollout_failed(name, "new weights could not be delivered")
         self.ledger.trained(actor.version)
+        self.schedule.step(self.ledger.step, actor.version, started, [g.gid for g in groups], actor.metrics)
         set_policy_version(actor.version)
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
         drops = self.ledger.take_step_drops()

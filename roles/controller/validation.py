@@ -26,6 +26,7 @@ from typing import Any
 from roles.controller.dataset import Prompt
 from roles.controller.dispatch import Dispatcher
 from roles.controller.groups import Group
+from roles.controller.schedule import NoSchedule, ScheduleLog
 from runtime.config import ValidationConfig
 from runtime.logs import get_logger
 from transport import wire
@@ -67,9 +68,12 @@ class Validator:
         dispatcher: Dispatcher,
         score: Callable[[Group, Callable[[Group], None]], None],
         write: Callable[[dict[str, Any]], None],
+        schedule: ScheduleLog | None = None,
     ) -> None:
         """`score(group, done)`: scores the group, then calls `done(group)` (the scorer's
-        `submit`); `write(record)`: appends the round's record to the metrics."""
+        `submit`); `write(record)`: appends the round's record to the metrics; `schedule`:
+        where each round's span is recorded."""
+        self.schedule = schedule if schedule is not None else NoSchedule()
         self.cfg = cfg
         self.prompts = prompts
         self.sampling = sampling
@@ -111,7 +115,7 @@ class Validator:
             self._idle.set()
 
     async def _round(self, step: int, version: int) -> None:
-        started = time.monotonic()
+        started, wall_started = time.monotonic(), time.time()
         groups = [
             Group(gid=-next(self._gids), prompt=p, n=self.sampling.n, request_id=f"val{step}.{i}",
                   admitted_version=version, sampling=self.sampling)
@@ -137,6 +141,7 @@ class Validator:
         record["val/complete"] = complete
         record["val/gen_s"] = round(time.monotonic() - started, 3)
         self.write(record)
+        self.schedule.validation(step, version, wall_started, len(groups))
 
     async def drain(self) -> None:
         """Until the running round (if any) has written its record."""

@@ -72,6 +72,34 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     )
     for role in ("launcher-0", "controller-0", "rollout-0", "reward-0", "trainer-0", "trainer-1"):
         assert role in tail.stdout, role
+    check_report_and_schedule(tmp_path / "run", metrics)
+
+
+def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
+    """`tandem report` succeeds, and the schedule names the step that trained every trained
+    group: 8 groups of 8 samples per step, as the step records count them, whose tokens' oldest
+    versions give the step's recorded staleness_max."""
+    from runtime.report.load import read_jsonl
+    from runtime.report.timeline import trained_at
+
+    report = subprocess.run([sys.executable, "-m", "runtime.cli", "report", str(run_dir)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (run_dir / "report.html").stat().st_size > 1_000_000
+    schedule = read_jsonl(run_dir / "schedule.jsonl")
+    steps = trained_at(schedule)
+    admitted = {r["g"] for r in schedule if r["ev"] == "admit"}
+    dropped = {r["g"] for r in schedule if r["ev"] == "drop"}
+    assert set(steps) | dropped == admitted and not set(steps) & dropped, "every group trained or dropped once"
+    vmin = {r["g"]: r["vmin"] for r in schedule if r["ev"] == "sampled"}
+    for m in metrics:
+        groups = [g for g, s in steps.items() if s == m["step"]]
+        assert len(groups) * 8 == round(m["samples_per_s"] * m["step_s"]) == 64, m["step"]
+        staleness = [m["step"] - 1 - vmin[g] for g in groups]  # the trainer was at version step - 1
+        assert max(staleness) == m["staleness_max"] and min(staleness) >= 0, (m["step"], staleness)
+    assert len(dropped) * 8 == metrics[-1]["dropped_stale_total"] + metrics[-1]["dropped_filtered_total"] + sum(
+        m["dropped_error"] for m in metrics
+    )
 
 
 def test_sync_tiny_run_learns_with_bad_reward_functions(tmp_path: Path) -> None:

@@ -1,0 +1,71 @@
+"""`tandem report RUN_DIR [-o FILE.html] [--png DIR] [--compare RUN_DIR2]`.
+
+What a caller may rely on: `build_report` writes one self-contained HTML file (see page.py)
+for a finished, crashed or still-running run (what is on disk so far), with a timeline per
+run and every panel of `panels.PANELS`, the `--compare` run overlaid; with `png_dir` it
+also writes `report.png`, a screenshot of the page by headless Chromium."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runtime.report.browser import screenshot
+from runtime.report.gantt import timeline_figure
+from runtime.report.load import RunData, load_run
+from runtime.report.page import render
+from runtime.report.panels import metric_panels
+from runtime.report.timeline import build_timeline, trained_at
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None, *, compare: str | Path | None = None,
+                 png_dir: str | Path | None = None) -> Path:  # fmt: skip
+    """Write the report of `run_dir` (default `RUN_DIR/report.html`); returns its path."""
+    runs = [load_run(run_dir)] + ([load_run(compare)] if compare else [])
+    if compare and runs[0].name == runs[1].name:
+        runs[1].name += " (2)"
+    timelines = {}
+    heights = 0
+    for i, run in enumerate(runs):
+        fig = timeline_figure(build_timeline(run.schedule), f"Schedule of {run.name}")
+        timelines[str(i)] = fig
+        heights += int(fig.layout.height or 400)
+    panels = metric_panels(runs)
+    title = "Tandem report: " + " vs ".join(r.name for r in runs)
+    path = Path(out) if out else Path(run_dir) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(title, [summary(r) for r in runs], timelines, panels))
+    if png_dir is not None:
+        height = heights + math.ceil(len(panels) / 2) * 340 + 250
+        screenshot(path, Path(png_dir) / "report.png", width=1400, height=height)
+    return path
+
+
+def summary(run: RunData) -> dict[str, Any]:
+    """One row of the summary table: how far the run got and how its groups ended."""
+    total = _total_steps(run.run_dir)
+    done = run.steps[-1]["step"] if run.steps else 0
+    status = "finished" if total and done >= total else "incomplete (still running, or it stopped)"
+    wall = float(run.steps[-1].get("wall_s", 0.0)) if run.steps else 0.0
+    busy = sum(float(r.get("gen_busy_s", 0)) + float(r.get("train_busy_s", 0)) for r in run.steps)
+    drops = [r for r in run.schedule if r.get("ev") == "drop"]
+    return {
+        "run": run.name, "status": status, "steps": f"{done}/{total or '?'}", "wall": f"{wall:.1f}s",
+        "last reward": f"{run.steps[-1].get('reward_mean', 0):.3f}" if run.steps else "",
+        "(gen + train busy) / wall": f"{busy / wall:.2f}" if wall else "",
+        "groups trained": len(trained_at(run.schedule)),
+        "groups dropped": ", ".join(f"{w}: {sum(1 for d in drops if d['why'] == w)}"
+                                    for w in sorted({d["why"] for d in drops})) or "0",
+        "validation rounds": len(run.validation),
+    }  # fmt: skip
+
+
+def _total_steps(run_dir: Path) -> int:
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        return int(cfg["trainer"]["total_steps"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return 0

@@ -1,0 +1,93 @@
+"""Reading a run directory for the report: tolerant of a run that crashed or is still
+writing (a half-written last line, or a line that is not JSON, is skipped).
+
+What a caller may rely on:
+* `RunData.steps`: the step records of metrics.jsonl in file order (no `kind`), the last one
+  kept when a resumed run wrote a step twice; `RunData.validation`: its `kind: validation`
+  records.
+* `RunData.schedule`: schedule.1.jsonl (the rotated part, if any) then schedule.jsonl;
+  empty when the run wrote none. A resumed run rolled back to its checkpoint: the records of
+  what it then did again (steps after the checkpoint's, groups from its next group id on)
+  are left out (`current_schedule`), so every trained group is in one `step` record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunData:
+    name: str
+    run_dir: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+    schedule: list[dict[str, Any]] = field(default_factory=list)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the step records that have `key` as a number."""
+        rows = [(int(r["step"]), float(r[key])) for r in self.steps if _number(r.get(key))]
+        return [s for s, _ in rows], [v for _, v in rows]
+
+    def has(self, key: str) -> bool:
+        return any(_number(r.get(key)) for r in self.steps)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of `path` (none when it is missing); lines that do not parse are skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """A run's metrics and schedule; raises FileNotFoundError when `run_dir` has neither."""
+    root = Path(run_dir)
+    metrics = read_jsonl(root / "metrics.jsonl")
+    schedule = current_schedule(read_jsonl(root / "schedule.1.jsonl") + read_jsonl(root / "schedule.jsonl"))
+    if not metrics and not schedule and not (root / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{root} has no metrics.jsonl or schedule.jsonl (is it a run directory?)")
+    by_step: dict[int, dict[str, Any]] = {}
+    for rec in metrics:
+        if "kind" not in rec and _number(rec.get("step")):
+            by_step[int(rec["step"])] = rec
+    validation = [r for r in metrics if r.get("kind") == "validation"]
+    return RunData(
+        name=root.resolve().name, run_dir=root, steps=[by_step[s] for s in sorted(by_step)],
+        validation=validation, schedule=schedule,
+    )  # fmt: skip
+
+
+def current_schedule(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that still count after every restart: a `run` record with `step` S and
+    `next_g` G (a resume from step S's checkpoint) drops the earlier records of steps after S
+    and of training groups G and later, whose work the resumed run does again."""
+    out: list[dict[str, Any]] = []
+    for rec in records:
+        if rec.get("ev") == "run" and out and "next_g" in rec:
+            step, next_g = int(rec.get("step", 0)), int(rec["next_g"])
+            out = [r for r in out if not _rolled_back(r, step, next_g)]
+        out.append(rec)
+    return out
+
+
+def _rolled_back(rec: dict[str, Any], step: int, next_g: int) -> bool:
+    if rec.get("ev") == "step":
+        return int(rec.get("step", 0)) > step
+    g = rec.get("g")
+    return isinstance(g, int) and g >= next_g
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

@@ -1,0 +1,62 @@
+"""The report in a real browser: headless Chromium (.ci/setup --tests installs the Debian package)
+opens the page built from the recorded run with no network, runs its scripts without an
+error, draws every panel (traces with drawn paths in each plot's SVG), and its screenshot
+is not blank. A page whose script fails is seen as failed (the check is not vacuous)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from runtime.report.browser import dump_dom, find_chromium, screenshot
+from runtime.report.build import build_report
+from runtime.report.panels import PANELS
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "tiny_run"
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if find_chromium() is None:
+        pytest.fail("no chromium on PATH: run .ci/setup --tests (it installs the Debian package `chromium`)")
+    return build_report(RECORDED, tmp_path_factory.mktemp("report") / "report.html")
+
+
+def drawn_panels(dom: str) -> dict[str, int]:
+    """Panel id → number of traces in its SVG that draw a path."""
+    parts = re.split(r'<div class="panel[^"]*" id="(p-[\w-]+)">', dom)
+    out = {}
+    for pid, body in zip(parts[1::2], parts[2::2], strict=True):
+        traces = re.findall(r'<g class="trace[ "].*?(?=<g class="trace[ "]|$)', body, re.S)
+        out[pid] = sum(1 for t in traces if re.search(r'<path[^>]* d="M[^"]', t))
+    return out
+
+
+def test_the_page_draws_every_panel_without_a_script_error(page: Path) -> None:
+    dom = dump_dom(page)
+    status = re.search(r'<body[^>]*data-status="([^"]*)"', dom)
+    assert status is not None and status.group(1) == "ok", status.group(1) if status else dom[:2000]
+    drawn = drawn_panels(dom)
+    assert set(drawn) == {"p-timeline-0", *(f"p-{p}" for p in PANELS)}
+    assert all(n > 0 for n in drawn.values()), drawn
+    assert drawn["p-timeline-0"] >= 5, "generation, validation, trainer step, weight sync, weight load"
+
+
+def test_a_failing_script_is_reported_by_the_page(page: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.html"
+    broken.write_text(page.read_text().replace("var FIGURES = {", "noSuchFunction(); var FIGURES = {", 1))
+    status = re.search(r'data-status="([^"]*)"', dump_dom(broken))
+    assert status is not None and status.group(1).startswith("error:") and "noSuchFunction" in status.group(1)
+
+
+def test_the_screenshot_shows_the_plots(page: Path, tmp_path: Path) -> None:
+    png = screenshot(page, tmp_path / "report.png", width=1400, height=2600)
+    image = Image.open(png).convert("RGB")
+    assert image.size == (1400, 2600)
+    top, bottom = image.crop((0, 0, 1400, 900)), image.crop((0, 1700, 1400, 2600))
+    for region in (top, bottom):  # the timeline at the top, metric panels further down
+        colours = region.getcolors(maxcolors=1 << 20) or []
+        assert len(colours) > 200, "a blank or nearly blank region"
