@@ -153,7 +153,9 @@ class Supervisor:
             self.console.show(rec)
 
     def _check_exits(self) -> int | None:
-        for p in self.procs:
+        # A role killed by a signal (SIGKILL, an abort) is the likelier first cause than
+        # one that exited 1 because its peer vanished: report it first.
+        for p in sorted(self.procs, key=lambda q: not ((q.popen.poll() or 0) < 0)):
             code = p.popen.poll()
             if code is None:
                 continue
