@@ -13,6 +13,11 @@ colocated placement) and `zmq`, on GPU 1 for `nccl`; on the CPU without a GPU (`
 then runs over gloo). Backends: `zmq` always; `ipc` with a GPU; `nccl` with two GPUs or
 none. Each backend gets one warm-up update, then `--updates` timed ones.
 
+`--busy GROUPS` times every backend a second time while the rollout generates (rows
+`<backend>:busy`: GROUPS requests of `rollout.n` samples kept in flight, 1 s of generation
+between updates), as it does in an async run, where each update has to pause a busy
+engine; `--bucket-mb 256,1024` compares bucket sizes (rows `<backend>@<mb>MB`).
+
 Per backend: the median seconds of an update end to end (first bucket packed to the last
 `WeightsApplied`, vLLM's load included), GB/s over it, the median phase split
 (`gather_s`: packing on the trainer side; `transfer_s`: moving the bytes; `load_s`: vLLM's
@@ -56,7 +61,64 @@ def sender_device(backend: str, gpus: int) -> torch.device:
     return torch.device("cuda", 1 if backend == "nccl" else 0)
 
 
-async def run(cfg: RunConfig, names: list[str], updates: int) -> dict[str, Any]:
+class Load:
+    """Keeps the rollout generating, as it does in an async run: `groups` requests of
+    `cfg.rollout.n` samples in flight, each replaced when its last sample comes back.
+    Leaving waits for the requests in flight to finish (there is no cancel message)."""
+
+    serial = 0  # request ids stay unique across loads
+
+    def __init__(self, harness: Any, cfg: RunConfig, groups: int) -> None:
+        self.harness, self.cfg, self.groups = harness, cfg, groups
+        self.tokens = 0
+        self.stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        from transport import wire
+
+        spec = wire.SamplingSpec(
+            n=self.cfg.rollout.n, max_tokens=self.cfg.rollout.max_tokens, temperature=1.0, ignore_eos=True
+        )
+        gen = torch.Generator().manual_seed(0)
+        left: dict[str, int] = {}
+
+        async def submit() -> None:
+            Load.serial += 1
+            rid = f"load-{Load.serial}"
+            left[rid] = spec.n
+            prompt = torch.randint(3, 250, (16,), generator=gen).tolist()
+            await self.harness.send(
+                wire.Generate(request_id=rid, group_id=Load.serial, prompt_ids=prompt, sampling=spec)
+            )
+
+        for _ in range(self.groups):
+            await submit()
+        while left:
+            c = await self.harness.next(wire.Completion, timeout=600)
+            if c.request_id not in left:
+                continue
+            self.tokens += c.token_ids.numel()
+            left[c.request_id] -= 1
+            if left[c.request_id] == 0:
+                del left[c.request_id]
+                if not self.stopping:
+                    await submit()
+
+    async def __aenter__(self) -> Load:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.sleep(5.0)  # let the engine fill its batch
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self.stopping = True
+        await asyncio.wait_for(self._task, 600)
+
+
+async def run(
+    cfg: RunConfig, names: list[str], updates: int, bucket_mbs: list[int], busy_groups: int
+) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from tests.helpers.harness import RoleHarness
@@ -81,20 +143,36 @@ async def run(cfg: RunConfig, names: list[str], updates: int) -> dict[str, Any]:
         for backend in names:
             device = sender_device(backend, gpus)
             tensors = {k: v.to(device) for k, v in cpu_weights.items()}
-            side = TrainerSide(
-                harness, backend, device, timeout_s=cfg.weight_sync.timeout_s, bucket_mb=cfg.weight_sync.bucket_mb
-            )
-            await side.connect()
-            results = []
-            for _ in range(updates + 1):
-                version += 1
-                result = await side.push(version, tensors)
-                if result.failed:
-                    raise RuntimeError(f"{backend}: {next(iter(result.failed.values()))}")
-                results.append(result)
-            await side.aclose()
+            for mb in bucket_mbs:
+                side = TrainerSide(harness, backend, device, timeout_s=cfg.weight_sync.timeout_s, bucket_mb=mb)
+                await side.connect()
+                for busy in [False, True] if busy_groups else [False]:
+                    results = []
+                    load = Load(harness, cfg, busy_groups) if busy else None
+                    if load is not None:
+                        await load.__aenter__()
+                    started = time.perf_counter()
+                    try:
+                        for _ in range(updates + 1):
+                            version += 1
+                            result = await side.push(version, tensors)
+                            if result.failed:
+                                raise RuntimeError(f"{backend}: {next(iter(result.failed.values()))}")
+                            results.append(result)
+                            if load is not None:
+                                await asyncio.sleep(1.0)  # generation between updates, as between steps
+                    finally:
+                        if load is not None:
+                            await load.__aexit__(None, None, None)
+                    row = summarize(results[0], results[1:])
+                    row["bucket_mb"] = mb
+                    if load is not None:
+                        row["busy_groups"] = busy_groups
+                        row["busy_tok_per_s"] = round(load.tokens / (time.perf_counter() - started), 1)
+                    key = backend + ("" if len(bucket_mbs) == 1 else f"@{mb}MB") + (":busy" if busy else "")
+                    out[key] = row
+                await side.aclose()
             del tensors
-            out[backend] = summarize(results[0], results[1:])
     finally:
         await harness.stop()
     if "zmq" in out:
@@ -125,6 +203,13 @@ def main() -> None:
     parser.add_argument("--backends", default="", help="comma-separated subset (default: all this machine allows)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke test: tiny model, 2 updates")
     parser.add_argument("--out", default="", help="also write the JSON here")
+    parser.add_argument(
+        "--bucket-mb", default="", help="comma-separated bucket sizes to compare (default: the config's)"
+    )
+    parser.add_argument(
+        "--busy", type=int, default=0, metavar="GROUPS",
+        help="also time every backend while the rollout generates GROUPS requests of rollout.n samples (rows ':busy')",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
     setup_logging(None, "bench", level="warning")
@@ -137,7 +222,8 @@ def main() -> None:
     prepare_run_dir(cfg)
     names = args.backends.split(",") if args.backends else backends(cpu_only=args.quick)
     started = time.time()
-    rows = asyncio.run(run(cfg, names, args.updates))
+    bucket_mbs = [int(x) for x in args.bucket_mb.split(",")] if args.bucket_mb else [cfg.weight_sync.bucket_mb]
+    rows = asyncio.run(run(cfg, names, args.updates, bucket_mbs, args.busy))
     result = {
         "benchmark": "weight_sync",
         "config": args.config,
@@ -147,7 +233,8 @@ def main() -> None:
             "python": platform.python_version(),
             "torch": torch.__version__,
         },
-        "bucket_mb": cfg.weight_sync.bucket_mb,
+        "bucket_mb": bucket_mbs,
+        "busy_groups": args.busy,
         "backends": rows,
     }
     text = json.dumps(result)

@@ -207,12 +207,17 @@ class RolloutEngine:
         try:
             if self.sleep_mode and await self._wake(["weights"], timeout_s):
                 self._kv_asleep = True
+            t1 = time.perf_counter()
             await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=False), timeout_s, "pause")
+            t2 = time.perf_counter()
             await self._rpc("tandem_begin_update", None, timeout_s)
         except BaseException:
             await self.abandon_update(timeout_s)
             raise
-        return time.perf_counter() - t0
+        t3 = time.perf_counter()
+        log.info("update_paused", update=version, wake_s=round(t1 - t0, 4), pause_s=round(t2 - t1, 4),
+                  begin_s=round(t3 - t2, 4), active=len(self._active))  # fmt: skip
+        return t3 - t0
 
     async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
         """A whole update from a version staged in shared memory (the zmq backend):

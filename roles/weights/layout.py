@@ -25,6 +25,7 @@ import torch
 from transport.wire import TensorSlot
 
 ALIGN = 256  # byte alignment of every tensor in a bucket (any dtype view, coalesced copies)
+NUM_BUFFERS = 2  # BucketPacker's default: bucket k's buffer is repacked for bucket k + 2
 
 
 def nbytes_of(t: torch.Tensor) -> int:
@@ -93,7 +94,7 @@ class PackedBucket:
 
 
 class BucketPacker:
-    def __init__(self, device: torch.device, bucket_bytes: int, num_buffers: int = 2) -> None:
+    def __init__(self, device: torch.device, bucket_bytes: int, num_buffers: int = NUM_BUFFERS) -> None:
         self.device = device
         self.bucket_bytes = bucket_bytes
         self.buffers: list[torch.Tensor | None] = [None] * num_buffers

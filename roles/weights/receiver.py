@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -69,6 +69,9 @@ class _Update:
     next_index: int = 0
     num_tensors: int = 0
     num_bytes: int = 0
+    engine_s: list[float] = field(default_factory=list)  # each bucket's engine call (load RPC)
+    gaps_s: list[float] = field(default_factory=list)  # from a bucket's reply to the next bucket's arrival
+    replied: float = 0.0
 
 
 class WeightReceiver:
@@ -148,6 +151,7 @@ class WeightReceiver:
     # --- ipc / nccl: bucket by bucket ---------------------------------------------------
     async def _bucket(self, meta: wire.WeightBucketMeta) -> wire.Message:
         backend = "nccl" if meta.ipc is None else "ipc"
+        arrived = time.perf_counter()
         self._stop_watchdog()
         update = self.update
         if meta.index == 0:
@@ -171,12 +175,16 @@ class WeightReceiver:
         if meta.ipc is not None:
             spec["ipc"] = msgspec.to_builtins(meta.ipc)
         method = "tandem_receive_bucket" if meta.ipc is None else "tandem_load_ipc"
+        if meta.index > 0:
+            update.gaps_s.append(arrived - update.replied)
+        called = time.perf_counter()
         try:
             times = await self.engine.load_bucket(method, spec, self.timeout_s + SLACK_S)
         except Exception as exc:
             if meta.ipc is None:
                 await self._leave_group()
             return await self._fail(meta.version, exc)
+        update.engine_s.append(time.perf_counter() - called)
         update.receive_s += times["receive_s"]
         update.load_s += times["load_s"]
         update.num_tensors += len(meta.slots)
@@ -188,6 +196,7 @@ class WeightReceiver:
             except Exception as exc:
                 return await self._fail(meta.version, exc)
         self._watchdog = asyncio.create_task(self._expire(update), name=f"weights-v{update.version}-watchdog")
+        update.replied = time.perf_counter()
         return wire.Ack()
 
     # --- the update's life ---------------------------------------------------------------
@@ -199,8 +208,16 @@ class WeightReceiver:
         return self.update
 
     async def _finish(self, update: _Update) -> wire.WeightsApplied:
+        finishing = time.perf_counter()
         await self.engine.finish_update(self.timeout_s)
         self.update = None
+        # Where an update's time went, rollout side: the pause, each bucket's engine call
+        # (its worker's own load_s inside), the waits for the trainer's next bucket, the finish.
+        log.info(
+            "weight_update_timing", update=update.version, backend=update.backend, buckets=update.next_index,
+            pause_s=round(update.pause_s, 4), engine_s=[round(t, 4) for t in update.engine_s],
+            gaps_s=[round(t, 4) for t in update.gaps_s], finish_s=round(time.perf_counter() - finishing, 4),
+        )  # fmt: skip
         applied = wire.WeightsApplied(
             version=update.version, receive_s=update.receive_s, load_s=update.load_s,
             total_s=time.perf_counter() - update.started,

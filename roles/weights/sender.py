@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import torch
 import zmq.asyncio
 
 from roles.weights.errors import WeightSyncError
-from roles.weights.layout import PackedBucket, pack
+from roles.weights.layout import NUM_BUFFERS, PackedBucket, pack
 from transport import wire
 from transport.endpoint import ChannelOptions
 from transport.rpc import RpcEndpoint
@@ -86,6 +87,7 @@ class Transfer(Protocol):
     """How one backend moves one bucket to one rollout (transfers.py)."""
 
     name: str
+    window: int  # buckets that may be in flight to one target at once (answered in order)
 
     async def prepare(self, target: str, ep: RpcEndpoint) -> None:
         """Before the first bucket of a version (nccl: form the group once)."""
@@ -137,38 +139,65 @@ class WeightSender:
 
     async def push(self, version: int, source: BucketSource, only: list[str] | None = None) -> PushResult:
         """Send `version` to every target (or `only` those); a target that fails is
-        reported in `failed` and forgotten, the others are not held up by it."""
+        reported in `failed` and forgotten, the others are not held up by it.
+
+        Up to `transfer.window` buckets are in flight to a target at once (the rollout
+        answers them in order), and the next bucket is packed while fewer than
+        `NUM_BUFFERS` are: a buffer is never repacked before its bucket was answered."""
         start = time.perf_counter()
         live = [n for n in self.targets if only is None or n in only]
         failed: dict[str, WeightSyncError] = {}
         replies: dict[str, wire.Message] = {}
         live = await self._each(live, failed, lambda n: self.transfer.prepare(n, self.targets[n]))
-        gather_s, num_bytes, deliver_s = 0.0, 0, 0.0
-        pulling = asyncio.ensure_future(source.next())
+        window = max(1, self.transfer.window)
+        inflight: deque[dict[str, asyncio.Future[wire.Message]]] = deque()
+        gather_s, num_bytes, deliver_s, busy_since = 0.0, 0, 0.0, 0.0
+        pulling: asyncio.Future[PackedBucket | None] = asyncio.ensure_future(source.next())
+
+        async def settle() -> None:
+            """Wait for the oldest bucket in flight; forget the targets it failed for."""
+            nonlocal live, deliver_s
+            sends = inflight.popleft()
+            results = await asyncio.gather(*sends.values(), return_exceptions=True)
+            for name, res in zip(sends, results, strict=True):
+                if name in failed:
+                    continue  # an earlier bucket failed for it already
+                if isinstance(res, WeightSyncError):
+                    failed[name] = res
+                elif isinstance(res, BaseException):
+                    pulling.cancel()
+                    for rest in inflight:
+                        for fut in rest.values():
+                            fut.cancel()
+                    raise res
+                else:
+                    replies[name] = res
+            live = [n for n in live if n not in failed]
+            if not inflight:
+                deliver_s += time.perf_counter() - busy_since
+
         while True:
             bucket = await pulling
             if bucket is None:
                 break
             gather_s += bucket.gather_s
             num_bytes += bucket.nbytes
-            sending = time.perf_counter()
-            sends = {n: self._send(n, version, bucket) for n in live}
-            pulling = asyncio.ensure_future(source.next())  # gather and pack the next one meanwhile
-            results = await asyncio.gather(*sends.values(), return_exceptions=True)
-            deliver_s += time.perf_counter() - sending
-            live = []
-            for name, res in zip(sends, results, strict=True):
-                if isinstance(res, WeightSyncError):
-                    failed[name] = res
-                elif isinstance(res, BaseException):
-                    pulling.cancel()
-                    raise res
-                else:
-                    replies[name] = res
-                    live.append(name)
-            if not live and not bucket.last:
-                await _drain(pulling, source)  # nobody left: let the export finish
+            while len(inflight) >= window:
+                await settle()
+            if not live:
+                if not bucket.last:
+                    await _drain(source)  # nobody left: let the export finish
                 break
+            if not inflight:
+                busy_since = time.perf_counter()
+            inflight.append({n: asyncio.ensure_future(self._send(n, version, bucket)) for n in live})
+            if bucket.last:
+                break
+            while len(inflight) >= NUM_BUFFERS:
+                await settle()  # its buffer is the one the next bucket goes into
+            pulling = asyncio.ensure_future(source.next())  # gather and pack the next one meanwhile
+        while inflight:
+            await settle()
         for name in failed:
             await self._forget(name)
         applied = self._applied(version, replies, failed)
@@ -220,8 +249,8 @@ class WeightSender:
         await self.transfer.aclose()
 
 
-async def _drain(pulling: asyncio.Future[PackedBucket | None], source: BucketSource) -> None:
+async def _drain(source: BucketSource) -> None:
     """Pull the rest of `source` (its export is a collective every rank finishes)."""
-    bucket = await pulling
+    bucket = await source.next()
     while bucket is not None and not bucket.last:
         bucket = await source.next()

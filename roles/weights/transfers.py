@@ -51,6 +51,7 @@ async def _request(name: str, ep: RpcEndpoint, msg: wire.Message, phase: str, ti
 
 class ZmqTransfer:
     name = "zmq"
+    window = 2  # the rollout stages bucket k while k + 1 travels
 
     def __init__(self, timeout_s: float, *, token: str) -> None:
         """`token`: the run's secret, carried by every message (runtime/run_token.py)."""
@@ -76,6 +77,9 @@ class ZmqTransfer:
 
 class IpcTransfer:
     name = "ipc"
+    # The next handle waits at the rollout while it loads the current bucket, so its
+    # workers go from one bucket to the next without a round trip to the trainer.
+    window = 2
 
     def __init__(self, timeout_s: float, *, token: str) -> None:
         self.timeout_s = timeout_s
@@ -107,6 +111,7 @@ class IpcTransfer:
 
 class NcclTransfer:
     name = "nccl"
+    window = 1  # one broadcast at a time on a group: collectives must be issued in order
 
     def __init__(
         self, timeout_s: float, *, token: str, host: str, device: torch.device, workers_per_rollout: int = 1

@@ -28,9 +28,11 @@ class TrainerSide:
         timeout_s: float,
         bucket_mb: int,
         identity: str = "",
+        bucket_bytes: int = 0,
     ) -> None:
         """`identity`: this sender's socket identity (default `trainer-<backend>`); two
-        senders alive at once need two (the rollout's ROUTER routes by identity)."""
+        senders alive at once need two (the rollout's ROUTER routes by identity);
+        `bucket_bytes`: a bucket size below a MiB (tests), instead of `bucket_mb`."""
         transfer: Transfer
         token = read_token(h.cfg.run_dir)
         if backend == "ipc":
@@ -42,7 +44,7 @@ class TrainerSide:
         opts = addresses.channel_options(h.cfg, h.cfg.run_dir)
         self.sender = WeightSender(h.zmq, opts, identity or f"trainer-{backend}", timeout_s, transfer)
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
-        self.packer = BucketPacker(pack_on, bucket_mb << 20)
+        self.packer = BucketPacker(pack_on, bucket_bytes or bucket_mb << 20)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="export")
         self.harness = h
 

@@ -143,6 +143,37 @@ async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHa
     assert {"truncated", "bad_header", "schema_version"} <= reasons
 
 
+async def test_pipelined_small_buckets_load_the_same_weights_as_one_message_each(rollout: RoleHarness) -> None:
+    """The trainer's sender keeps two zmq buckets in flight (roles/weights/sender.py):
+    the tiny model in 16 KiB buckets lands exactly as the same tensors sent plainly do."""
+    from tests.helpers.weights import TrainerSide
+
+    cfg = rollout.cfg
+    side = TrainerSide(rollout, "zmq", torch.device("cpu"), timeout_s=30.0, bucket_mb=1, bucket_bytes=16 << 10)
+    await side.connect()
+    try:
+        tensors = model_tensors(rollout, 0.75)
+        result = await side.push(2, tensors)
+    finally:
+        await side.aclose()
+    assert not result.failed and result.applied["rollout-0"].version == 2
+    assert result.applied["rollout-0"].num_tensors == len(tensors)
+    assert (await rollout.next(wire.WeightsApplied)).version == 2
+    assert result.num_bytes == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert result.num_bytes > 8 * (16 << 10)  # many buckets, so two were in flight
+    ep = rollout.connect(rollout.peer.address if rollout.peer else "", name="checker")
+    try:
+        pipelined = await ep.request(wire.WeightChecksums(version=0), timeout=60)
+        await push(ep, 3, tensors, read_token(cfg.run_dir))  # the same tensors, 8 a message
+        assert (await rollout.next(wire.WeightsApplied)).version == 3
+        plain = await ep.request(wire.WeightChecksums(version=0), timeout=60)
+    finally:
+        await ep.aclose()
+    assert isinstance(pipelined, wire.WeightChecksums) and isinstance(plain, wire.WeightChecksums)
+    assert pipelined.version == 2 and plain.version == 3
+    assert pipelined.sums == plain.sums and len(plain.sums) > 0
+
+
 async def test_engine_death_ends_the_role_with_its_error(rollout: RoleHarness) -> None:
     """Runs last: kills the module's engine."""
     assert rollout.proc is not None
