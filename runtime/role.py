@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import zmq
 import zmq.asyncio
 
-from runtime import addresses
+from runtime import addresses, gc_pauses
 from runtime.config import RunConfig
 from runtime.last_words import say
 from runtime.logs import get_logger, on_write_error
@@ -172,7 +172,9 @@ class Role:
             await self.setup()
             if self.registers:
                 await self._register()
-            log.info("ready", pid=os.getpid())
+            frozen = gc_pauses.settle()  # set-up's objects live on: no collection walks them again
+            gc_pauses.watch()
+            log.info("ready", pid=os.getpid(), gc_frozen=frozen)
             main = asyncio.create_task(self.run(), name="main")
             stop = asyncio.create_task(self._stop.wait(), name="stop-wait")
             await asyncio.wait({main, stop}, return_when=asyncio.FIRST_COMPLETED)
