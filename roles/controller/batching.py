@@ -2,7 +2,9 @@
 
 `build_train_batches` returns one `TrainBatch` per trainer rank. Sequences are packed
 (prompt then response, `cu_seqlens` offsets); per-token tensors are 0 on prompt
-positions. Shards are balanced by token count (longest first, to the lightest rank).
+positions, and `loss_mask` is 0 on the tokens a multi-turn environment inserted too
+(`global_num_tokens` counts only sampled tokens). Shards are balanced by token count
+(longest first, to the lightest rank).
 `global_num_tokens` / `global_num_seqs` count the whole step, so each rank can
 normalise its loss to the global mean.
 """
@@ -69,7 +71,7 @@ def build_train_batches(
     advs = sample_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma)
     lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
     shards = assign_shards(lengths, num_shards)
-    num_tokens = sum(s.length for _, s in pairs)
+    num_tokens = sum(s.num_sampled for _, s in pairs)
     batches = [_pack([pairs[i] for i in idx], [advs[i] for i in idx], step, num_tokens, len(pairs)) for idx in shards]
     return batches, _stats(pairs, num_tokens)
 
@@ -95,7 +97,7 @@ def _pack(
         p = torch.tensor(g.prompt.prompt_ids, dtype=torch.int64)
         zeros = torch.zeros(len(p), dtype=torch.float32)
         ids.append(torch.cat([p, s.token_ids.to(torch.int64)]))
-        mask.append(torch.cat([zeros, torch.ones(s.length)]))
+        mask.append(torch.cat([zeros, s.mask()]))
         behav.append(torch.cat([zeros, s.logprobs.float()]))
         adv.append(torch.cat([zeros, a.float()]))
         if gae:
