@@ -26,7 +26,9 @@ class BatchStats:
     num_response_tokens: int
     reward_mean: float
     reward_std: float
-    response_len_mean: float
+    response_len_mean: float  # sampled tokens only
+    turns_mean: float | None = None  # multi-turn samples: assistant turns per sample
+    env_tokens_mean: float | None = None  # multi-turn samples: environment tokens per sample
 
 
 def sample_advantages(
@@ -130,10 +132,13 @@ def _require(t: torch.Tensor | None, what: str) -> torch.Tensor:
 
 def _stats(pairs: list[tuple[Group, SampleRec]], num_tokens: int) -> BatchStats:
     rewards = torch.tensor([float(s.reward or 0.0) for _, s in pairs]) if pairs else torch.zeros(1)
+    multi = [s for _, s in pairs if s.num_turns]
     return BatchStats(
         num_samples=len(pairs),
         num_response_tokens=num_tokens,
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std(unbiased=False)),
         response_len_mean=num_tokens / max(1, len(pairs)),
+        turns_mean=sum(s.num_turns for s in multi) / len(multi) if multi else None,
+        env_tokens_mean=sum(s.length - s.num_sampled for s in multi) / len(multi) if multi else None,
     )

@@ -150,6 +150,7 @@ class Dispatcher:
             index=msg.sample_index, token_ids=msg.token_ids.clone(), logprobs=msg.logprobs.clone(),
             versions=msg.versions.clone(), finish_reason=msg.finish_reason, error=msg.error,
             loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(), env_reward=msg.env_reward,
+            num_turns=msg.num_turns,
         )  # fmt: skip
         started = time.time() - msg.gen_s
         group.gen_started = min(group.gen_started, started) if group.gen_started else started
