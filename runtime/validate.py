@@ -98,6 +98,8 @@ def _check_env(cfg: RunConfig) -> None:
         )
     if cfg.algorithm.advantage == "gae":
         raise ConfigError("rollout.env: algorithm.advantage=gae is not supported over multi-turn masks yet")
+    if cfg.reward.overlong.enabled:
+        raise ConfigError("rollout.env: reward.overlong is not supported for multi-turn samples yet")
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

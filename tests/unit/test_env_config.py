@@ -52,6 +52,7 @@ def test_a_valid_multiturn_config_passes() -> None:
             r"rollout\.env_timeout_s \(5\) must exceed rollout\.tool_timeout_s \(10\)",
         ),
         ([f"rollout.env={HERE}:no_args", "algorithm.advantage=gae"], r"rollout\.env: algorithm\.advantage=gae is not"),
+        ([f"rollout.env={HERE}:no_args", "reward.overlong.enabled=true"], r"rollout\.env: reward\.overlong is not"),
     ],
 )
 def test_bad_multiturn_keys_fail_naming_the_key(overrides: list[str], error: str) -> None:
