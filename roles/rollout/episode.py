@@ -53,10 +53,13 @@ class Trajectory:
         return len(self.token_ids)
 
     def sampled(self, s: Sample) -> None:
-        """Append an assistant turn as sampled."""
+        """Append an assistant turn as sampled (a failed turn's logprobs and versions are
+        cut or padded to its tokens, so later positions stay aligned)."""
+        n = len(s.token_ids)
         self.token_ids += s.token_ids
-        self.logprobs += s.logprobs[: len(s.token_ids)]
-        self.versions += s.versions
+        self.logprobs += (list(s.logprobs) + [0.0] * n)[:n]
+        fill = s.versions[-1] if s.versions else (self.versions[-1] if self.versions else 0)
+        self.versions += (list(s.versions) + [fill] * n)[:n]
         self.loss_mask += [1] * len(s.token_ids)
         if s.versions and self._pending:
             for i in self._pending:  # reset's observation: the first sampled token's version
