@@ -165,3 +165,20 @@ def test_reset_tokens_take_the_fallback_version_when_nothing_was_sampled() -> No
     sampler = ScriptedSampler([([], [], [])], finish=FinishReason.ERROR)
     traj = asyncio.run(episode(ScriptedEnv([[90]], reset=[80, 81]), sampler, fallback_version=7))
     assert (traj.token_ids, traj.versions, traj.loss_mask) == ([80, 81], [7, 7], [0, 0])
+
+
+def test_the_synthetic_task_gives_feedback_then_rewards_the_last_turn() -> None:
+    from roles.rollout.synthetic_env import factory
+
+    tok = build_tokenizer()
+    letters = [ord(c) for c in "abcd"]
+    turns = [(letters[:2] + [ord("z")] * 2, [-1.0] * 4, [0] * 4), ([*letters[:3], ord("z")], [-1.0] * 4, [1] * 4)]
+    prompt = EnvPrompt(prompt_ids=letters, text="abcd", answer="abcd")
+    traj = asyncio.run(
+        run_episode(factory(), prompt, ScriptedSampler(turns), max_turns=4, max_tokens=4, max_total_tokens=64,
+                    call_timeout_s=1.0, tokenizer=tok)
+    )  # fmt: skip
+    feedback = tok.encode("\nscore 2/4, copy: abcd\n", add_special_tokens=False)
+    assert traj.token_ids == turns[0][0] + feedback + turns[1][0]
+    assert traj.loss_mask == [1] * 4 + [0] * len(feedback) + [1] * 4
+    assert (traj.num_turns, traj.reward, traj.versions[-1]) == (2, 0.75, 1)
