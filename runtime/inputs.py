@@ -24,16 +24,16 @@ def check_inputs(cfg: RunConfig) -> None:
     if cfg.model.path:
         check_model_dir(Path(cfg.model.path))
     if cfg.data.source == "file":
-        try:
-            read_rows(cfg.data.path, cfg.data.prompt_key)
-        except DataError as exc:
-            raise ConfigError(str(exc)) from None
-    v = cfg.validation
-    if v.every and v.data != "synthetic":
-        try:
-            read_rows(v.data, cfg.data.prompt_key, "validation.data")
-        except DataError as exc:
-            raise ConfigError(str(exc)) from None
+        _check_rows(cfg.data.path, cfg.data.prompt_key, "data.path")
+    if cfg.validation.every and cfg.validation.data != "synthetic":
+        _check_rows(cfg.validation.data, cfg.data.prompt_key, "validation.data")
+
+
+def _check_rows(path: str, prompt_key: str, key: str) -> None:
+    try:
+        read_rows(path, prompt_key, key)
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_model_dir(path: Path) -> None:

@@ -165,9 +165,7 @@ class Dispatcher:
         return group if group.complete else None
 
     def _record_sampled(self, group: Group, rollout: str) -> None:
-        samples = [s for s in group.samples.values() if s.versions.numel()]
-        vmin = min((int(s.versions.min()) for s in samples), default=group.admitted_version)
-        vmax = max((int(s.versions.max()) for s in samples), default=group.admitted_version)
+        vmin, vmax = group.token_versions or (group.admitted_version, group.admitted_version)
         tokens = sum(s.length for s in group.samples.values())
         self.schedule.sampled(group.gid, rollout, group.gen_started, vmin, vmax, tokens)
 

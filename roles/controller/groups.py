@@ -83,10 +83,17 @@ class Group:
         return next((s.error for s in self.samples.values() if s.error), "")
 
     @property
+    def token_versions(self) -> tuple[int, int] | None:
+        """The oldest and newest policy version of any of its tokens; None without tokens."""
+        spans = [(int(s.versions.min()), int(s.versions.max())) for s in self.samples.values() if s.versions.numel()]
+        return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None
+
+    @property
     def version(self) -> int:
         """The group's staleness anchor: the oldest policy version of any of its tokens,
         or of the critic that valued them (GAE), whichever is older."""
-        mins = [int(s.versions.min()) for s in self.samples.values() if s.versions.numel()]
+        span = self.token_versions
+        mins = [span[0]] if span is not None else []
         if self.value_version is not None:
             mins.append(self.value_version)
         return min(mins) if mins else self.admitted_version

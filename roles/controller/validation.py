@@ -3,8 +3,8 @@
 What a caller may rely on:
 * `due(step)`: a round is due after every `validation.every` steps, and at step 0 with
   `validation.at_start`.
-* `start(step, version)` runs a round as a task, which sends every validation prompt (n samples each, the validation
-  sampling) to the rollouts as side groups of the dispatcher: they go before new
+* `start(step, version)` runs a round as a task, which sends every validation prompt (n
+  samples each, the validation sampling) to the rollouts as side groups of the dispatcher: they go before new
   training prompts, never enter the ledger or a training batch, and are scored by the
   reward roles like training samples (without overlong shaping). Once all are scored, or
   after `validation.timeout_s` with what came back, it writes one record to
@@ -43,7 +43,7 @@ def summarize(groups: list[Group], *, k: int, pass_threshold: float) -> dict[str
         return {"val/prompts": 0, "val/samples": 0}
     rewards = [float(s.reward or 0.0) for s in samples]
     per_prompt = [[float(s.reward or 0.0) for s in g.ordered()] for g in groups if g.samples]
-    versions = [int(v) for s in samples if s.versions.numel() for v in (s.versions.min(), s.versions.max())]
+    spans = [span for g in groups if (span := g.token_versions) is not None]
     out: dict[str, float | int] = {
         "val/prompts": len(per_prompt),
         "val/samples": len(samples),
@@ -54,8 +54,9 @@ def summarize(groups: list[Group], *, k: int, pass_threshold: float) -> dict[str
         "val/reward_failures": sum(1 for s in samples if s.reward_error),
         "val/sample_errors": sum(1 for s in samples if s.error),
     }
-    if versions:
-        out["val/policy_version_min"], out["val/policy_version_max"] = min(versions), max(versions)
+    if spans:
+        out["val/policy_version_min"] = min(lo for lo, _ in spans)
+        out["val/policy_version_max"] = max(hi for _, hi in spans)
     return out
 
 

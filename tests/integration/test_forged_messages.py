@@ -86,7 +86,7 @@ def test_forged_messages_are_refused_and_the_run_completes(tmp_path: Path) -> No
     cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}"]
     paced = "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:slow_zero]"  # ~1 s a step
     proc = subprocess.Popen(
-        [*cmd, f"trainer.total_steps={STEPS}", paced],
+        [*cmd, f"trainer.total_steps={STEPS}", paced, "reward.concurrency=16"],  # 16 workers: 64 x 0.25 s
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
