@@ -164,7 +164,7 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
         list[str],
         Doc(
             description="Tools the environment may call, as `module:function` (sync or async; the function's name "
-            "is the tool's). `roles.rollout.tools:calculator` is built in."
+            "is the tool's). Built in: `roles.rollout.tools:calculator`, `roles.rollout.sandbox:python`."
         ),
     ] = []
     tool_timeout_s: Annotated[
