@@ -96,8 +96,6 @@ def _check_env(cfg: RunConfig) -> None:
             f"rollout.env_timeout_s ({r.env_timeout_s:g}) must exceed rollout.tool_timeout_s ({r.tool_timeout_s:g}): "
             "a step that waits for a tool would time out first"
         )
-    if cfg.algorithm.advantage == "gae":
-        raise ConfigError("rollout.env: algorithm.advantage=gae is not supported over multi-turn masks yet")
     if cfg.reward.overlong.enabled:
         raise ConfigError("rollout.env: reward.overlong is not supported for multi-turn samples yet")
 
