@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from runtime.config_load import ConfigError, load_config
@@ -66,3 +68,16 @@ def test_bad_multiturn_keys_fail_naming_the_key(overrides: list[str], error: str
 def test_factories_take_no_argument_or_the_context() -> None:
     assert not env_factory_takes_context(load_env_factory(f"{HERE}:no_args"))
     assert env_factory_takes_context(load_env_factory(f"{HERE}:with_context"))
+
+
+def test_gsm8k_tool_recipe_is_a_checked_multiturn_config() -> None:
+    path = Path(__file__).resolve().parents[2] / "configs" / "gsm8k_tool.yaml"
+    cfg = load_config(path, ["model.path=/models/Qwen2.5-1.5B-Instruct"])
+    check_config(cfg)
+    assert cfg.rollout.env == "roles.rollout.tool_env:factory"
+    assert cfg.rollout.tools == ["roles.rollout.tools:calculator"]
+    assert cfg.reward.functions == ["roles.reward.builtin:gsm8k_exact_match"]  # from its base, grpo_gsm8k
+    assert '"name": "calculator"' in cfg.data.system_prompt  # the model is told the call format
+    assert cfg.data.max_prompt_tokens + cfg.rollout.max_total_tokens < cfg.rollout.engine.max_model_len
+    with pytest.raises(ConfigError, match=r"rollout\.max_total_tokens \(1280\) must be below"):
+        check_config(load_config(path, ["rollout.engine.max_model_len=1024"]))
