@@ -107,3 +107,15 @@ def test_registry_turns_failures_into_error_observations(tmp_path: Path) -> None
     assert not cut.ok and cut.text == "error: tool 'python' did not return in 0.5s"
     time.sleep(2.5)  # had the child survived the cut it would have written the marker by now
     assert not marker.exists()
+
+
+def test_tool_environment_runs_a_python_call_from_a_turn() -> None:
+    from roles.rollout.environment import Turn
+    from roles.rollout.tool_env import ToolEnv
+
+    env = ToolEnv(ToolRegistry(["roles.rollout.sandbox:python"], timeout_s=30.0))
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call><|im_end|>'
+    step = asyncio.run(env.step(Turn(index=0, token_ids=[1], text=call, finish_reason="stop")))
+    response = "<tool_response>\n42\n\n</tool_response>"  # the program's output is "42\n"
+    assert step.observation == f"\n<|im_start|>user\n{response}<|im_end|>\n<|im_start|>assistant\n"
+    assert not step.done and (env.num_calls, env.num_errors) == (1, 0)
