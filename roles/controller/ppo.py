@@ -89,14 +89,17 @@ def whiten_groups(groups: list[Group]) -> None:
 
 
 def mean_kl(groups: list[Group], estimator: str) -> float:
-    """Mean per-token KL(behaviour ‖ reference) of a batch (for the adaptive coefficient)."""
-    kls = [
-        kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0]
+    """Mean per-token KL(behaviour ‖ reference) of a batch over sampled tokens (for the
+    adaptive coefficient; environment tokens have no behaviour logprob)."""
+    pairs = [
+        (kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0], s.mask())
         for g in groups
         for s in g.ordered()
         if s.ref_logprobs is not None and s.length
     ]
-    return float(torch.cat(kls).mean()) if kls else 0.0
+    if not pairs:
+        return 0.0
+    return masked_mean(torch.cat([kl for kl, _ in pairs]), torch.cat([m for _, m in pairs])).item()
 
 
 class RewardKL:

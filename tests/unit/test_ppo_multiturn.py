@@ -10,7 +10,7 @@ import torch
 from roles.algo import gae_advantages
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
-from roles.controller.ppo import sample_gae, token_rewards, value_metrics, whiten_groups
+from roles.controller.ppo import mean_kl, sample_gae, token_rewards, value_metrics, whiten_groups
 from transport.wire import FinishReason
 
 # turn 1 (3 tokens) | observation (2 tokens, mask 0) | turn 2 (2 tokens)
@@ -23,7 +23,7 @@ def _sample(mask: list[int] | None, values: list[float], reward: float = 1.0) ->
     return SampleRec(
         index=0,
         token_ids=torch.arange(n),
-        logprobs=torch.full((n,), -0.5),
+        logprobs=torch.full((n,), -0.5) * (1 if mask is None else torch.tensor(mask)),  # 0 on observations
         versions=torch.zeros(n, dtype=torch.int32),
         finish_reason=FinishReason.STOP,
         reward=reward,
@@ -33,11 +33,20 @@ def _sample(mask: list[int] | None, values: list[float], reward: float = 1.0) ->
     )
 
 
+def _group(s: SampleRec) -> Group:
+    group = Group(gid=0, prompt=Prompt(uid=0, row=0, prompt_ids=[1], text=""), n=1, request_id="r", admitted_version=0)
+    group.samples[0] = s
+    return group
+
+
 def test_reward_on_last_sampled_token_and_kl_only_on_sampled_tokens() -> None:
     s = _sample([1, 1, 0, 0], [0.0] * 4)  # the budget cut the sample after an observation
     torch.testing.assert_close(token_rewards(s, 0.0, None), torch.tensor([0.0, 1.0, 0.0, 0.0]))
     # k1 estimator: logprob - ref = 0.2 per sampled token, times coef 0.5.
     torch.testing.assert_close(token_rewards(s, 0.5, "k1"), torch.tensor([-0.1, 0.9, 0.0, 0.0]))
+    # The batch's mean KL (the adaptive controller's input) is over sampled tokens too: the
+    # observation tokens' behaviour logprob is 0, which would read as a KL of 0.7 each.
+    assert abs(mean_kl([_group(s)], "k1") - 0.2) < 1e-6
 
 
 def test_sample_gae_carries_across_the_observation() -> None:
@@ -72,8 +81,7 @@ def test_single_turn_sample_is_unchanged() -> None:
 def test_whitening_and_critic_metrics_ignore_observation_tokens() -> None:
     s = _sample(MASK, VALUES)
     sample_gae(s, gamma=1.0, lam=1.0, kl_coef=0.0, estimator=None)
-    group = Group(gid=0, prompt=Prompt(uid=0, row=0, prompt_ids=[1], text=""), n=1, request_id="r", admitted_version=0)
-    group.samples[0] = s
+    group = _group(s)
     metrics = value_metrics([group])
     assert abs(metrics["values_mean"] - 0.3) < 1e-6 and abs(metrics["returns_mean"] - 1.0) < 1e-6
     whiten_groups([group])
