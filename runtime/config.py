@@ -138,6 +138,38 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     elastic_grace_s: Annotated[
         float, Doc(description="Elastic: fail the run when no rollout worker is left for this long.", gt=0)
     ] = 120.0
+    env: Annotated[
+        str,
+        Doc(
+            description="Multi-turn environment factory as `module:factory` (docs/environments.md): each sample "
+            "runs turns against its own environment object; empty = single-turn generation."
+        ),
+    ] = ""
+    max_turns: Annotated[
+        int, Doc(description="With `env`: most assistant turns per sample (each up to rollout.max_tokens).", ge=1)
+    ] = 4
+    max_total_tokens: Annotated[
+        int,
+        Doc(
+            description="With `env`: most tokens per sample after the prompt, assistant and observation tokens "
+            "together; 0 = max_turns * max_tokens.",
+            ge=0,
+        ),
+    ] = 0
+    env_timeout_s: Annotated[
+        float,
+        Doc(description="With `env`: bound of each reset / step call; one over it ends the sample as an error.", gt=0),
+    ] = 60.0
+    tools: Annotated[
+        list[str],
+        Doc(
+            description="Tools the environment may call, as `module:function` (sync or async; the function's name "
+            "is the tool's). Built in: `roles.rollout.tools:calculator`, `roles.rollout.sandbox:python`."
+        ),
+    ] = []
+    tool_timeout_s: Annotated[
+        float, Doc(description="Bound of each tool call; one over it becomes an error observation.", gt=0)
+    ] = 10.0
 
 
 class MixedPrecisionConfig(msgspec.Struct, **_STRUCT):

@@ -1,5 +1,6 @@
-"""User functions named `module:function` (reward functions): loading them and checking,
-before anything starts, that they can be called as the reward role calls them."""
+"""User functions named `module:function` (reward functions, multi-turn environment
+factories, tools): loading them and checking, before anything starts, that they can be
+called as the roles call them."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from typing import Any
 REWARD_ARGUMENTS = ("prompt", "completion", "answer", "metadata", "prompt_ids", "completion_ids")
 
 
-def load_function(spec: str) -> Callable[..., Any]:
-    """Import `module:function`; a one-line ValueError names the part that failed."""
-    module_name, _, attr = spec.partition(":")
+def load_function(spec: str, what: str = "reward function") -> Callable[..., Any]:
+    """Import `module:function`; a one-line ValueError names `what` and the part that failed."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{what} '{spec}' must be module:function")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"reward function '{spec}': cannot import '{module_name}' ({exc})") from None
+        raise ValueError(f"{what} '{spec}': cannot import '{module_name}' ({exc})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"reward function '{spec}': '{attr}' is not a callable in {module_name}")
+        raise ValueError(f"{what} '{spec}': '{attr}' is not a callable in {module_name}")
     return fn  # type: ignore[no-any-return]
 
 
@@ -41,3 +44,26 @@ def load_reward_function(spec: str) -> Callable[..., Any]:
     fn = load_function(spec)
     check_reward_signature(spec, fn)
     return fn
+
+
+def load_env_factory(spec: str) -> Callable[..., Any]:
+    """The `rollout.env` factory: a callable that takes no argument or exactly one (the
+    environment context); a one-line ValueError otherwise."""
+    fn = load_function(spec, what="rollout.env")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn  # a builtin or C callable: trust it
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(required) > 1 or any(p.kind is p.KEYWORD_ONLY for p in required):
+        raise ValueError(f"rollout.env '{spec}': the factory must take no argument or one (the EnvContext)")
+    return fn
+
+
+def env_factory_takes_context(fn: Callable[..., Any]) -> bool:
+    """Whether the factory is called with the EnvContext (it has a positional parameter)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)

@@ -11,7 +11,7 @@ from runtime.config import RunConfig
 from runtime.config_load import ConfigError
 from runtime.gpu_check import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
 from runtime.placement import role_counts
-from runtime.user_functions import load_reward_function
+from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -66,10 +66,38 @@ def check_config(cfg: RunConfig) -> None:
             load_reward_function(fn)  # importable, and callable with the reward arguments
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    _check_env(cfg)
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
     check_ipc_weight_sync(cfg)
+
+
+def _check_env(cfg: RunConfig) -> None:
+    """Multi-turn rollouts: the factory and tools load, the budget fits the engine."""
+    r = cfg.rollout
+    try:
+        for spec in r.tools:
+            load_function(spec, what="rollout.tools entry")
+        if r.env:
+            load_env_factory(r.env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not r.env:
+        return
+    budget = r.max_total_tokens or r.max_turns * r.max_tokens
+    if budget >= r.engine.max_model_len:
+        raise ConfigError(
+            f"rollout.max_total_tokens ({budget}{'' if r.max_total_tokens else ' = max_turns * max_tokens'}) must be "
+            f"below rollout.engine.max_model_len ({r.engine.max_model_len})"
+        )
+    if r.tools and r.env_timeout_s <= r.tool_timeout_s:
+        raise ConfigError(
+            f"rollout.env_timeout_s ({r.env_timeout_s:g}) must exceed rollout.tool_timeout_s ({r.tool_timeout_s:g}): "
+            "a step that waits for a tool would time out first"
+        )
+    if cfg.reward.overlong.enabled:
+        raise ConfigError("rollout.env: reward.overlong is not supported for multi-turn samples yet")
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

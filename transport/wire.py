@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import torch
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: multi-turn (Completion.loss_mask, env_reward, num_turns; Generate.answer, metadata)
 
 _HEADER = struct.Struct("<BBBxQ")
 
@@ -190,27 +190,41 @@ class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 class Generate(msgspec.Struct, **_msg(MsgType.GENERATE)):
-    """Generate `sampling.n` completions of one prompt; each returns as a `Completion`."""
+    """Generate `sampling.n` completions of one prompt; each returns as a `Completion`.
+    `answer` and `metadata` are the dataset row's, for a multi-turn environment."""
 
     request_id: str
     group_id: int
     prompt_ids: list[int]
     sampling: SamplingSpec = msgspec.field(default_factory=SamplingSpec)
+    answer: Any = None
+    metadata: dict[str, Any] = {}
 
 
 class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
-    """One finished sample: tokens, behaviour logprobs and the policy version per token."""
+    """One finished sample: tokens, behaviour logprobs and the policy version per token.
+
+    A multi-turn sample (`rollout.env`) is the whole trajectory after the prompt, as its
+    tokens were sampled or inserted: `loss_mask` is 1 on tokens the policy sampled and 0
+    on tokens the environment inserted (observations, tool results), whose `logprobs` are
+    0 and whose `versions` repeat the nearest sampled token's, so `versions.min()` is the
+    oldest sampled token's. `loss_mask` None means every token was sampled (single turn).
+    `env_reward` is the sum of the rewards the environment gave (None: it gave none).
+    """
 
     request_id: str
     group_id: int
     sample_index: int
     token_ids: torch.Tensor  # int64 [T]
-    logprobs: torch.Tensor  # float32 [T], logprob of each sampled token
+    logprobs: torch.Tensor  # float32 [T], logprob of each sampled token (0 where loss_mask is 0)
     versions: torch.Tensor  # int32 [T], policy version that produced each token
     finish_reason: FinishReason
     prompt_len: int = 0
     gen_s: float = 0.0
     error: str = ""
+    loss_mask: torch.Tensor | None = None  # uint8 [T]; None: all 1
+    env_reward: float | None = None
+    num_turns: int = 0  # assistant turns generated (0: single-turn, no environment)
 
 
 # --- weights ---------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 `build_train_batches` returns one `TrainBatch` per trainer rank. Sequences are packed
 (prompt then response, `cu_seqlens` offsets); per-token tensors are 0 on prompt
-positions. Shards are balanced by token count (longest first, to the lightest rank).
+positions, and `loss_mask` is 0 on the tokens a multi-turn environment inserted too
+(`global_num_tokens` counts only sampled tokens). Shards are balanced by token count
+(longest first, to the lightest rank).
 `global_num_tokens` / `global_num_seqs` count the whole step, so each rank can
 normalise its loss to the global mean.
 """
@@ -24,7 +26,9 @@ class BatchStats:
     num_response_tokens: int
     reward_mean: float
     reward_std: float
-    response_len_mean: float
+    response_len_mean: float  # sampled tokens only
+    turns_mean: float | None = None  # multi-turn samples: assistant turns per sample
+    env_tokens_mean: float | None = None  # multi-turn samples: environment tokens per sample
 
 
 def sample_advantages(
@@ -69,7 +73,7 @@ def build_train_batches(
     advs = sample_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma)
     lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
     shards = assign_shards(lengths, num_shards)
-    num_tokens = sum(s.length for _, s in pairs)
+    num_tokens = sum(s.num_sampled for _, s in pairs)
     batches = [_pack([pairs[i] for i in idx], [advs[i] for i in idx], step, num_tokens, len(pairs)) for idx in shards]
     return batches, _stats(pairs, num_tokens)
 
@@ -95,7 +99,7 @@ def _pack(
         p = torch.tensor(g.prompt.prompt_ids, dtype=torch.int64)
         zeros = torch.zeros(len(p), dtype=torch.float32)
         ids.append(torch.cat([p, s.token_ids.to(torch.int64)]))
-        mask.append(torch.cat([zeros, torch.ones(s.length)]))
+        mask.append(torch.cat([zeros, s.mask()]))
         behav.append(torch.cat([zeros, s.logprobs.float()]))
         adv.append(torch.cat([zeros, a.float()]))
         if gae:
@@ -128,10 +132,13 @@ def _require(t: torch.Tensor | None, what: str) -> torch.Tensor:
 
 def _stats(pairs: list[tuple[Group, SampleRec]], num_tokens: int) -> BatchStats:
     rewards = torch.tensor([float(s.reward or 0.0) for _, s in pairs]) if pairs else torch.zeros(1)
+    multi = [s for _, s in pairs if s.num_turns]
     return BatchStats(
         num_samples=len(pairs),
         num_response_tokens=num_tokens,
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std(unbiased=False)),
         response_len_mean=num_tokens / max(1, len(pairs)),
+        turns_mean=sum(s.num_turns for s in multi) / len(multi) if multi else None,
+        env_tokens_mean=sum(s.length - s.num_sampled for s in multi) / len(multi) if multi else None,
     )

@@ -122,9 +122,11 @@ class Dispatcher:
         rollout.clock.add(group.n)
         self.schedule.dispatch(group.gid, rollout.name, group.attempts)
         sampling = group.sampling or self.sampling
+        prompt = group.prompt
         msg = wire.Generate(
-            request_id=group.request_id, group_id=group.gid, prompt_ids=group.prompt.prompt_ids, sampling=sampling
-        )
+            request_id=group.request_id, group_id=group.gid, prompt_ids=prompt.prompt_ids, sampling=sampling,
+            answer=prompt.answer, metadata=prompt.metadata,
+        )  # fmt: skip
         try:
             await self.server.send(msg, peer=rollout.identity)
         except PeerUnreachable as exc:
@@ -147,6 +149,8 @@ class Dispatcher:
         group.samples[msg.sample_index] = SampleRec(
             index=msg.sample_index, token_ids=msg.token_ids.clone(), logprobs=msg.logprobs.clone(),
             versions=msg.versions.clone(), finish_reason=msg.finish_reason, error=msg.error,
+            loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(), env_reward=msg.env_reward,
+            num_turns=msg.num_turns,
         )  # fmt: skip
         started = time.time() - msg.gen_s
         group.gen_started = min(group.gen_started, started) if group.gen_started else started

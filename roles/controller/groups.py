@@ -32,10 +32,22 @@ class SampleRec:
     advantages: torch.Tensor | None = None  # float32 [R] token advantages (GAE)
     returns: torch.Tensor | None = None  # float32 [R]
     ref_logprobs: torch.Tensor | None = None  # float32 [R] reference policy (KL in reward)
+    loss_mask: torch.Tensor | None = None  # uint8 [R]: 0 on environment tokens (multi-turn); None: all 1
+    env_reward: float | None = None  # the environment's reward (multi-turn), added to the functions'
+    num_turns: int = 0  # assistant turns (multi-turn); 0 for a single-turn sample
 
     @property
     def length(self) -> int:
         return int(self.token_ids.numel())
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the policy sampled (the ones trained on); `length` for a single-turn sample."""
+        return self.length if self.loss_mask is None else int(self.loss_mask.sum())
+
+    def mask(self) -> torch.Tensor:
+        """float32 [R]: 1 on sampled tokens, 0 on environment tokens."""
+        return torch.ones(self.length) if self.loss_mask is None else self.loss_mask.float()
 
 
 @dataclass

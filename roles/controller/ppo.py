@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from roles.algo import explained_variance, gae_advantages, kl_controller, kl_penalty, whiten
+from roles.algo import explained_variance, gae_advantages, kl_controller, kl_penalty, masked_mean, whiten
 from roles.controller.batching import assign_shards
 from roles.controller.groups import Group, SampleRec
 from runtime.config import KLConfig
@@ -50,33 +50,38 @@ def apply_values(pairs: list[Pair], result: ValueResult) -> None:
 
 
 def token_rewards(s: SampleRec, kl_coef: float, estimator: str | None) -> torch.Tensor:
-    """The sample's reward on its last token, minus `kl_coef` × KL(behaviour ‖ reference) per token."""
+    """The sample's reward on its last sampled token, minus `kl_coef` × KL(behaviour ‖
+    reference) on each sampled token; 0 on environment tokens (multi-turn)."""
+    mask = s.mask()
     rewards = torch.zeros(s.length, dtype=torch.float32)
-    if s.length:
-        rewards[-1] = float(s.reward or 0.0)
+    sampled = mask.nonzero()
+    if sampled.numel():
+        rewards[int(sampled[-1])] = float(s.reward or 0.0)
     if estimator is not None and s.ref_logprobs is not None and s.length:
         kl = kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0]
-        rewards = rewards - kl_coef * kl
+        rewards = rewards - kl_coef * kl * mask
     return rewards
 
 
 def sample_gae(s: SampleRec, *, gamma: float, lam: float, kl_coef: float, estimator: str | None) -> None:
-    """Token-level GAE of one sample (terminal after its last token); sets advantages/returns."""
+    """Token-level GAE of one sample over its sampled tokens (carried across environment
+    tokens, terminal after its last sampled token); sets advantages/returns (0 on
+    environment tokens)."""
     if s.values is None:
         raise ValueError("GAE needs the sample's critic values")
     s.token_rewards = token_rewards(s, kl_coef, estimator)
-    ones = torch.ones(1, s.length)
-    adv, ret = gae_advantages(s.token_rewards[None], s.values[None], ones, gamma=gamma, lam=lam)
+    adv, ret = gae_advantages(s.token_rewards[None], s.values[None], s.mask()[None], gamma=gamma, lam=lam)
     s.advantages, s.returns = adv[0], ret[0]
 
 
 def whiten_groups(groups: list[Group]) -> None:
-    """Whiten the token advantages of every sample of a batch together (mean 0, std 1)."""
+    """Whiten the token advantages of every sample of a batch together (mean 0, std 1 over
+    sampled tokens; environment tokens stay 0)."""
     samples = [s for g in groups for s in g.ordered() if s.advantages is not None and s.length]
     if not samples:
         return
     flat = torch.cat([s.advantages for s in samples])  # type: ignore[misc]
-    white = whiten(flat[None], torch.ones(1, flat.numel()))[0]
+    white = whiten(flat[None], torch.cat([s.mask() for s in samples])[None])[0]
     start = 0
     for s in samples:
         s.advantages = white[start : start + s.length].clone()
@@ -84,14 +89,17 @@ def whiten_groups(groups: list[Group]) -> None:
 
 
 def mean_kl(groups: list[Group], estimator: str) -> float:
-    """Mean per-token KL(behaviour ‖ reference) of a batch (for the adaptive coefficient)."""
-    kls = [
-        kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0]
+    """Mean per-token KL(behaviour ‖ reference) of a batch over sampled tokens (for the
+    adaptive coefficient; environment tokens have no behaviour logprob)."""
+    pairs = [
+        (kl_penalty(s.logprobs.float()[None], s.ref_logprobs[None], estimator)[0], s.mask())
         for g in groups
         for s in g.ordered()
         if s.ref_logprobs is not None and s.length
     ]
-    return float(torch.cat(kls).mean()) if kls else 0.0
+    if not pairs:
+        return 0.0
+    return masked_mean(torch.cat([kl for kl, _ in pairs]), torch.cat([m for _, m in pairs])).item()
 
 
 class RewardKL:
@@ -116,11 +124,12 @@ class RewardKL:
 
 def value_metrics(groups: list[Group]) -> dict[str, float]:
     """How well the critic's values predicted the returns of a batch."""
-    samples = [s for g in groups for s in g.ordered() if s.length]
-    values = torch.cat([s.values for s in samples if s.values is not None])
-    returns = torch.cat([s.returns for s in samples if s.returns is not None])
+    samples = [s for g in groups for s in g.ordered() if s.length and s.values is not None and s.returns is not None]
+    values = torch.cat([s.values for s in samples])  # type: ignore[misc]
+    returns = torch.cat([s.returns for s in samples])  # type: ignore[misc]
+    mask = torch.cat([s.mask() for s in samples])
     return {
-        "critic_explained_variance": explained_variance(values, returns, torch.ones_like(values)),
-        "values_mean": float(values.mean()),
-        "returns_mean": float(returns.mean()),
+        "critic_explained_variance": explained_variance(values, returns, mask),
+        "values_mean": masked_mean(values, mask).item(),
+        "returns_mean": masked_mean(returns, mask).item(),
     }

@@ -4,7 +4,8 @@
 up to MAX_CONCURRENT at once (a reward role each, round robin), and hands each on to `done` (the value
 stage with GAE, else the ledger's `complete`). A group that cannot be scored still goes
 on, with reward 0 and the failure logged, so nothing admitted is lost between completion
-and training.
+and training. A multi-turn sample's environment reward is added to its functions' score
+(it is the whole reward when the placement has no reward role).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Scorer:
         scores, failure = await self._rewards(group)
         for s in group.ordered():
             score = scores.get(_sample_id(group, s))
-            s.reward = float(score.reward) if score is not None else 0.0
+            s.reward = (float(score.reward) if score is not None else 0.0) + (s.env_reward or 0.0)
             s.reward_error = (score.error if score is not None else failure) or ""
             if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)

@@ -35,6 +35,8 @@ class SampleState(msgspec.Struct):
     reward: float | None = None
     tensors: dict[str, list[float]] = {}
     reward_error: str = ""
+    loss_mask: list[int] | None = None  # multi-turn: 0 on environment tokens
+    num_turns: int = 0
 
 
 class GroupState(msgspec.Struct):
@@ -74,7 +76,7 @@ def _sample_state(s: SampleRec) -> SampleState:
     tensors = {k: getattr(s, k).tolist() for k in _TENSORS if getattr(s, k) is not None}
     return SampleState(
         s.index, s.token_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), int(s.finish_reason), s.reward,
-        tensors, s.reward_error,
+        tensors, s.reward_error, None if s.loss_mask is None else s.loss_mask.tolist(), s.num_turns,
     )  # fmt: skip
 
 
@@ -92,6 +94,8 @@ def restore_group(gs: GroupState) -> Group:
             finish_reason=FinishReason(ss.finish_reason),
             reward=ss.reward,
             reward_error=ss.reward_error,
+            loss_mask=None if ss.loss_mask is None else torch.tensor(ss.loss_mask, dtype=torch.uint8),
+            num_turns=ss.num_turns,
         )
         for k, v in ss.tensors.items():
             setattr(rec, k, torch.tensor(v, dtype=torch.float32))

@@ -80,6 +80,8 @@ class StepRecorder:
         }
         for k in ZERO_DEFAULTS:
             rec.setdefault(k, 0.0)
+        if stats.turns_mean is not None:  # multi-turn runs only
+            rec.update(turns_mean=stats.turns_mean, env_tokens_mean=stats.env_tokens_mean)
         self.sink.write(rec)
         self.last_step_at, self.last_busy = now, self.gen_busy_s()
         return rec

@@ -50,7 +50,7 @@ def summarize(groups: list[Group], *, k: int, pass_threshold: float) -> dict[str
         "val/reward_mean": sum(rewards) / len(rewards),
         f"val/mean@{k}": sum(sum(r) / len(r) for r in per_prompt) / len(per_prompt),
         f"val/pass@{k}": sum(max(r) >= pass_threshold for r in per_prompt) / len(per_prompt),
-        "val/response_len_mean": sum(s.length for s in samples) / len(samples),
+        "val/response_len_mean": sum(s.num_sampled for s in samples) / len(samples),
         "val/reward_failures": sum(1 for s in samples if s.reward_error),
         "val/sample_errors": sum(1 for s in samples if s.error),
     }

@@ -3,7 +3,8 @@ applies weight updates from the trainer in place.
 
 Channels:
 * controller (DEALER): `Generate` in; one `Completion` out per sample, as soon as that
-  sample finishes; `Shutdown`.
+  sample finishes (with `rollout.env`, once its last turn is done: roles/rollout/multiturn.py);
+  `Shutdown`.
 * weights (ROUTER, address advertised at registration): every weight-sync backend's
   requests (roles/weights/receiver.py); after each applied update a `WeightsApplied`
   goes to the controller too, so it always knows this rollout's version.
@@ -36,6 +37,7 @@ from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
 from .engine import EngineDead, RolloutEngine, Sample
+from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")
 IDLE_BEFORE_SLEEP_S = 0.02  # no sample in flight this long: sleep (sleep_when_idle; a batch arrives at once)
@@ -51,6 +53,11 @@ class RolloutRole(Role):
         if resume is not None and (resume / "hf").is_dir():
             path, version = resume / "hf", int(read_manifest(resume)["version"])
         self.sleeps = self._may_sleep()
+        self.episodes: EpisodeRunner | None = None
+        if cfg.rollout.env:  # multi-turn: the environment speaks text, so the rollout needs the tokenizer
+            from transformers import AutoTokenizer
+
+            self.episodes = EpisodeRunner(cfg.rollout, AutoTokenizer.from_pretrained(str(path)))
         self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps)
         started = time.perf_counter()
         await self.engine.start()
@@ -113,17 +120,21 @@ class RolloutRole(Role):
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:
-            timeout_s = self.cfg.rollout.request_timeout_s
-            sample = await self.engine.generate(
-                req.request_id, req.prompt_ids, req.sampling, index, timeout_s=timeout_s
-            )
+            if self.episodes is not None:
+                done = await self.episodes.complete(self.engine, req, index)
+            else:
+                timeout_s = self.cfg.rollout.request_timeout_s
+                sample = await self.engine.generate(
+                    req.request_id, req.prompt_ids, req.sampling, index, timeout_s=timeout_s
+                )
+                done = _completion(req, index, sample)
         except EngineDead as exc:
             self.fail(str(exc))
             return
-        if sample.error:
-            log.warning("request_failed", request_id=req.request_id, sample=index, error=sample.error)
+        if done.error:
+            log.warning("request_failed", request_id=req.request_id, sample=index, error=done.error)
         assert self.controller is not None
-        await self.controller.send(_completion(req, index, sample))
+        await self.controller.send(done)
 
     async def _on_weights(self, env: Envelope) -> wire.Message | None:
         return await self.receiver.handle(env.msg)

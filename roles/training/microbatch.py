@@ -3,7 +3,8 @@
 `split_micro_batches` keeps the packed order and starts a new micro-batch whenever
 adding the next sequence would make `num_seqs * longest` exceed `budget` (a single
 sequence longer than the budget gets a micro-batch of its own). Every tensor of a
-`MicroBatch` is [B, T] and right-padded; `mask_BT` is 0 on padding and prompt tokens.
+`MicroBatch` is [B, T] and right-padded; `loss_mask` is 0 on padding, prompt tokens and the
+observation tokens of multi-turn samples (so they contribute no gradient).
 Targets are aligned to inputs: position t of a per-token tensor describes token t.
 """
 

@@ -191,8 +191,14 @@ def test_schema_messages_with_tensors_round_trip() -> None:
         global_num_seqs=2,
         returns=torch.randn(64),
     )
+    multiturn = msgspec.structs.replace(
+        completion,
+        loss_mask=(torch.arange(100) % 3 != 0).to(torch.uint8),
+        env_reward=0.5,
+        num_turns=3,
+    )
     bucket = wire.WeightBucket(version=4, index=0, last=True, tensors={"w": torch.randn(32, 16, dtype=torch.bfloat16)})
-    for msg in (completion, batch, bucket):
+    for msg in (completion, multiturn, batch, bucket):
         out = roundtrip(msg)
         assert type(out) is type(msg)
         for field in msg.__struct_fields__:
@@ -205,6 +211,8 @@ def test_schema_messages_with_tensors_round_trip() -> None:
             else:
                 assert got == want
     assert roundtrip(batch).old_values is None
+    single = roundtrip(completion)
+    assert (single.loss_mask, single.env_reward, single.num_turns) == (None, None, 0)
 
 
 def test_encoder_output_decodes_in_process_without_zmq() -> None:

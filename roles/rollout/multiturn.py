@@ -1,0 +1,83 @@
+"""The rollout's side of `rollout.env`: one environment per sample, its episode run on the
+role's engine, the trajectory sent back as one `wire.Completion`.
+
+What a caller may rely on: `EpisodeRunner.complete` never raises for the environment's
+faults (a factory that raises, an environment that fails: the completion carries the
+error) and raises `EngineDead` only when the engine died. Each turn is one engine request
+(`<request_id>.t<turn>`) with the Generate's sampling, `max_tokens` cut to the budget
+left; the whole sample is bounded by `rollout.request_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import torch
+
+from roles.rollout.engine import RolloutEngine, Sample
+from roles.rollout.environment import EnvContext, EnvPrompt
+from roles.rollout.episode import Trajectory, run_episode
+from roles.rollout.tools import ToolRegistry
+from runtime.config import RolloutConfig
+from runtime.user_functions import env_factory_takes_context, load_env_factory
+from transport import wire
+
+
+class EpisodeRunner:
+    def __init__(self, cfg: RolloutConfig, tokenizer: Any) -> None:
+        """Load `cfg.env` and `cfg.tools` (a one-line ValueError names a bad one)."""
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.factory = load_env_factory(cfg.env)
+        self.with_context = env_factory_takes_context(self.factory)
+        self.tools = ToolRegistry(cfg.tools, cfg.tool_timeout_s)
+
+    def budget(self, max_tokens: int) -> int:
+        return self.cfg.max_total_tokens or self.cfg.max_turns * max_tokens
+
+    async def complete(self, engine: RolloutEngine, req: wire.Generate, index: int) -> wire.Completion:
+        started = time.perf_counter()
+        deadline = time.monotonic() + self.cfg.request_timeout_s
+
+        async def sample(context: list[int], max_tokens: int, turn: int) -> Sample:
+            spec = msgspec.structs.replace(req.sampling, max_tokens=max_tokens)
+            left = max(1e-3, deadline - time.monotonic())
+            return await engine.generate(f"{req.request_id}.t{turn}", context, spec, index, timeout_s=left)
+
+        try:
+            env = self.factory(EnvContext(self.tools, self.tokenizer)) if self.with_context else self.factory()
+        except Exception as exc:
+            traj = Trajectory(finish_reason=wire.FinishReason.ERROR, error=f"rollout.env factory raised {_line(exc)}")
+        else:
+            text = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
+            prompt = EnvPrompt(list(req.prompt_ids), text, req.answer, dict(req.metadata), index)
+            traj = await run_episode(
+                env, prompt, sample, max_turns=self.cfg.max_turns, max_tokens=req.sampling.max_tokens,
+                max_total_tokens=self.budget(req.sampling.max_tokens), call_timeout_s=self.cfg.env_timeout_s,
+                tokenizer=self.tokenizer, fallback_version=engine.version,
+            )  # fmt: skip
+        return completion(req, index, traj, time.perf_counter() - started)
+
+
+def completion(req: wire.Generate, index: int, t: Trajectory, gen_s: float) -> wire.Completion:
+    return wire.Completion(
+        request_id=req.request_id,
+        group_id=req.group_id,
+        sample_index=index,
+        token_ids=torch.tensor(t.token_ids, dtype=torch.int64),
+        logprobs=torch.tensor(t.logprobs, dtype=torch.float32),
+        versions=torch.tensor(t.versions, dtype=torch.int32),
+        finish_reason=t.finish_reason,
+        prompt_len=len(req.prompt_ids),
+        gen_s=gen_s,
+        error=t.error,
+        loss_mask=torch.tensor(t.loss_mask, dtype=torch.uint8),
+        env_reward=t.reward,
+        num_turns=t.num_turns,
+    )
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
