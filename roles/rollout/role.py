@@ -36,7 +36,7 @@ from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
-from .engine import EngineDead, RolloutEngine, Sample
+from roles.generation.engine import EngineDead, RolloutEngine, Sample
 from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")
