@@ -449,9 +449,9 @@ class RewardModelConfig(msgspec.Struct, **_STRUCT):
     ] = 60.0
 
 
-DEFAULT_JUDGE_TEMPLATE = (
-    "Question:\n{prompt}\n\nResponse:\n{response}\n\nReference answer: {answer}\n\n"
-    "Rate the response from 0 to 10. Reply with the number only.\nScore:"
+DEFAULT_JUDGE_TEMPLATE = (  # one line, so docs/config.md's table holds it; YAML block scalars may span lines
+    "Question: {prompt} -- Response: {response} -- Reference answer: {answer} -- "
+    "Rate the response from 0 to 10; reply with the number only. Score:"
 )
 
 
