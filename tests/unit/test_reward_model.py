@@ -93,15 +93,15 @@ def _check(*overrides: str) -> None:
 
 def test_reward_model_config_errors_name_their_key(tmp_path: Path) -> None:
     placed = "placement=[{role: controller}, {role: rollout}, {role: trainer}, {role: reward_model}]"
-    with pytest.raises(ConfigError, match="neither reward.model.path nor reward.judge.model"):
+    with pytest.raises(ConfigError, match=r"neither reward\.model\.path nor reward\.judge\.model"):
         _check(placed)
-    with pytest.raises(ConfigError, match="reward.model.path '/nope' is not a directory"):
+    with pytest.raises(ConfigError, match=r"reward\.model\.path '/nope' is not a directory"):
         _check("reward.model.path=/nope")
     with pytest.raises(ConfigError, match="both set"):
         _check("reward.model.path=tiny", f"reward.judge.model={tmp_path}")
     with pytest.raises(ConfigError, match=r"reward.judge.template: KeyError 'question'"):
         _check(f"reward.judge.model={tmp_path}", "reward.judge.template='{question} {response}'")
-    with pytest.raises(ConfigError, match="reward.judge.parser 'nowhere:f': cannot import"):
+    with pytest.raises(ConfigError, match=r"reward\.judge\.parser 'nowhere:f': cannot import"):
         _check(f"reward.judge.model={tmp_path}", "reward.judge.parser=nowhere:f")
     with pytest.raises(ConfigError, match=r"reward.judge.max_tokens \(600\) must be below"):
         _check(f"reward.judge.model={tmp_path}", "reward.judge.max_tokens=600")
@@ -115,7 +115,7 @@ def test_a_configured_reward_model_gets_a_role_unless_placement_names_one() -> N
     cfg = load_config(None, ["reward.model.path=tiny", "placement=[{role: controller}, {role: rollout}, "
                              "{role: trainer}, {role: reward_model, count: 2, devices: [3]}]"])  # fmt: skip
     specs = [s for s in plan_processes(cfg) if s.role == "reward_model"]
-    assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [("reward_model-0", "3"), ("reward_model-1", "3")]
+    assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [(f"reward_model-{i}", "3") for i in (0, 1)]
     assert not [s for s in plan_processes(load_config(None, [])) if s.role == "reward_model"]
 
 
