@@ -42,13 +42,14 @@ def test_reward_model_scores_reach_metrics_and_its_death_ends_the_run(tmp_path: 
     run_dir = tmp_path / "run"
     # function_weight 0: a sample's reward is the model's score alone, so reward_mean must equal it
     cmd = [sys.executable, "-m", "runtime.cli", "launch", CONFIG, f"run_dir={run_dir}", "trainer.total_steps=1000",
-           "trainer.prompts_per_step=4", "reward.function_weight=0", "reward.model_weight=2"]  # fmt: skip
+           "trainer.prompts_per_step=2", "rollout.n=4", "rollout.max_tokens=16", "reward.function_weight=0",
+           "reward.model_weight=2"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 400
-        while len(steps(run_dir)) < 2:
+        while not steps(run_dir):
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "no 2 steps in 400 s"
+            assert time.monotonic() < deadline, "no step in 400 s"
             time.sleep(0.5)
         pid = ready_pid(run_dir, "reward_model-0")
         assert pid is not None
@@ -58,6 +59,7 @@ def test_reward_model_scores_reach_metrics_and_its_death_ends_the_run(tmp_path: 
         if proc.poll() is None:
             proc.kill()
     records = steps(run_dir)
+    assert records
     for rec in records:
         assert rec["reward_failures"] == 0
         assert math.isfinite(rec["reward_model_mean"]) and rec["reward_model_std"] > 0  # a real model: scores vary
