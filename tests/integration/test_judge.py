@@ -36,6 +36,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def judge(tiny_model_dir: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Judge]:
     cfg = JudgeConfig(
         model=str(tiny_model_dir), parser=f"{__name__}:recording_parser", max_tokens=8, temperature=1.0,
+        timeout_s=600.0,  # generations must not fail here, however loaded the machine
         engine=EngineConfig(max_model_len=256, max_num_seqs=16, cpu_kvcache_gb=1),
     )  # fmt: skip
     j = Judge(cfg)
@@ -61,6 +62,7 @@ def test_outputs_are_parsed_and_failures_counted(judge: Judge, loop: asyncio.Abs
     SEEN.clear()
     before = judge.failures["parse"]
     results = [loop.run_until_complete(judge.score([item(i)]))[0] for i in range(12)]
+    assert not [e for _, e in results if e.startswith("judge generation failed")]
     assert len(SEEN) == 12 and any(SEEN)  # the parser saw every output; the random model wrote something
     for (value, error), text in zip(results, SEEN, strict=True):
         try:
