@@ -109,6 +109,15 @@ def test_reward_model_config_errors_name_their_key(tmp_path: Path) -> None:
     _check(f"reward.judge.model={tmp_path}")
 
 
+def test_a_judge_on_a_gpu_counts_its_engine_in_the_gpus_memory(tmp_path: Path) -> None:
+    placement = ("placement=[{role: controller}, {role: rollout, devices: [0]}, {role: trainer}, "
+                 "{role: reward_model, devices: [0]}]")  # fmt: skip
+    judge = [f"reward.judge.model={tmp_path}", "trainer.device=cpu", placement]
+    with pytest.raises(ConfigError, match=r"GPU 0 of node 0 is over-committed: .*\(reward_model\) 0\.5 = 1\.10"):
+        _check(*judge, "rollout.engine.gpu_memory_utilization=0.6")
+    _check(*judge, "rollout.engine.gpu_memory_utilization=0.4")
+
+
 def test_a_configured_reward_model_gets_a_role_unless_placement_names_one() -> None:
     cfg = load_config(None, ["reward.model.path=tiny"])
     assert [s.name for s in plan_processes(cfg) if s.role == "reward_model"] == ["reward_model-0"]
