@@ -21,6 +21,7 @@ ROLES = {
     "rollout": "roles.rollout.role:RolloutRole",
     "trainer": "roles.trainer.role:TrainerRole",
     "reward": "roles.reward.role:RewardRole",
+    "reward_model": "roles.reward.model_role:RewardModelRole",
     "critic": "roles.critic.role:CriticRole",
 }
 

@@ -16,11 +16,13 @@ list devices (they only set CUDA_VISIBLE_DEVICES) and is not checked.
 
 Memory claims, per GPU (node, index): a rollout process claims
 `rollout.engine.gpu_memory_utilization` on every GPU it is given (vLLM takes that fraction
-of the whole GPU). Trainers and critics have no memory setting of their own: each claims
-`TRAINER_MIN_FRACTION` (a fifth of the GPU, what they are sure to need beside vLLM), i.e.
-a trainer sharing a GPU with a rollout needs `1 - gpu_memory_utilization >= 0.2`. The
-claims on one GPU must sum to at most 1.0. Processes placed without `devices` are not
-counted: which GPU they land on is only known at run time.
+of the whole GPU), a reward_model serving a judge `reward.judge.engine.gpu_memory_utilization`
+(a classifier has no memory setting and is not counted). Trainers and critics have no
+memory setting of their own: each claims `TRAINER_MIN_FRACTION` (a fifth of the GPU, what
+they are sure to need beside vLLM), i.e. a trainer sharing a GPU with a rollout needs
+`1 - gpu_memory_utilization >= 0.2`. The claims on one GPU must sum to at most 1.0.
+Processes placed without `devices` are not counted: which GPU they land on is only known
+at run time.
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ def check_gpu_devices(cfg: RunConfig, device_count: int, node: int = 0) -> None:
 def gpu_claims(cfg: RunConfig) -> dict[tuple[int, int], list[Claim]]:
     """The memory claims on each (node, GPU index) that placement names explicitly."""
     claims: dict[tuple[int, int], list[Claim]] = defaultdict(list)
-    util = cfg.rollout.engine.gpu_memory_utilization
+    fractions = {"rollout": cfg.rollout.engine.gpu_memory_utilization, "trainer": TRAINER_MIN_FRACTION,
+                 "critic": TRAINER_MIN_FRACTION}  # fmt: skip
+    if cfg.reward.judge.model:
+        fractions["reward_model"] = cfg.reward.judge.engine.gpu_memory_utilization
     for i, e in enumerate(entries(cfg)):
-        if e.role not in ("rollout", "trainer", "critic") or not uses_gpu(cfg, e.role):
+        if e.role not in fractions or not uses_gpu(cfg, e.role):
             continue
-        fraction = util if e.role == "rollout" else TRAINER_MIN_FRACTION
+        fraction = fractions[e.role]
         for node in e.nodes or [e.node]:
             for devices in _process_devices(e):
                 for d in devices:
@@ -99,6 +104,9 @@ def check_gpu_memory(cfg: RunConfig) -> None:
 
 
 def _fix(claims: list[Claim]) -> str:
+    if any(c.role == "reward_model" for c in claims):
+        util = "gpu_memory_utilization"
+        return f"lower reward.judge.engine.{util} or rollout.engine.{util}, or use other GPUs"
     rollouts = sum(1 for c in claims if c.role == "rollout")
     others = sum(c.fraction for c in claims if c.role != "rollout")
     fits = int((1.0 - others) / max(rollouts, 1) * 100 + _EPS) / 100

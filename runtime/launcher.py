@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from runtime import addresses, checkpoint, last_words
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
@@ -35,7 +37,7 @@ from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
-from runtime.paths import model_dir
+from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes, visible_gpus
 from runtime.run_token import ensure_token
 from runtime.tiny_model import make_tiny_model
@@ -58,19 +60,11 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ensure_token(run_dir)
+    t = msgspec.structs.asdict(cfg.model.tiny)
     if not cfg.model.path:
-        t = cfg.model.tiny
-        make_tiny_model(
-            model_dir(cfg),
-            hidden_size=t.hidden_size,
-            num_layers=t.num_layers,
-            num_heads=t.num_heads,
-            num_kv_heads=t.num_kv_heads,
-            intermediate_size=t.intermediate_size,
-            max_position_embeddings=t.max_position_embeddings,
-            tie_word_embeddings=t.tie_word_embeddings,
-            seed=t.seed,
-        )
+        make_tiny_model(model_dir(cfg), **t)
+    if cfg.reward.model.path == "tiny":  # the policy's shape, another seed
+        make_tiny_model(reward_model_dir(cfg), **{**t, "seed": t["seed"] + 1}, classifier=True)
     return run_dir
 
 

@@ -12,6 +12,13 @@ def model_dir(cfg: RunConfig) -> Path:
     return Path(cfg.model.path) if cfg.model.path else Path(cfg.run_dir) / "model"
 
 
+def reward_model_dir(cfg: RunConfig) -> Path:
+    """The reward model's HF directory: `reward.model.path`, or the tiny classifier made
+    inside the run dir when it is `tiny`."""
+    path = cfg.reward.model.path
+    return Path(cfg.run_dir) / "reward_model" if path == "tiny" else Path(path)
+
+
 def metrics_path(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / "metrics.jsonl"
 

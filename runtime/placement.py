@@ -39,9 +39,14 @@ class ProcSpec:
 
 
 def entries(cfg: RunConfig) -> list[PlacementEntry]:
+    """The placement's entries, with a critic (gae) and a reward_model (reward.model.path or
+    reward.judge.model) added on one process each when it names none."""
     entries = list(cfg.placement) or list(DEFAULT_PLACEMENT)
     if cfg.algorithm.advantage == "gae" and not any(e.role == "critic" for e in entries):
         entries.append(PlacementEntry(role="critic"))
+    r = cfg.reward
+    if (r.model.path or r.judge.model) and not any(e.role == "reward_model" for e in entries):
+        entries.append(PlacementEntry(role="reward_model"))
     return entries
 
 

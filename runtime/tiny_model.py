@@ -76,8 +76,12 @@ def make_tiny_model(
     max_position_embeddings: int = 1024,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    classifier: bool = False,
 ) -> Path:
     """Write a random-initialised Qwen2 model with the byte tokenizer into `path`.
+
+    `classifier`: a `Qwen2ForSequenceClassification` with one label (a reward model)
+    instead of the causal LM.
 
     Returns the directory. Re-running with the same arguments on an existing
     directory does nothing; different arguments rebuild it. Writes go to a temporary
@@ -93,6 +97,8 @@ def make_tiny_model(
         tie_word_embeddings=tie_word_embeddings,
         seed=seed,
     )
+    if classifier:  # only then: the policy's digest (and a reused directory) stay as they were
+        spec["classifier"] = True
     out = Path(path)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
@@ -124,7 +130,7 @@ def _same(stamp: Path, digest: str) -> bool:
 
 def _write_model(directory: Path, spec: dict) -> None:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(
@@ -143,9 +149,14 @@ def _write_model(directory: Path, spec: dict) -> None:
         pad_token_id=tokenizer.pad_token_id,
         dtype="bfloat16",
     )
+    kind: type = Qwen2ForCausalLM
+    if spec.get("classifier"):
+        config.num_labels = 1  # one label: the reward
+        kind = Qwen2ForSequenceClassification
     torch.manual_seed(spec["seed"])
-    model = Qwen2ForCausalLM(config).bfloat16()  # initialised in float32 (as before), then cast
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model = kind(config).bfloat16()  # initialised in float32 (as before), then cast
+    if not spec.get("classifier"):
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
 

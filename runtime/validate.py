@@ -6,6 +6,7 @@ Each failed check is a `ConfigError` with one line naming the keys involved.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
@@ -67,6 +68,7 @@ def check_config(cfg: RunConfig) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     _check_env(cfg)
+    _check_reward_model(cfg, counts.get("reward_model", 0))
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
@@ -98,6 +100,37 @@ def _check_env(cfg: RunConfig) -> None:
         )
     if cfg.reward.overlong.enabled:
         raise ConfigError("rollout.env: reward.overlong is not supported for multi-turn samples yet")
+
+
+def _check_reward_model(cfg: RunConfig, placed: int) -> None:
+    """The reward_model role: exactly one of a classifier and a judge, each loadable."""
+    m, j = cfg.reward.model, cfg.reward.judge
+    if placed and not (m.path or j.model):
+        raise ConfigError("placement has a reward_model but neither reward.model.path nor reward.judge.model is set")
+    if m.path and j.model:
+        raise ConfigError("reward.model.path and reward.judge.model are both set: a reward_model role serves one")
+    if m.path and m.path != "tiny" and not os.path.isdir(m.path):
+        raise ConfigError(f"reward.model.path '{m.path}' is not a directory (an HF sequence-classification model)")
+    if not j.model:
+        return
+    if not os.path.isdir(j.model):
+        raise ConfigError(f"reward.judge.model '{j.model}' is not a directory (an HF causal LM)")
+    try:
+        j.template.format(prompt="", response="", answer="")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"reward.judge.template: {type(exc).__name__} {exc} (placeholders are {{prompt}}, {{response}}, "
+            "{answer}; write literal braces as {{ and }})"
+        ) from None
+    try:
+        load_function(j.parser, what="reward.judge.parser")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if j.max_tokens >= j.engine.max_model_len:
+        raise ConfigError(
+            f"reward.judge.max_tokens ({j.max_tokens}) must be below reward.judge.engine.max_model_len "
+            f"({j.engine.max_model_len})"
+        )
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

@@ -337,6 +337,11 @@ class WeightChecksums(msgspec.Struct, **_msg(MsgType.WEIGHT_CHECKSUMS)):
 
 
 class RewardItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One sample to score: `prompt` is the policy's prompt text (chat template applied),
+    `messages` the same prompt as chat messages before any template (the reward model
+    applies its own). `messages` is a trailing field with a default: peers without it
+    decode this struct unchanged (no `SCHEMA_VERSION` bump)."""
+
     sample_id: int
     prompt: str
     completion: str
@@ -344,6 +349,7 @@ class RewardItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     completion_ids: list[int] = []
     answer: Any = None
     metadata: dict[str, Any] = {}
+    messages: list[dict[str, Any]] = []
 
 
 class RewardRequest(msgspec.Struct, **_msg(MsgType.REWARD_REQUEST)):

@@ -25,6 +25,7 @@ class Prompt:
     text: str
     answer: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the prompt as chat messages, before any template
 
 
 def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
@@ -80,13 +81,14 @@ class PromptDataset:
     def encode(self, row: int) -> Prompt:
         rec = self.rows[row]
         raw = rec.get(self.cfg.prompt_key, "")
-        ids, text = self._tokenize(raw)
+        ids, text, messages = self._tokenize(raw)
         meta = {k: v for k, v in rec.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
         return Prompt(
-            uid=self.drawn, row=row, prompt_ids=ids, text=text, answer=rec.get(self.cfg.answer_key), metadata=meta
-        )
+            uid=self.drawn, row=row, prompt_ids=ids, text=text, answer=rec.get(self.cfg.answer_key), metadata=meta,
+            messages=messages,
+        )  # fmt: skip
 
-    def _tokenize(self, raw: Any) -> tuple[list[int], str]:
+    def _tokenize(self, raw: Any) -> tuple[list[int], str, list[dict[str, Any]]]:
         tok = self.tokenizer
         messages = raw if isinstance(raw, list) else [{"role": "user", "content": str(raw)}]
         if self.cfg.chat_template and getattr(tok, "chat_template", None):
@@ -95,7 +97,7 @@ class PromptDataset:
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = "\n".join(str(m.get("content", "")) for m in messages)
-        return list(tok(text, add_special_tokens=False)["input_ids"]), text
+        return list(tok(text, add_special_tokens=False)["input_ids"]), text, messages
 
     def state(self) -> dict[str, int]:
         return {

@@ -34,6 +34,7 @@ class SampleRec:
     ref_logprobs: torch.Tensor | None = None  # float32 [R] reference policy (KL in reward)
     loss_mask: torch.Tensor | None = None  # uint8 [R]: 0 on environment tokens (multi-turn); None: all 1
     env_reward: float | None = None  # the environment's reward (multi-turn), added to the functions'
+    model_reward: float | None = None  # the reward_model role's score (before reward.model_weight), if it gave one
     num_turns: int = 0  # assistant turns (multi-turn); 0 for a single-turn sample
 
     @property

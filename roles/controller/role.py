@@ -2,7 +2,7 @@
 messages; every other role only serves its requests.
 
     Dispatcher ──Generate──▶ rollouts ──Completion──▶ Dispatcher.on_completion
-        ──▶ Scorer (rewards) ──▶ ValueStage (GAE, with a critic) ──▶ Ledger.complete
+        ──▶ Scorer (reward, reward_model) ──▶ ValueStage (GAE, with a critic) ──▶ Ledger.complete
         ──▶ StepRunner (Ledger.wait_batch → trainer ranks → Ledger.trained) ──▶ Checkpointer
 
 The ledger (ledger.py) is the one owner of the accounting invariant: every admitted group
@@ -34,7 +34,7 @@ from roles.controller.peers import Peer, Registry
 from roles.controller.ppo import RewardKL
 from roles.controller.ranks import RankGroup
 from roles.controller.schedule import NoSchedule, ScheduleLog
-from roles.controller.scoring import Scorer
+from roles.controller.scoring import Scorer, Weights
 from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
@@ -123,10 +123,13 @@ class Controller(Role):
                 self.critics, gamma=a.gamma, lam=a.lam, kl=self.reward_kl,
                 timeout_s=max(600.0, cfg.weight_sync.timeout_s), done=self.ledger.complete,
             )  # fmt: skip
+        r = cfg.reward
         self.scorer = Scorer(
-            self.server, self.registry, self.tokenizer, timeout_s=cfg.reward.timeout_s,
+            self.server, self.registry, self.tokenizer, timeout_s=r.timeout_s,
             done=self.values.submit if self.values is not None else self.ledger.complete, shaping=self._shaping(),
-            functions=len(cfg.reward.functions), concurrency=cfg.reward.concurrency,
+            functions=len(r.functions), concurrency=r.concurrency,
+            model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
+            weights=Weights(functions=r.function_weight, model=r.model_weight),
         )  # fmt: skip
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)

@@ -1,11 +1,14 @@
 """Scoring: complete groups in, rewarded groups out.
 
 `submit(group)` queues a group whose samples are all in; `run()` scores queued groups,
-up to MAX_CONCURRENT at once (a reward role each, round robin), and hands each on to `done` (the value
-stage with GAE, else the ledger's `complete`). A group that cannot be scored still goes
-on, with reward 0 and the failure logged, so nothing admitted is lost between completion
-and training. A multi-turn sample's environment reward is added to its functions' score
-(it is the whole reward when the placement has no reward role).
+up to MAX_CONCURRENT at once, and hands each on to `done` (the value stage with GAE, else
+the ledger's `complete`). Each group is asked of one reward role (the rule functions) and
+one reward_model role (a classifier or a judge), each kind round robin, both at once;
+`combine` makes a sample's reward of their scores, the weights and the environment's
+reward. A group that cannot be scored still goes on, with reward 0 from the part that
+failed and the failure in the sample's `reward_error` (the training stage ends the run
+when too many of a step's samples have one), so nothing admitted is lost between
+completion and training.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import math
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from roles.controller.groups import Group, SampleRec
@@ -25,6 +29,44 @@ from transport.rpc import RemoteError, RequestTimeout, RpcEndpoint
 log = get_logger("controller")
 MAX_CONCURRENT = 64  # groups being scored at once
 START_SLACK_S = 30.0  # for the reward role's worker restarts (each call's own bound excludes them)
+KINDS = ("reward", "reward_model")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A sample's reward = functions * (the reward role's sum) + model * (the reward_model's
+    score) + its environment's reward."""
+
+    functions: float = 1.0
+    model: float = 1.0
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How long one kind's calls may take: `timeout_s` per call, `concurrency` calls at once
+    per role, `calls(samples)` calls for a request of that many samples."""
+
+    timeout_s: float
+    concurrency: int = 1
+    per_sample: int = 1  # calls per sample (the reward role: one per function)
+    per_request: int = 0  # calls per request regardless of its size (the reward model: 1)
+
+    def calls(self, samples: int) -> int:
+        return self.per_request or samples * self.per_sample
+
+
+def combine(
+    rule: wire.RewardScore | None, model: wire.RewardScore | None, env_reward: float | None, weights: Weights
+) -> tuple[float, str]:
+    """A sample's reward and its first error ("" when none). A missing score counts 0 and
+    adds no error: the caller passes the request's failure as a score with an error."""
+    reward = env_reward or 0.0
+    error = ""
+    for score, weight in ((rule, weights.functions), (model, weights.model)):
+        if score is not None:
+            reward += weight * float(score.reward)
+            error = error or score.error
+    return reward, error
 
 
 class Scorer:
@@ -39,23 +81,28 @@ class Scorer:
         shaping: Callable[[int], float] | None = None,
         functions: int = 1,
         concurrency: int = 1,
+        model_timeout_s: float = 60.0,
+        weights: Weights | None = None,
     ) -> None:
         """`timeout_s`: the reward role's bound per call; it runs `concurrency` calls at once
-        and a sample takes `functions` calls. A request's deadline is what the calls queued
-        at that role (this request's and those sent before it) can take at that bound, twice
-        over, plus START_SLACK_S: only a wedged reward role misses it.
+        and a sample takes `functions` calls. `model_timeout_s`: the reward_model role's bound
+        on one request. A request's deadline is what the calls queued at that role (this
+        request's and those sent before it) can take at that bound, twice over, plus
+        START_SLACK_S: only a wedged role misses it.
         `shaping(length)`: added to each sample's reward (overlong punishment), if given."""
         self.shaping = shaping
-        self.functions = functions
-        self.concurrency = concurrency
-        self._outstanding: Counter[bytes] = Counter()  # samples sent to each reward role, unanswered
+        self.bounds = {
+            "reward": Bound(timeout_s, concurrency=concurrency, per_sample=functions),
+            "reward_model": Bound(model_timeout_s, per_request=1),
+        }
+        self.weights = weights or Weights()
+        self._outstanding: Counter[bytes] = Counter()  # calls sent to each role, unanswered
         self.server = server
         self.registry = registry
         self.tokenizer = tokenizer
-        self.timeout_s = timeout_s
         self.done = done
         self.queue: asyncio.Queue[tuple[Group, Callable[[Group], None] | None]] = asyncio.Queue()
-        self._next_reward = 0
+        self._next: Counter[str] = Counter()
 
     def submit(self, group: Group, done: Callable[[Group], None] | None = None) -> None:
         """Score `group`, then hand it to `done` (given: no shaping either, as for validation)
@@ -73,48 +120,65 @@ class Scorer:
             await self._score(*await self.queue.get())
 
     async def _score(self, group: Group, done: Callable[[Group], None] | None) -> None:
-        scores, failure = await self._rewards(group)
-        for s in group.ordered():
-            score = scores.get(_sample_id(group, s))
-            s.reward = (float(score.reward) if score is not None else 0.0) + (s.env_reward or 0.0)
-            s.reward_error = (score.error if score is not None else failure) or ""
+        items = [self._item(group, s) for s in group.ordered()]
+        rule, model = await asyncio.gather(*[self._ask(kind, group.gid, items) for kind in KINDS])
+        for s, item in zip(group.ordered(), items, strict=True):
+            m = model.get(item.sample_id)
+            s.model_reward = float(m.reward) if m is not None and not m.error else None
+            s.reward, s.reward_error = combine(rule.get(item.sample_id), m, s.env_reward, self.weights)
             if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)
         (done or self.done)(group)
 
-    async def _rewards(self, group: Group) -> tuple[dict[int, wire.RewardScore], str]:
-        """The reward role's score of each sample, or why there are none."""
-        rewards = self.registry.of("reward")
-        if not rewards:
-            return {}, ""
-        peer = rewards[self._next_reward % len(rewards)]
-        self._next_reward += 1
-        items = [self._item(group, s) for s in group.ordered()]
-        self._outstanding[peer.identity] += len(items)
+    async def _ask(self, kind: str, gid: int, items: list[wire.RewardItem]) -> dict[int, wire.RewardScore]:
+        """Role `kind`'s score of each sample; {} when the placement has none; each a score
+        of 0 with the error when the request failed."""
+        peers = self.registry.of(kind)
+        if not peers:
+            return {}
+        peer = peers[self._next[kind] % len(peers)]
+        self._next[kind] += 1
+        calls = self.bounds[kind].calls(len(items))
+        self._outstanding[peer.identity] += calls
         try:
             reply = await self.server.request(
-                wire.RewardRequest(items=items), peer=peer.identity, timeout=self.deadline(peer.identity)
+                wire.RewardRequest(items=items), peer=peer.identity, timeout=self.deadline(kind, peer.identity)
             )
         except (RequestTimeout, RemoteError) as exc:
-            log.warning("reward_failed", group=group.gid, error=str(exc))
-            return {}, f"reward request failed: {exc}"
+            log.warning("reward_failed", role=peer.name, group=gid, error=str(exc))
+            error = f"{kind} request failed: {exc}"
+            return {it.sample_id: wire.RewardScore(sample_id=it.sample_id, reward=0.0, error=error) for it in items}
         finally:
-            self._outstanding[peer.identity] -= len(items)
+            self._outstanding[peer.identity] -= calls
         assert isinstance(reply, wire.RewardResult)
-        return {s.sample_id: s for s in reply.scores}, ""
+        return {s.sample_id: s for s in reply.scores}
 
-    def deadline(self, identity: bytes) -> float:
-        """Seconds a request just sent to reward role `identity` may take."""
-        rounds = math.ceil(self._outstanding[identity] * self.functions / self.concurrency)
-        return 2 * self.timeout_s * (rounds + 1) + START_SLACK_S
+    def deadline(self, kind: str, identity: bytes) -> float:
+        """Seconds a request just sent to role `identity` (of `kind`) may take."""
+        b = self.bounds[kind]
+        rounds = math.ceil(self._outstanding[identity] / b.concurrency)
+        return 2 * b.timeout_s * (rounds + 1) + START_SLACK_S
 
     def _item(self, group: Group, s: SampleRec) -> wire.RewardItem:
         ids = s.token_ids.tolist()
+        p = group.prompt
         return wire.RewardItem(
-            sample_id=_sample_id(group, s), prompt=group.prompt.text,
-            completion=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=group.prompt.prompt_ids,
-            completion_ids=ids, answer=group.prompt.answer, metadata=group.prompt.metadata,
+            sample_id=_sample_id(group, s), prompt=p.text,
+            completion=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=p.prompt_ids,
+            completion_ids=ids, answer=p.answer, metadata=p.metadata, messages=p.messages,
         )  # fmt: skip
+
+
+def reward_metrics(samples: list[SampleRec]) -> dict[str, float]:
+    """A step's reward parts: `reward_failures` (samples without a full reward) and, when the
+    reward_model scored any, `reward_model_mean` / `reward_model_std` of its scores."""
+    out = {"reward_failures": float(sum(1 for s in samples if s.reward_error))}
+    scores = [s.model_reward for s in samples if s.model_reward is not None]
+    if scores:
+        mean = sum(scores) / len(scores)
+        out["reward_model_mean"] = mean
+        out["reward_model_std"] = math.sqrt(sum((x - mean) ** 2 for x in scores) / len(scores))
+    return out
 
 
 def _sample_id(group: Group, s: SampleRec) -> int:

@@ -22,6 +22,7 @@ from roles.controller.ledger import Ledger
 from roles.controller.ppo import RewardKL, value_metrics, whiten_groups
 from roles.controller.ranks import RankGroup
 from roles.controller.schedule import NoSchedule, ScheduleLog
+from roles.controller.scoring import reward_metrics
 from roles.controller.step_metrics import StepRecorder
 from runtime.config import AlgorithmConfig
 from runtime.logs import get_logger, set_policy_version
@@ -79,6 +80,7 @@ class StepRunner:
         self.schedule.step(self.ledger.step, actor.version, started, [g.gid for g in groups], actor.metrics)
         set_policy_version(actor.version)
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
+        extra.update(reward_metrics([s for g in groups for s in g.ordered()]))
         drops = self.ledger.take_step_drops()
         drops["dropped_stale_total"] = self.ledger.totals["dropped_stale"] * self.ledger.group_size
         drops["dropped_filtered_total"] = self.ledger.totals["dropped_filtered"] * self.ledger.group_size

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roles.rollout.engine import Sample
+from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Observation, Step, Tokenizer, Turn
 from transport.wire import FinishReason
 

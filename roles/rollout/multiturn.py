@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import torch
 
-from roles.rollout.engine import RolloutEngine, Sample
+from roles.generation.engine import RolloutEngine, Sample
 from roles.rollout.environment import EnvContext, EnvPrompt
 from roles.rollout.episode import Trajectory, run_episode
 from roles.rollout.tools import ToolRegistry

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from roles.generation.engine import EngineDead, RolloutEngine, Sample
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
@@ -36,7 +37,6 @@ from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
-from .engine import EngineDead, RolloutEngine, Sample
 from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")

@@ -42,7 +42,7 @@ SLACK_S = 1.0  # the workers' own bounded wait reports first
 
 
 class UpdatableEngine(Protocol):
-    """What the receiver needs of the rollout's engine (roles/rollout/engine.py)."""
+    """What the receiver needs of the rollout's engine (roles/generation/engine.py)."""
 
     version: int
 

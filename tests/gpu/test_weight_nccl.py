@@ -119,7 +119,7 @@ def buckets_of(tensors: dict[str, torch.Tensor], bucket_mb: int) -> list[dict[st
 async def assert_fresh_engine_agrees(model_dir: Path, tokens: list[list[int]], logprobs: list[list[float]]) -> None:
     """A fresh vLLM engine on `model_dir` (on the trainer's GPU) gives the same greedy tokens
     for PROMPTS, and logprobs within 1e-3."""
-    from roles.rollout.engine import RolloutEngine
+    from roles.generation.engine import RolloutEngine
 
     engine_cfg = EngineConfig(enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=256)
     fresh = RolloutEngine(engine_cfg, str(model_dir))

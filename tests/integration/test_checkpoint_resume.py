@@ -111,7 +111,7 @@ def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from roles.rollout.engine import RolloutEngine
+    from roles.generation.engine import RolloutEngine
     from runtime.config import EngineConfig
     from runtime.export import consolidate
     from transport.wire import SamplingSpec

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from roles.rollout.engine import RolloutEngine
+from roles.generation.engine import RolloutEngine
 from roles.rollout.environment import EnvContext, EnvPrompt, Step, Turn
 from roles.rollout.multiturn import EpisodeRunner
 from runtime.config import EngineConfig, RolloutConfig

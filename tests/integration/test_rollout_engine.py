@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from roles.rollout.engine import RolloutEngine
+from roles.generation.engine import RolloutEngine
 from roles.weights.errors import StaleUpdate
 from roles.weights.staging import WeightStager
 from runtime.config import EngineConfig

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from roles.rollout.engine import Sample
+from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Step, Turn
 from roles.rollout.episode import run_episode
 from runtime.tiny_model import build_tokenizer

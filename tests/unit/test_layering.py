@@ -1,6 +1,6 @@
 """The package rules of CONTRIBUTING.md, read from the source: no role package imports
-another role's modules (only the libraries `roles.algo`, `roles.training`, `roles.weights`
-and `runtime` / `transport`), the libraries import no role, `transport` imports neither
+another role's modules (only the libraries `roles.algo`, `roles.training`, `roles.weights`,
+`roles.generation` and `runtime` / `transport`), the libraries import no role, `transport` imports neither
 `runtime` nor `roles`, and there is no import circle among `roles` modules."""
 
 from __future__ import annotations

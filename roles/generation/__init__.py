@@ -1,0 +1,1 @@
+"""Library: the vLLM engine wrapper shared by the rollout role and the reward model's judge."""
