@@ -83,7 +83,8 @@ def hf_logprobs(model_dir: str, sequences: list[torch.Tensor], device: torch.dev
 
 
 def case_logprobs(model_dir: str, out: Path, tp: int, pp: int, dtype: str) -> None:
-    from roles.trainer.engine_megatron import MegatronEngine, gather_shards
+    from roles.trainer.engine_megatron import MegatronEngine
+    from roles.training.megatron_engine import gather_shards
 
     m = "trainer.megatron."
     overrides = (
