@@ -1,5 +1,6 @@
-"""A megatron-core `GPTModel` built from an HF model directory, and `MegatronActor`, the
-wrapper the Megatron trainer engine trains (built-in or brought by the user).
+"""A megatron-core `GPTModel` built from an HF model directory, and the wrappers the
+Megatron engines train: `MegatronActor` (the policy, built in or brought by the user) and
+`MegatronValueModel` (the critic: the same trunk, a scalar `ValueHead` as output layer).
 
 Needs megatron-core's parallel state initialised (`parallel_state.initialize_model_parallel`)
 before a model is built or loaded. `load_hf_weights` and `export_hf_weights` are
