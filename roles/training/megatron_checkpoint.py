@@ -78,7 +78,8 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
     unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])
     if _distributed(optimizer):
-        optimizer.load_parameter_state(str(_params_file(directory)))
+        with torch.no_grad():  # it copies into the fp32 main params, leaves that require grad
+            optimizer.load_parameter_state(str(_params_file(directory)))
     set_rng_state(state["rng"])
     if "megatron_rng" in state:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron_rng"])

@@ -94,7 +94,9 @@ def test_grpo_killed_after_a_checkpoint_resumes_without_gap_or_repeat(tmp_path: 
         victim = wait_ready(run, "trainer-0", proc, timeout=300)
         deadline = time.monotonic() + 240
         while not (run / "checkpoints" / "step-00000004").is_dir():
-            assert proc.poll() is None, "run ended before its first checkpoint"
+            if proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise AssertionError(f"run ended before its first checkpoint ({proc.returncode}): {out[-4000:]}")
             assert time.monotonic() < deadline, "no checkpoint after 240 s"
             time.sleep(0.2)
         os.kill(victim, signal.SIGKILL)
