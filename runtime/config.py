@@ -367,6 +367,14 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
 
 
 class CriticConfig(msgspec.Struct, **_STRUCT):
+    backend: Annotated[
+        Literal["fsdp", "megatron"],
+        Doc(description="Value-model engine: FSDP2 or Megatron-core (a GPTModel with a scalar head; needs CUDA)."),
+    ] = "fsdp"
+    megatron: Annotated[
+        MegatronConfig,
+        Doc(description="Megatron-core options of the critic (backend: megatron; pipeline size 1, no model_provider)."),
+    ] = msgspec.field(default_factory=MegatronConfig)
     model_path: Annotated[
         str, Doc(description="Initialise the value model from this HF directory; empty = from the actor's.")
     ] = ""

@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 
 from runtime import addresses, checkpoint, last_words
+from runtime.checkpoint_layout import check_resume_layout
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console, clock
@@ -228,6 +229,10 @@ def _resume_from(cfg: RunConfig, console: Console) -> str:
         console.note("resume=auto: no complete checkpoint, starting fresh")
         return ""
     path, manifest = found
+    try:
+        check_resume_layout(path, cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     console.note(f"resuming from {path} (step {manifest['step']}, version {manifest['version']})")
     log.info("resuming", checkpoint=str(path), step=manifest["step"])
     return str(path.resolve())

@@ -18,6 +18,7 @@ from runtime.user_functions import load_env_factory, load_function, load_reward_
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
+    _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
         raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
     v = cfg.validation
@@ -162,13 +163,31 @@ def _check_megatron(cfg: RunConfig, world: int) -> None:
         raise ConfigError(
             "trainer.loss.entropy_coef > 0 is not supported by trainer.backend=megatron (entropy is logged)"
         )
-    if m.use_distributed_optimizer and cfg.checkpoint.every:
-        raise ConfigError("trainer.megatron.use_distributed_optimizer=true cannot be checkpointed yet: "
-                          "set checkpoint.every=0 or use_distributed_optimizer=false")  # fmt: skip
     if m.model_provider and ":" not in m.model_provider:
         raise ConfigError(f"trainer.megatron.model_provider '{m.model_provider}' must be module:function")
     if not megatron_core_installed():
         raise ConfigError("trainer.backend=megatron needs megatron-core: pip install 'tandem-rl[megatron]'")
+
+
+def _check_megatron_critic(cfg: RunConfig, world: int) -> None:
+    if cfg.critic.backend != "megatron":
+        return
+    c = cfg.critic.megatron
+    if c.pipeline_model_parallel_size != 1:
+        raise ConfigError(
+            "critic.megatron.pipeline_model_parallel_size must be 1 (the Megatron critic has no pipeline)"
+        )
+    if world and world % c.tensor_model_parallel_size:
+        raise ConfigError(
+            f"critic world size {world} is not a multiple of critic.megatron.tensor_model_parallel_size "
+            f"= {c.tensor_model_parallel_size}"
+        )
+    if c.model_provider:
+        raise ConfigError("critic.megatron.model_provider is not supported (the critic is built from model.path)")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("critic.backend=megatron needs trainer.device=cuda (megatron-core does not run on CPU)")
+    if not megatron_core_installed():
+        raise ConfigError("critic.backend=megatron needs megatron-core: pip install 'tandem-rl[megatron]'")
 
 
 def megatron_core_installed() -> bool:

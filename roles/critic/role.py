@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from roles.critic.engine import CriticEngine
 from roles.training.torch_role import TorchRole
@@ -19,10 +20,13 @@ from runtime.paths import model_dir
 from transport import wire
 from transport.endpoint import Envelope
 
+if TYPE_CHECKING:
+    from roles.critic.engine_megatron import MegatronCriticEngine
+
 log = get_logger("critic")
 
 
-class CriticRole(TorchRole[CriticEngine]):
+class CriticRole(TorchRole["CriticEngine | MegatronCriticEngine"]):
     kind = "critic"
     checkpoint_part = "critic"
 
@@ -30,8 +34,15 @@ class CriticRole(TorchRole[CriticEngine]):
         await super().setup()
         self.lock = asyncio.Lock()
 
-    def build_engine(self) -> CriticEngine:
+    def build_engine(self) -> CriticEngine | MegatronCriticEngine:
+        if self.cfg.critic.backend == "megatron":
+            from roles.critic.engine_megatron import MegatronCriticEngine
+
+            return MegatronCriticEngine(self.cfg, model_dir(self.cfg))
         return CriticEngine(self.cfg, model_dir(self.cfg))
+
+    def ready_fields(self) -> dict[str, object]:
+        return {"backend": self.cfg.critic.backend, **super().ready_fields()}
 
     def peer_info(self) -> wire.PeerInfo:
         info = super().peer_info()

@@ -23,8 +23,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore `state`; its tensors may have been loaded onto any device (the generators
+    take CPU ByteTensors only)."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"].cpu())

@@ -4,6 +4,9 @@
 
 * `logprobs TP PP DTYPE`: the Megatron engine's token logprobs against transformers' (fp32)
   on the same HF weights and sequences;
+* `resume save|load DISTRIBUTED_OPTIMIZER` (one rank, fp32): `save` trains 2 steps, saves a
+  checkpoint, draws from every RNG stream, trains steps 3-4; `load` builds a fresh engine,
+  loads that checkpoint, draws again and trains steps 3-4 (OUT_DIR/<phase>.json each);
 * `ppo`: one PPO step with Megatron TP=2 and one with FSDP2 (2 ranks) from the same
   weights and batch: losses, gradient norms and the updated weights; the Megatron export is
   also written as an HF directory (OUT_DIR/hf) for the vLLM check.
@@ -36,9 +39,9 @@ def config(model_dir: str, *overrides: str) -> RunConfig:
     )  # fmt: skip
 
 
-def full_batch(vocab: int) -> TrainBatch:
+def full_batch(vocab: int, seed: int = 7) -> TrainBatch:
     """The same random batch on every rank: NUM_SEQS sequences of 20-90 tokens."""
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(20, 90, (NUM_SEQS,), generator=g)
     n = int(lengths.sum())
     cu = torch.zeros(NUM_SEQS + 1, dtype=torch.int64)
@@ -83,7 +86,8 @@ def hf_logprobs(model_dir: str, sequences: list[torch.Tensor], device: torch.dev
 
 
 def case_logprobs(model_dir: str, out: Path, tp: int, pp: int, dtype: str) -> None:
-    from roles.trainer.engine_megatron import MegatronEngine, gather_shards
+    from roles.trainer.engine_megatron import MegatronEngine
+    from roles.training.megatron_engine import gather_shards
 
     m = "trainer.megatron."
     overrides = (
@@ -145,6 +149,44 @@ def case_ppo(model_dir: str, out: Path) -> None:
     (out / "result.json").write_text(json.dumps(result))
 
 
+def rng_draws(device: torch.device) -> dict[str, list[float]]:
+    """One draw from each stream a checkpoint restores: torch CPU, CUDA, megatron's TP tracker."""
+    from megatron.core import tensor_parallel
+
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        tracker = torch.rand(3, device=device).tolist()
+    return {"cpu": torch.rand(3).tolist(), "cuda": torch.rand(3, device=device).tolist(), "tracker": tracker}
+
+
+def case_resume(model_dir: str, out: Path, phase: str, distributed: str) -> None:
+    from roles.trainer.engine_megatron import MegatronEngine
+
+    cfg = config(
+        model_dir, "trainer.backend=megatron", "trainer.megatron.params_dtype=float32",
+        f"trainer.megatron.use_distributed_optimizer={distributed}", "trainer.optim.warmup_steps=3",
+    )  # fmt: skip
+    engine = MegatronEngine(cfg, Path(model_dir))
+    world = dist.get_world_size()
+
+    def step(i: int) -> dict[str, float]:
+        m = engine.train_step(shard(full_batch(256, seed=100 + i), dist.get_rank(), world))
+        return {k: m[k] for k in ("loss", "grad_norm", "lr", "entropy")}
+
+    result: dict = {"phase": phase, "steps": {}}
+    if phase == "save":
+        for i in (1, 2):
+            step(i)
+        engine.save(out / "ckpt")
+    else:
+        engine.load(out / "ckpt")
+    result.update(version=engine.version, optimizer_steps=engine.optimizer_steps, rng=rng_draws(engine.device))
+    for i in (3, 4):
+        result["steps"][i] = step(i)
+    result["weight_sum"] = float(sum(t.double().sum() for _, t in engine.export_weights(torch.float32)))
+    if dist.get_rank() == 0:
+        (out / f"{phase}.json").write_text(json.dumps(result))
+
+
 def main() -> None:
     import faulthandler
     import os
@@ -155,6 +197,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if case == "logprobs":
         case_logprobs(model_dir, out, int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    elif case == "resume":
+        case_resume(model_dir, out, sys.argv[4], sys.argv[5])
     elif case == "ppo":
         case_ppo(model_dir, out)
     else:

@@ -3,7 +3,8 @@ its forward does not), load an HF directory into it and export it back.
 
 `python -m tests.helpers.megatron_cpu MODEL_DIR TP PP [PROVIDER]` runs TP x PP gloo ranks and prints
 one JSON line from rank 0: the HF names it exported, and those whose tensors differ
-bit for bit from the HF files.
+bit for bit from the HF files. PROVIDER `critic` builds the critic's value model instead
+(the GPTModel with a scalar head) and adds the head's names and largest magnitude.
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from roles.trainer.megatron_convert import ModelDims
-    from roles.trainer.megatron_model import export_hf_weights, load_hf_weights, make_actor, transformer_config
+    from roles.training.megatron_convert import ModelDims
+    from roles.training.megatron_model import (
+        VALUE_HEAD,
+        build_value_model,
+        export_hf_weights,
+        load_hf_weights,
+        make_actor,
+        parameters_by_name,
+        transformer_config,
+    )
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -35,15 +44,23 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
     dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(model_dir))
     config = transformer_config(dims, tp=tp, pp=pp, dtype=torch.float32, recompute=False)
     config = dataclasses.replace(config, use_cpu_initialization=True)
-    actor = make_actor(provider, AutoConfig.from_pretrained(model_dir), config, dims, torch.device("cpu"))
-    load_hf_weights(actor, Path(model_dir), dims)
+    head: dict[str, float] = {}
+    if provider == "critic":
+        actor = build_value_model(dims, config, torch.device("cpu"))
+        load_hf_weights(actor, Path(model_dir), dims, skip=VALUE_HEAD)
+        params = parameters_by_name(actor)
+        head = {k: float(v.abs().max()) for k, v in params.items() if k.startswith(VALUE_HEAD)}
+    else:
+        actor = make_actor(provider, AutoConfig.from_pretrained(model_dir), config, dims, torch.device("cpu"))
+        load_hf_weights(actor, Path(model_dir), dims)
     exported = dict(export_hf_weights(actor, dims, torch.float32))
     if rank == 0:
         want = load_file(str(Path(model_dir) / "model.safetensors"))
         if dims.tied:
             want.pop("lm_head.weight", None)
         differ = sorted(k for k in want if k not in exported or not torch.equal(exported[k], want[k].float()))
-        print(json.dumps({"exported": sorted(exported), "expected": sorted(want), "differ": differ}), flush=True)
+        result = {"exported": sorted(exported), "expected": sorted(want), "differ": differ, "head": head}
+        print(json.dumps(result), flush=True)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()

@@ -195,10 +195,6 @@ def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -
         (("algorithm.kl.enabled=true",), r"algorithm\.kl\.use=loss needs a reference policy"),
         (("trainer.loss.entropy_coef=0.01",), r"trainer\.loss\.entropy_coef > 0 is not supported"),
         (
-            ("trainer.megatron.use_distributed_optimizer=true", "checkpoint.every=5"),
-            r"use_distributed_optimizer=true cannot be checkpointed",
-        ),
-        (
             ("trainer.megatron.model_provider=mymodels.build",),
             r"model_provider 'mymodels\.build' must be module:function",
         ),
@@ -209,6 +205,44 @@ def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -
 def test_megatron_refuses_what_it_cannot_do(overrides: tuple[str, ...], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         check_config(_megatron("fsdp.use_fsdp=false", *overrides))
+
+
+@pytest.mark.usefixtures("megatron_engine")
+def test_distributed_optimizer_checkpoints_are_accepted() -> None:
+    check_config(
+        _megatron("fsdp.use_fsdp=false", "trainer.megatron.use_distributed_optimizer=true", "checkpoint.every=5")
+    )
+
+
+def _megatron_critic(*overrides: str) -> RunConfig:
+    return load_config(
+        ROOT / "configs" / "ppo_hybridflow.yaml", ["critic.backend=megatron", "trainer.device=cuda", *overrides]
+    )
+
+
+@pytest.mark.usefixtures("megatron_engine")
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (
+            ("critic.megatron.pipeline_model_parallel_size=2",),
+            r"critic\.megatron\.pipeline_model_parallel_size must be 1",
+        ),
+        (("critic.megatron.tensor_model_parallel_size=2",), r"critic world size 1 is not a multiple of .* = 2"),
+        (("critic.megatron.model_provider=m:f",), r"critic\.megatron\.model_provider is not supported"),
+        (("trainer.device=cpu",), r"critic\.backend=megatron needs trainer\.device=cuda"),
+    ],
+)
+def test_megatron_critic_refuses_what_it_cannot_do(overrides: tuple[str, ...], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        check_config(_megatron_critic(*overrides))
+    check_config(_megatron_critic())  # an FSDP2 actor beside a Megatron critic
+
+
+def test_megatron_critic_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validate, "megatron_core_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"critic\.backend=megatron needs megatron-core"):
+        check_config(_megatron_critic())
 
 
 @pytest.mark.usefixtures("megatron_engine")

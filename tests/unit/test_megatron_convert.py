@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from roles.trainer.megatron_convert import (
+from roles.training.megatron_convert import (
     ModelDims,
     fuse_qkv,
     hf_to_megatron,
@@ -152,12 +152,25 @@ def test_real_gpt_model_loads_and_exports_hf_weights_bit_exact(
     assert result["differ"] == []
 
 
+def test_critic_value_model_loads_the_policy_trunk_with_a_zero_scalar_head(tiny_dirs: dict[bool, Path]) -> None:
+    """critic.backend=megatron: the GPTModel's output layer is a scalar head; every other
+    parameter holds the HF weights bit for bit (exported back, TP=2), the head starts at zero."""
+    pytest.importorskip("megatron.core", reason="megatron-core is installed by .ci/setup")
+    cmd = [sys.executable, "-m", "tests.helpers.megatron_cpu", str(tiny_dirs[True]), "2", "1", "critic"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["exported"] == result["expected"]
+    assert result["differ"] == []
+    assert result["head"] == {"output_layer.score.weight": 0.0}
+
+
 def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
     import os
 
     import torch.distributed as dist
 
-    from roles.trainer.engine_megatron import gather_shards
+    from roles.training.megatron_engine import gather_shards
     from transport.wire import TrainBatch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -262,3 +262,15 @@ def tp_unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
 
 def is_tp_sharded(name: str) -> bool:
     return name.endswith(("linear_fc1.weight", *_ROW_PARALLEL, *_COLUMN_PARALLEL))
+
+
+def check_divisible(dims: ModelDims, tp: int, field: str) -> None:
+    """ValueError naming `field`.tensor_model_parallel_size unless TP divides the heads,
+    KV heads and FFN width of the model."""
+    if dims.heads % tp or dims.kv_heads % tp:
+        raise ValueError(
+            f"{field}.tensor_model_parallel_size={tp} must divide the model's {dims.heads} attention "
+            f"heads and {dims.kv_heads} KV heads"
+        )
+    if dims.ffn % tp:
+        raise ValueError(f"{field}.tensor_model_parallel_size={tp} must divide intermediate_size {dims.ffn}")

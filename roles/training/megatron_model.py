@@ -1,5 +1,6 @@
-"""A megatron-core `GPTModel` built from an HF model directory, and `MegatronActor`, the
-wrapper the Megatron trainer engine trains (built-in or brought by the user).
+"""A megatron-core `GPTModel` built from an HF model directory, and the wrappers the
+Megatron engines train: `MegatronActor` (the policy, built in or brought by the user) and
+`MegatronValueModel` (the critic: the same trunk, a scalar `ValueHead` as output layer).
 
 Needs megatron-core's parallel state initialised (`parallel_state.initialize_model_parallel`)
 before a model is built or loaded. `load_hf_weights` and `export_hf_weights` are
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from roles.trainer.megatron_convert import (
+from roles.training.megatron_convert import (
     ModelDims,
     hf_to_megatron,
     is_tp_sharded,
@@ -151,6 +152,61 @@ def make_actor(provider: str, hf_config: Any, config: Any, dims: ModelDims, devi
     return actor.to(device)
 
 
+class ValueHead(nn.Module):
+    """A scalar per position in place of GPTModel's output layer: called as the output layer
+    is (`(hidden [S, B, H], weight=None, ...)` -> `(values [S, B, 1], None)`), starts at zero.
+    Replicated over tensor-parallel ranks (their hidden states are equal)."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.score = nn.Linear(hidden, 1, bias=False, dtype=dtype, device=device)
+        nn.init.zeros_(self.score.weight)
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, **_: Any) -> tuple[torch.Tensor, None]:
+        return self.score(hidden), None
+
+
+class MegatronValueModel(nn.Module):
+    """A GPTModel stage whose output layer is a `ValueHead`: `forward(input_ids)` takes
+    right-padded `[B, T]` ids and returns `{"values": [B, T] float32}` on the last stage
+    (the head's output at each position; padded positions are meaningless), the stage's
+    hidden states elsewhere (under "values", what the pipeline schedule sends on)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.module = model
+        self.config = model.config
+
+    def set_input_tensor(self, tensor: Any) -> None:
+        self.module.set_input_tensor(tensor)  # type: ignore[operator]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        del attention_mask  # causal attention over right padding needs no padding mask
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, -1)
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=input_ids.device), 1).view(1, 1, T, T)
+        out = self.module(input_ids, positions, causal)
+        if getattr(self.module, "post_process", True):
+            out = out[..., 0].float()
+        return {"values": out}
+
+
+def build_value_model(dims: ModelDims, config: Any, device: torch.device) -> MegatronValueModel:
+    """This rank's stage of the critic: the GPTModel for `dims` (untied), its output layer
+    replaced by a zero `ValueHead` (Megatron name `output_layer.score.weight`); load the
+    policy's HF weights with `skip=VALUE_HEAD`."""
+    import dataclasses
+
+    untied = dataclasses.replace(dims, tied=False)
+    model = build_actor(untied, config, device).module
+    if getattr(model, "post_process", True):
+        model.output_layer = ValueHead(dims.hidden, config.params_dtype, device)
+    return MegatronValueModel(model)
+
+
+VALUE_HEAD = ("output_layer.",)
+
+
 def parameters_by_name(actor: nn.Module) -> dict[str, torch.Tensor]:
     """The GPTModel's tensors by local-spec Megatron name (wrappers and extra state left out)."""
     out = {}
@@ -172,8 +228,10 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def load_hf_weights(actor: nn.Module, model_dir: Path, dims: ModelDims) -> None:
+def load_hf_weights(actor: nn.Module, model_dir: Path, dims: ModelDims, *, skip: tuple[str, ...] = ()) -> None:
     """Copy the HF safetensors of `model_dir` into this rank's shard of the model.
+    Megatron names starting with a `skip` prefix are neither loaded nor required (a
+    critic's value head, which HF has no weights for).
 
     Raises ValueError when a Megatron parameter is left without an HF tensor or the
     shapes disagree (names both sides)."""
@@ -193,9 +251,11 @@ def load_hf_weights(actor: nn.Module, model_dir: Path, dims: ModelDims) -> None:
 
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     stage, pp = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    params = parameters_by_name(actor)
+    params = {k: v for k, v in parameters_by_name(actor).items() if not k.startswith(skip or ("\0",))}
     loaded = set()
     for name, full in hf_to_megatron(get, dims, stage=stage, pp=pp, tp=tp):
+        if skip and name.startswith(skip):
+            continue
         if name not in params:
             raise ValueError(f"megatron model has no parameter {name!r} (from the HF weights)")
         shard = tp_shard(name, full, tp_rank, tp)
@@ -271,3 +331,26 @@ def _gather_tp(name: str, local: torch.Tensor, tp: int) -> torch.Tensor:
     shards = [torch.empty_like(local) for _ in range(tp)]
     dist.all_gather(shards, local, group=ps.get_tensor_model_parallel_group())
     return tp_unshard(name, shards)
+
+
+def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log p(ids[:, t+1] | ids[:, :t+1]) from `[B, T, vocab / tp]` logits: `[B, T-1]`, float32."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # megatron's cross entropy writes into its input: hand it a copy.
+    return -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())
+
+
+def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax over the full vocabulary from this TP rank's slice (no gradient)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    logits = logits.float()
+    top = logits.max(dim=-1).values
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - top.unsqueeze(-1)
+    exp = shifted.exp()
+    sums = torch.stack([exp.sum(-1), (exp * shifted).sum(-1)])
+    dist.all_reduce(sums, group=group)
+    return sums[0].log() - sums[1] / sums[0]

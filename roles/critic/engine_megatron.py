@@ -1,0 +1,149 @@
+"""The value model on Megatron-core (`critic.backend=megatron`): the policy's GPTModel with
+its output layer replaced by a scalar head (`roles/training/megatron_model.py`), trained
+with the FSDP critic's clipped value loss and reporting its metrics.
+
+Same contract as `roles/critic/engine.py`: position j of the returned values holds
+V(state before token j) (the head's output at j-1, 0 at each sequence's first position),
+the head starts at zero, and with `algorithm.kl.use=reward` the engine also holds the
+frozen reference policy (the actor's initial weights, a second GPTModel) and returns its
+token logprobs. Tensor parallelism: the ranks of one replica gather their shards, compute
+the same values, and each answers with its own shard. Pipeline parallelism is refused by
+the config check (`critic.megatron.pipeline_model_parallel_size` must be 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roles.algo import value_loss
+from roles.critic.engine import _as_batch, _spans
+from roles.training.megatron_convert import ModelDims, check_divisible
+from roles.training.megatron_engine import MegatronEngineBase, gather_shards
+from roles.training.megatron_model import (
+    VALUE_HEAD,
+    build_actor,
+    build_value_model,
+    load_hf_weights,
+    next_token_logprobs,
+    transformer_config,
+)
+from roles.training.metrics import CRITIC_METRICS
+from roles.training.microbatch import MicroBatch
+from runtime.config import RunConfig
+from transport.wire import TrainBatch, ValueRequest
+
+
+class MegatronCriticEngine(MegatronEngineBase):
+    """`train_step` takes `critic.epochs × critic.mini_batches` optimizer steps per batch;
+    `values` scores packed sequences. `version` counts trained batches."""
+
+    def __init__(self, cfg: RunConfig, actor_path: Path) -> None:
+        from transformers import AutoConfig
+
+        super().__init__(cfg, cfg.critic.megatron)
+        path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
+        self.dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(str(path)))
+        check_divisible(self.dims, self.tp, "critic.megatron")
+        config = transformer_config(
+            self.dims, tp=self.tp, pp=self.pp, dtype=self.dtype, recompute=cfg.trainer.gradient_checkpointing
+        )
+        self.critic = build_value_model(self.dims, config, self.device)
+        load_hf_weights(self.critic, path, self.dims, skip=VALUE_HEAD)
+        self._wrap(self.critic, config, cfg.critic.optim)
+        self.ref_model: torch.nn.Module | None = None
+        if cfg.algorithm.kl.enabled and cfg.algorithm.kl.use == "reward":
+            ref_dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(str(actor_path)))
+            ref_config = transformer_config(ref_dims, tp=self.tp, pp=self.pp, dtype=self.dtype, recompute=False)
+            ref = build_actor(ref_dims, ref_config, self.device)
+            load_hf_weights(ref, actor_path, ref_dims)
+            self.ref_model = ref.eval().requires_grad_(False)
+
+    # --- values ------------------------------------------------------------------------
+    @torch.no_grad()
+    def values(self, req: ValueRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token values (and reference logprobs) of this rank's packed sequences of `req`."""
+        mine = _as_batch(req)
+        batch = gather_shards(mine, self.replica_group, self.device)
+        offset = self._own_offset(mine)
+        self.model.eval()
+        values = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
+        ref = torch.zeros_like(values) if self.ref_model is not None else None
+        spans = _spans(batch.cu_seqlens)
+        row = 0
+        for mb in self._micro_batches(batch, self.cfg.critic.micro_batch_tokens):
+            v = self._values(self.model, mb).cpu()
+            r = self._ref_logprobs(mb) if ref is not None else None
+            for i in range(v.shape[0] if row < len(spans) else 0):
+                start, end = spans[row]
+                values[start:end] = v[i, : end - start]
+                if r is not None and ref is not None:
+                    ref[start:end] = r[i, : end - start]
+                row += 1
+        n = mine.input_ids.numel()
+        return values[offset : offset + n], None if ref is None else ref[offset : offset + n]
+
+    def _own_offset(self, mine: TrainBatch) -> int:
+        """Where this rank's tokens start in its replica's gathered batch (group-rank order)."""
+        import torch.distributed as dist
+
+        size = dist.get_world_size(self.replica_group)
+        if size == 1:
+            return 0
+        count = torch.tensor([mine.input_ids.numel()], dtype=torch.int64, device=self.device)
+        counts = [torch.empty_like(count) for _ in range(size)]
+        dist.all_gather(counts, count, group=self.replica_group)
+        me = dist.get_rank(self.replica_group)
+        return int(sum(int(c) for c in counts[:me]))
+
+    @staticmethod
+    def _values(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        out = model(mb.input_ids_BT, mb.attention_mask_BT)["values"]
+        return torch.nn.functional.pad(out[:, :-1], (1, 0))  # position j <- output at j-1
+
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        assert self.ref_model is not None
+        logits = self.ref_model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
+        return torch.nn.functional.pad(next_token_logprobs(logits, mb.input_ids_BT), (1, 0)).cpu()
+
+    # --- training ----------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """The clipped value loss against the returns, `epochs × mini_batches` steps; metrics
+        as the FSDP critic's (value_loss, value_clip_fraction, value_mean, grad_norm, lr, ...)."""
+        start = time.perf_counter()
+        batch = gather_shards(batch, self.replica_group, self.device)
+        c = self.cfg.critic
+        if c.epochs == 1 and c.mini_batches == 1:
+            metrics = self._update(batch, self._forward_step, CRITIC_METRICS, c.micro_batch_tokens)
+        else:
+            metrics = self._ppo_updates(
+                batch, self._forward_step, CRITIC_METRICS, epochs=c.epochs, mini_batches=c.mini_batches,
+                budget=c.micro_batch_tokens,
+            )  # fmt: skip
+        self.version += 1
+        metrics.update(train_s=time.perf_counter() - start)
+        metrics.setdefault("optimizer_steps", 1.0)
+        return metrics
+
+    def _forward_step(
+        self, data: Iterator[MicroBatch], model: torch.nn.Module, *, batch: TrainBatch, num_microbatches: int
+    ) -> tuple[torch.Tensor, Any]:
+        mb = next(data)
+        return self._values(model, mb), partial(self._loss, mb, batch, num_microbatches)
+
+    def _loss(
+        self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, values: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        f = mb.fields
+        loss, m = value_loss(
+            values, f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
+            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
+        )  # fmt: skip
+        m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
+        # The schedule divides by num_microbatches and DDP averages over data-parallel ranks.
+        return loss * (num_microbatches * self.dp), m
