@@ -301,7 +301,9 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
     prompts_per_step: Annotated[
         int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)
     ] = 8
-    micro_batch_tokens: Annotated[int, Doc(description="Token budget of one micro-batch (padded tokens).", ge=1)] = 4096
+    micro_batch_tokens: Annotated[
+        int, Doc(description="Token budget of one micro-batch (padded tokens; real tokens when packing).", ge=1)
+    ] = 4096
     ppo_epochs: Annotated[
         int,
         Doc(
@@ -324,6 +326,21 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         default_factory=MegatronConfig
     )
     gradient_checkpointing: Annotated[bool, Doc(description="Recompute activations in backward.")] = False
+    packing: Annotated[
+        bool,
+        Doc(
+            description="FSDP actor: pack each micro-batch's sequences into one row with variable-length attention "
+            "(no padding; micro_batch_tokens counts real tokens, length-balanced bins); false = padded rows."
+        ),
+    ] = True
+    logprob_chunk_tokens: Annotated[
+        int,
+        Doc(
+            description="FSDP actor: logprobs and entropy from the last hidden state and the LM head this many "
+            "positions at a time, never the micro-batch's full [T, vocab] logits; 0 = full logits.",
+            ge=0,
+        ),
+    ] = 1024
     device: Annotated[
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"
