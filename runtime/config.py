@@ -31,6 +31,14 @@ class TinyModelConfig(msgspec.Struct, **_STRUCT):
     max_position_embeddings: Annotated[int, Doc(description="Longest position.")] = 1024
     tie_word_embeddings: Annotated[bool, Doc(description="Share input and output embeddings.")] = True
     seed: Annotated[int, Doc(description="Initialisation seed.")] = 0
+    vocab_size: Annotated[
+        int,
+        Doc(
+            description="Embedding rows / logits (151936 = Qwen2.5's); 0 = the byte tokenizer's 259. Ids above 258 "
+            "decode to nothing.",
+            ge=0,
+        ),
+    ] = 0
 
 
 class ModelConfig(msgspec.Struct, **_STRUCT):

@@ -70,6 +70,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
             max_position_embeddings=t.max_position_embeddings,
             tie_word_embeddings=t.tie_word_embeddings,
             seed=t.seed,
+            vocab_size=t.vocab_size,
         )
     return run_dir
 

@@ -8,13 +8,15 @@ sequence only. transformers builds no mask for a backend it does not know, so no
 mask is ever made. Kernels, same inputs:
 
 * CUDA: `torch.nn.attention.varlen.varlen_attn` (PyTorch's FlashAttention-2 varlen,
-  forward and backward; torch >= 2.10). vLLM's bundled FA3 has no backward, so it cannot train.
+  forward and backward; torch >= 2.10), or the CPU path where this torch lacks it
+  (`cuda_kernel()` says which). vLLM's bundled FA3 has no backward, so it cannot train.
 * CPU: one `scaled_dot_product_attention(is_causal=True)` per sequence. Equal to the
   padded path's masked SDPA up to float rounding; the tests compare them.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 from typing import Any
@@ -26,11 +28,26 @@ from torch import Tensor
 VARLEN_ATTENTION = "tandem_varlen"
 
 
+@functools.cache
+def cuda_kernel() -> str:
+    """The kernel CUDA tensors get: "varlen_attn" (PyTorch's FA2 varlen) where this torch
+    has it, else "sdpa_per_sequence" (the CPU path, on CUDA: correct, more launches)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return "sdpa_per_sequence"
+    return "varlen_attn"
+
+
 def _cuda_varlen(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     params = inspect.signature(varlen_attn).parameters
-    kw: dict[str, Any] = {"scale": scale}
+    kw: dict[str, Any] = {}
+    if "scale" in params:
+        kw["scale"] = scale
+    elif abs(scale - q_THD.shape[-1] ** -0.5) > 1e-12:
+        raise ValueError(f"this torch's varlen_attn has no scale argument; the model needs {scale}")
     if "window_size" in params:  # torch >= 2.12 spells causal as a window
         kw["window_size"] = (-1, 0)
     else:
@@ -73,7 +90,7 @@ def varlen_attention_forward(
         raise ValueError(f"{VARLEN_ATTENTION} attention needs one packed row with cu_seq_lens_q and max_length_q")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
-    if query.is_cuda:
+    if query.is_cuda and cuda_kernel() == "varlen_attn":
         out_THD = _cuda_varlen(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu_seq_lens_q.int(), int(max_length_q), scale
         )

@@ -76,8 +76,11 @@ def _step(engine: FSDPEngine, batch: TrainBatch) -> tuple[dict[str, float], dict
     return engine.train_step(batch), grads
 
 
+Reference = tuple[dict[str, float], dict[str, torch.Tensor], torch.Tensor]
+
+
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> tuple[dict[str, float], dict[str, torch.Tensor], torch.Tensor]:
+def reference(model_dir: Path) -> Reference:
     engine = _engine(
         model_dir, "trainer.packing=false", "trainer.logprob_chunk_tokens=0", "trainer.micro_batch_tokens=100000"
     )
@@ -102,9 +105,8 @@ def _logprobs(engine: FSDPEngine, batch: TrainBatch) -> torch.Tensor:
     [("true", 0, 100000), ("false", 7, 100000), ("true", 7, 100000), ("true", 16, 128), ("false", 0, 128)],
 )
 def test_packed_and_chunked_step_equals_padded_full_logits(
-    model_dir: Path, reference: tuple[dict[str, float], dict[str, torch.Tensor], torch.Tensor], packing: str, chunk: int,
-    budget: int,
-) -> None:  # fmt: skip
+    model_dir: Path, reference: Reference, packing: str, chunk: int, budget: int
+) -> None:
     ref_metrics, ref_grads, ref_logp = reference
     engine = _engine(
         model_dir,
