@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = p.parse_args(argv)
     if args.quick:
-        args.tokens, args.budget, args.longest, args.steps = 1024, 512, 256, 1
+        args.tokens, args.budget, args.longest, args.steps = 256, 128, 64, 1
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("RANK", "0")
