@@ -349,6 +349,13 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
             ge=0,
         ),
     ] = 1024
+    compile: Annotated[
+        bool,
+        Doc(
+            description="FSDP actor: torch.compile each transformer block (dynamic shapes), fusing norms, RoPE and "
+            "activations; the first steps compile."
+        ),
+    ] = False
     device: Annotated[
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"

@@ -48,7 +48,9 @@ class FSDPEngine(FSDPEngineBase):
         self.packing = t.packing
         opts: dict[str, Any] = dict(packing=t.packing, chunk=t.logprob_chunk_tokens)
         checkpointing = t.gradient_checkpointing
-        model = setup_actor_model(model_path, dtype, self.device, gradient_checkpointing=checkpointing, **opts)
+        model = setup_actor_model(
+            model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=t.compile, **opts
+        )
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None

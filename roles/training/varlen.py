@@ -39,10 +39,17 @@ def cuda_kernel() -> str:
     return "varlen_attn"
 
 
+@functools.cache
+def _varlen_params() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _cuda_varlen(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
+    params = _varlen_params()
     kw: dict[str, Any] = {}
     if "scale" in params:
         kw["scale"] = scale
