@@ -6,11 +6,14 @@ Both train the same model (the tiny-model maker in Qwen2.5-1.5B's shape with Qwe
 weights and reduction, no activation checkpointing:
 
 * engine: `roles.trainer.engine_fsdp.FSDPEngine` as configured by default (packed
-  micro-batches of `--budget` real tokens with varlen attention, logprobs and entropy
-  chunked from the last hidden state);
+  micro-batches of `--engine-budget` real tokens, default 16384, with varlen attention,
+  logprobs and entropy chunked from the last hidden state), plus any `--engine-option
+  KEY=VALUE` (e.g. `trainer.compile=true`);
 * bare: written plainly below: HF model with SDPA, `fully_shard` per block and root,
-  micro-batches padded to their longest row (rows x longest <= `--budget`, in order),
-  full fp32 logits, `log_softmax` gather, entropy of the full logits for the metric.
+  micro-batches padded to their longest row (rows x longest <= `--budget`, default 16384,
+  halved while a case runs out of memory, down to 2048; each case records the budget it
+  ran with), in order, full fp32 logits, `log_softmax` gather, entropy of the full logits
+  for the metric.
 
 Cases: `fixed_1k` (1024-token sequences), `fixed_4k` (4096), `length_mix` (log-uniform
 64..4096, an RL-like mix), each about `--tokens` tokens per step; every case runs
@@ -115,8 +118,9 @@ def engine_loop(model_dir: Path, overrides: list[str]) -> tuple[Any, Callable[[T
     return engine, lambda batch: float(engine.train_step(batch)["loss"])
 
 
-def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budget: int) -> tuple[Any, Callable]:
-    """HF model, fully_shard, padded micro-batches, full logits; the step returns the loss."""
+def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budget: list[int]) -> tuple[Any, Callable]:
+    """HF model, fully_shard, padded micro-batches (rows x longest <= budget[0], read at each
+    step), full logits; the step returns the loss."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
@@ -135,10 +139,11 @@ def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budge
     norm_tokens = opts.pop("norm_tokens")
 
     def step(batch: TrainBatch) -> float:
+        optimizer.zero_grad(set_to_none=True)  # nothing left over from a step that ran out of memory
         cu = batch.cu_seqlens.tolist()
         spans = list(itertools.pairwise(cu))
         total = 0.0
-        for group in _padded_groups(spans, budget):
+        for group in _padded_groups(spans, budget[0]):
             T = max(e - s for s, e in group)
             ids = torch.zeros(len(group), T, dtype=torch.long)
             attn, mask, adv, behav = (torch.zeros(len(group), T) for _ in range(4))
@@ -225,14 +230,20 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
     cases = {c: case_lengths(c, args.tokens, args.longest) for c in args.cases}
     batches = {c: make_batch(lengths, vocab) for c, lengths in cases.items()}
     result: dict[str, Any] = {"cases": {c: {"num_seqs": len(n), "tokens": sum(n)} for c, n in cases.items()}}
+    engine_overrides = [*overrides, f"trainer.micro_batch_tokens={args.engine_budget}", *args.engine_option]
+    result["engine_options"] = engine_overrides
     for name in ("engine", "bare"):
         if name == "engine":
-            model, step = engine_loop(model_dir, overrides)
+            model, step = engine_loop(model_dir, engine_overrides)
             num_params = sum(p.numel() for p in model.model.parameters())
         else:
-            model, step = bare_loop(model_dir, overrides, device, args.budget)
+            bare_budget = [args.budget]
+            model, step = bare_loop(model_dir, overrides, device, bare_budget)
         for case, batch in batches.items():
             measured = measure(step, batch, device, args.warmup, args.steps)
+            while measured is None and name == "bare" and bare_budget[0] > 2048:
+                bare_budget[0] //= 2  # out of memory: the plain loop with smaller micro-batches
+                measured = measure(step, batch, device, args.warmup, args.steps)
             if measured is None:
                 result["cases"][case][name] = {"oom": True}
                 continue
@@ -242,6 +253,8 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
                 "step_s": seconds, "tokens_per_s": sum(cases[case]) / seconds,
                 "mfu": flops / seconds / (args.peak_tflops * 1e12), "peak_gb": peak, "first_loss": first,
             }  # fmt: skip
+            if name == "bare":
+                result["cases"][case][name]["budget"] = bare_budget[0]
             print(json.dumps({case: {name: result["cases"][case][name]}}), file=sys.stderr, flush=True)
         del model, step
         _free(device)
@@ -269,8 +282,11 @@ def run_memory(args: argparse.Namespace, model_dir: Path, device: torch.device, 
     per_seq = args.longest
     batch = make_batch([per_seq] * (16384 // per_seq if not args.quick else 4), vocab)
     out: dict[str, Any] = {"tokens": int(batch.cu_seqlens[-1])}
+    budget = f"trainer.micro_batch_tokens={out['tokens']}"  # the whole batch is one micro-batch
     for name, chunk in (("chunked", "1024"), ("full_logits", "0")):
-        engine, step = engine_loop(model_dir, [*overrides, f"trainer.logprob_chunk_tokens={chunk}"])
+        engine, step = engine_loop(
+            model_dir, [*overrides, budget, *args.engine_option, f"trainer.logprob_chunk_tokens={chunk}"]
+        )
         try:
             step(batch)  # optimizer state exists from here on
         except torch.OutOfMemoryError:
@@ -306,14 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/tandem_bench_trainer_model"))
     p.add_argument("--cases", nargs="+", default=["fixed_1k", "fixed_4k", "length_mix"])
     p.add_argument("--tokens", type=int, default=65536, help="tokens per step, about")
-    p.add_argument("--budget", type=int, default=8192, help="micro-batch tokens (both loops)")
+    p.add_argument("--budget", type=int, default=16384, help="the bare loop's micro-batch tokens (rows x longest)")
+    p.add_argument("--engine-budget", type=int, default=16384, help="the engine's trainer.micro_batch_tokens")
+    p.add_argument("--engine-option", action="append", default=[], help="KEY=VALUE for the engine only (repeatable)")
     p.add_argument("--longest", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = p.parse_args(argv)
     if args.quick:
-        args.tokens, args.budget, args.longest, args.steps = 256, 128, 64, 1
+        args.tokens, args.budget, args.engine_budget, args.longest, args.steps = 256, 128, 128, 64, 1
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("RANK", "0")
@@ -322,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = QUICK if args.quick else QWEN25_15B
     model_dir = make_tiny_model(args.model_dir / ("quick" if args.quick else "qwen25_15b"), **shape)  # type: ignore[arg-type]
     overrides = [
-        f"trainer.device={device.type}", "fsdp.param_dtype=float32", f"trainer.micro_batch_tokens={args.budget}",
-        "trainer.optim.lr=1e-6", "trainer.optim.warmup_steps=0", "trainer.optim.grad_clip=1.0",
+        f"trainer.device={device.type}", "fsdp.param_dtype=float32", "trainer.optim.lr=1e-6",
+        "trainer.optim.warmup_steps=0", "trainer.optim.grad_clip=1.0",
     ]  # fmt: skip
     if device.type == "cpu":
         overrides.append("fsdp.mixed_precision=null")
