@@ -98,9 +98,8 @@ def varlen_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
     if query.is_cuda and cuda_kernel() == "varlen_attn":
-        out_THD = _cuda_varlen(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu_seq_lens_q.int(), int(max_length_q), scale
-        )
+        q_THD, k_THD, v_THD = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # a no-op for HF's layout
+        out_THD = _cuda_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
     else:
         out_THD = _cpu_varlen(q, k, v, cu_seq_lens_q.tolist(), scale).transpose(0, 1)
     return out_THD.unsqueeze(0).contiguous(), None
