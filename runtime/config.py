@@ -116,6 +116,14 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     top_k: Annotated[int, Doc(description="Top-k sampling; 0 = off.", ge=0)] = 0
     max_tokens: Annotated[int, Doc(description="Longest response in tokens.", ge=1)] = 16
     ignore_eos: Annotated[bool, Doc(description="Generate exactly max_tokens (benchmarks).")] = False
+    length_mix_min: Annotated[
+        int,
+        Doc(
+            description="0: every group may run to max_tokens. N > 0: each prompt group's max_tokens is drawn "
+            "log-uniformly from [N, max_tokens] (seeded by its group id); with ignore_eos an RL-like length mix.",
+            ge=0,
+        ),
+    ] = 0
     stop_token_ids: Annotated[list[int], Doc(description="Extra token ids that end a response.")] = []
     engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
         default_factory=EngineConfig
