@@ -28,9 +28,11 @@ fixed_4k MFU), `speedup_length_mix` (engine tokens/s over the bare loop's on the
 same weights and batch agree to 2e-2).
 
 `--memory-16k`: instead, one micro-batch of 16,384 tokens (4 x 4096), the engine with
-chunked logprobs vs full logits (`trainer.logprob_chunk_tokens=0`): peak memory of the
-step and above what was resident before it (weights, grads, optimizer state), and their
-ratios (issue 21 asks <= 0.5).
+chunked logprobs vs full logits (`trainer.logprob_chunk_tokens=0`), each without and with
+activation recompute (`trainer.gradient_checkpointing`; the activations of 16k tokens
+are the same in both and dilute the ratio): peak memory of the step and above what was
+resident before it (weights, grads, optimizer state), and their ratios (issue 21 asks
+<= 0.5).
 
 `--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
 
@@ -278,40 +280,45 @@ def summary(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_memory(args: argparse.Namespace, model_dir: Path, device: torch.device, overrides: list[str]) -> dict[str, Any]:
+    """One micro-batch of 16k tokens: chunked vs full logits, without and with activation recompute."""
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     per_seq = args.longest
     batch = make_batch([per_seq] * (16384 // per_seq if not args.quick else 4), vocab)
     out: dict[str, Any] = {"tokens": int(batch.cu_seqlens[-1])}
     budget = f"trainer.micro_batch_tokens={out['tokens']}"  # the whole batch is one micro-batch
-    for name, chunk in (("chunked", "1024"), ("full_logits", "0")):
-        engine, step = engine_loop(
-            model_dir, [*overrides, budget, *args.engine_option, f"trainer.logprob_chunk_tokens={chunk}"]
-        )
+    for recompute in ("false", "true"):
+        runs: dict[str, Any] = {}
+        for name, chunk in (("chunked", "1024"), ("full_logits", "0")):
+            options = [*overrides, budget, f"trainer.gradient_checkpointing={recompute}", *args.engine_option]
+            runs[name] = _step_memory(model_dir, [*options, f"trainer.logprob_chunk_tokens={chunk}"], batch, device)
+            print(json.dumps({f"recompute={recompute}": {name: runs[name]}}), file=sys.stderr, flush=True)
+        full, chunked = runs["full_logits"], runs["chunked"]
+        if "peak_gb" in full and "peak_gb" in chunked and full["peak_gb"]:
+            runs["peak_ratio"] = chunked["peak_gb"] / full["peak_gb"]
+            runs["above_resident_ratio"] = chunked["above_resident_gb"] / full["above_resident_gb"]
+        out["recompute_on" if recompute == "true" else "recompute_off"] = runs
+    return out
+
+
+def _step_memory(model_dir: Path, options: list[str], batch: TrainBatch, device: torch.device) -> dict[str, Any]:
+    """Peak memory of the engine's second step on `batch` (the first makes the optimizer
+    state), and above what was resident before it (weights, gradients, optimizer state)."""
+    engine, step = engine_loop(model_dir, options)
+    try:
         try:
-            step(batch)  # optimizer state exists from here on
+            step(batch)
         except torch.OutOfMemoryError:
-            out[name] = {"oom": True}
-            del engine, step
-            _free(device)
-            continue
+            return {"oom": True}
         _sync(device)
         resident = torch.cuda.memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
         measured = measure(step, batch, device, 1, 1)
         if measured is None:
-            out[name] = {"oom": True, "resident_gb": resident}
-            del engine, step
-            _free(device)
-            continue
+            return {"oom": True, "resident_gb": resident}
         _, seconds, peak = measured
-        out[name] = {"peak_gb": peak, "resident_gb": resident, "above_resident_gb": peak - resident, "step_s": seconds}
-        print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
+        return {"peak_gb": peak, "resident_gb": resident, "above_resident_gb": peak - resident, "step_s": seconds}
+    finally:
         del engine, step
         _free(device)
-    full, chunked = out["full_logits"], out["chunked"]
-    if "peak_gb" in full and "peak_gb" in chunked and full["peak_gb"]:
-        out["peak_ratio"] = chunked["peak_gb"] / full["peak_gb"]
-        out["above_resident_ratio"] = chunked["above_resident_gb"] / full["above_resident_gb"]
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
