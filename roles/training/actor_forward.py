@@ -44,7 +44,7 @@ def setup_actor_model(
 def token_stats(model: torch.nn.Module, mb: MicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
     """(logp, entropy) `[B, T - 1]` float32; entropy keeps its graph only if `entropy_grad`.
     A packed `mb` needs a model from `setup_actor_model(..., packing=True)`."""
-    head = model.get_output_embeddings()  # type: ignore[operator]
+    head = getattr(model, "lm_head", None)
     if mb.packed is not None:
         p = mb.packed
         logp_1P, entropy_1P = _stats(model, head, p.input_ids_1P, p.model_inputs(), entropy_grad)
@@ -56,7 +56,7 @@ def token_stats(model: torch.nn.Module, mb: MicroBatch, *, entropy_grad: bool) -
 
 
 def _stats(
-    model: torch.nn.Module, head: torch.nn.Module, ids: Tensor, inputs: dict[str, object], entropy_grad: bool
+    model: torch.nn.Module, head: torch.nn.Module | None, ids: Tensor, inputs: dict[str, object], entropy_grad: bool
 ) -> tuple[Tensor, Tensor]:
     """Stats at every position of `ids`' rows, the target being the next id of the row (the
     last position's target wraps around and is meaningless)."""

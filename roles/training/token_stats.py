@@ -120,9 +120,11 @@ class TokenStatsHead(nn.Module):
 def install_token_stats_head(model: nn.Module, chunk: int) -> TokenStatsHead:
     """Replace the HF causal LM's `lm_head` (bias-free linear) by a `TokenStatsHead` sharing
     its weight; call before FSDP wrapping. Returns the new head."""
-    old = model.get_output_embeddings()  # type: ignore[operator]
-    if getattr(old, "bias", None) is not None:
+    old = getattr(model, "lm_head", None)
+    if not isinstance(old, nn.Linear):
+        raise ValueError(f"trainer.logprob_chunk_tokens: {type(model).__name__} has no linear lm_head; set it to 0")
+    if old.bias is not None:
         raise ValueError("trainer.logprob_chunk_tokens: the model's lm_head has a bias; set it to 0 (full logits)")
     head = TokenStatsHead(old.weight, chunk)
-    model.set_output_embeddings(head)  # type: ignore[operator]
+    model.lm_head = head
     return head
