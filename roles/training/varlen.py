@@ -55,7 +55,7 @@ def _cuda_varlen(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_le
         kw["scale"] = scale
     elif abs(scale - q_THD.shape[-1] ** -0.5) > 1e-12:
         raise ValueError(f"this torch's varlen_attn has no scale argument; the model needs {scale}")
-    if "window_size" in params:  # torch >= 2.12 spells causal as a window
+    if "window_size" in params:  # torch > 2.10 spells causal as a window; a tuple: it tests `== (-1, 0)`
         kw["window_size"] = (-1, 0)
     else:
         kw["is_causal"] = True
@@ -98,7 +98,7 @@ def varlen_attention_forward(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
     if query.is_cuda and cuda_kernel() == "varlen_attn":
-        q_THD, k_THD, v_THD = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # a no-op for HF's layout
+        q_THD, k_THD, v_THD = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # copies only if not in that layout
         out_THD = _cuda_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
     else:
         out_THD = _cpu_varlen(q, k, v, cu_seq_lens_q.tolist(), scale).transpose(0, 1)
