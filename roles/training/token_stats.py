@@ -25,46 +25,50 @@ import torch
 from torch import Tensor, nn
 
 
-def _chunk_stats(h_CD: Tensor, w_VD: Tensor, t_C: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(logp_C, entropy_C, probs_CV, shifted logits_CV) of one chunk, float32."""
+def _chunk_stats(h_CD: Tensor, w_VD: Tensor, t_C: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(logp_C, entropy_C, lse_C) of one chunk, float32; in-place where it can, as the
+    `[C, V]` passes are what this costs."""
     logits_CV = (h_CD @ w_VD.t()).float()
-    logits_CV = logits_CV - logits_CV.max(dim=-1, keepdim=True).values
-    lse_C = torch.logsumexp(logits_CV, dim=-1)
-    probs_CV = torch.exp(logits_CV - lse_C.unsqueeze(-1))
-    logp_C = logits_CV.gather(-1, t_C.unsqueeze(-1)).squeeze(-1) - lse_C
-    entropy_C = lse_C - (probs_CV * logits_CV).sum(-1)
-    return logp_C, entropy_C, probs_CV, logits_CV
+    max_C = logits_CV.max(dim=-1).values
+    logits_CV.sub_(max_C.unsqueeze(-1))
+    exp_CV = logits_CV.exp()
+    sum_C = exp_CV.sum(-1)
+    # sum_i p_i l_i = (sum_i e_i l_i) / sum_i e_i, on the shifted logits
+    mean_logit_C = torch.bmm(exp_CV.unsqueeze(1), logits_CV.unsqueeze(2)).view(-1) / sum_C
+    shifted_lse_C = sum_C.log()
+    logp_C = logits_CV.gather(-1, t_C.unsqueeze(-1)).squeeze(-1) - shifted_lse_C
+    return logp_C, shifted_lse_C - mean_logit_C, shifted_lse_C + max_C
 
 
 class _ChunkedTokenStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h_TD: Tensor, w_VD: Tensor, t_T: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
         logp_T = torch.empty(h_TD.shape[0], dtype=torch.float32, device=h_TD.device)
-        entropy_T = torch.empty_like(logp_T)
+        entropy_T, lse_T = torch.empty_like(logp_T), torch.empty_like(logp_T)
         with torch.no_grad():
             for s in range(0, h_TD.shape[0], chunk):
-                logp_T[s : s + chunk], entropy_T[s : s + chunk], _, _ = _chunk_stats(
-                    h_TD[s : s + chunk], w_VD, t_T[s : s + chunk]
-                )
-        ctx.save_for_backward(h_TD, w_VD, t_T)
+                stats = _chunk_stats(h_TD[s : s + chunk], w_VD, t_T[s : s + chunk])
+                logp_T[s : s + chunk], entropy_T[s : s + chunk], lse_T[s : s + chunk] = stats
+        ctx.save_for_backward(h_TD, w_VD, t_T, lse_T, entropy_T)
         ctx.set_materialize_grads(False)
         ctx.chunk = chunk
         return logp_T, entropy_T
 
     @staticmethod
     def backward(ctx: Any, g_logp_T: Tensor | None, g_entropy_T: Tensor | None) -> tuple[Tensor | None, ...]:
-        h_TD, w_VD, t_T = ctx.saved_tensors
+        h_TD, w_VD, t_T, lse_T, entropy_T = ctx.saved_tensors
         chunk = ctx.chunk
         g_h_TD = torch.zeros_like(h_TD) if ctx.needs_input_grad[0] else None
         g_w_VD = torch.zeros(w_VD.shape, dtype=torch.float32, device=w_VD.device) if ctx.needs_input_grad[1] else None
         for s in range(0, h_TD.shape[0], chunk):
-            h_CD, t_C = h_TD[s : s + chunk], t_T[s : s + chunk]
-            _, entropy_C, probs_CV, coef_CV = _chunk_stats(h_CD, w_VD, t_C)
+            h_CD, t_C, lse_C = h_TD[s : s + chunk], t_T[s : s + chunk], lse_T[s : s + chunk].unsqueeze(-1)
+            coef_CV = (h_CD @ w_VD.t()).float()  # the chunk's logits, recomputed
+            probs_CV = (coef_CV - lse_C).exp_()
             # g_l = p * coef (+ g_logp at the target): d logp / d l = onehot - p and
             # d H / d l_j = -p_j (l_j - sum_i p_i l_i), with sum_i p_i l_i = lse - H.
             if g_entropy_T is not None:
-                mean_logit_C = torch.logsumexp(coef_CV, dim=-1) - entropy_C
-                coef_CV.sub_(mean_logit_C.unsqueeze(-1)).mul_(-g_entropy_T[s : s + chunk].float().unsqueeze(-1))
+                coef_CV.sub_(lse_C - entropy_T[s : s + chunk].unsqueeze(-1))
+                coef_CV.mul_(-g_entropy_T[s : s + chunk].float().unsqueeze(-1))
             else:
                 coef_CV.zero_()
             if g_logp_T is not None:
