@@ -339,10 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.budget, args.engine_budget, args.longest, args.steps = 256, 128, 128, 64, 1
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+    # One process, one rank: its own rendezvous, whatever a parent process left in the environment.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     device = torch.device("cpu" if args.quick else "cuda")
     shape = QUICK if args.quick else QWEN25_15B
     model_dir = make_tiny_model(args.model_dir / ("quick" if args.quick else "qwen25_15b"), **shape)  # type: ignore[arg-type]
