@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     if device.type == "cpu":
         overrides.append("fsdp.mixed_precision=null")
+    else:  # as the bench configs train: bf16 compute, fp32 master weights and reduction
+        overrides.append("fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
     run = run_memory if args.memory_16k else run_cases
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
     result.update(run(args, model_dir, device, overrides))

@@ -9,7 +9,9 @@ mask is ever made. Kernels, same inputs:
 
 * CUDA: `torch.nn.attention.varlen.varlen_attn` (PyTorch's FlashAttention-2 varlen,
   forward and backward; torch >= 2.10), or the CPU path where this torch lacks it
-  (`cuda_kernel()` says which). vLLM's bundled FA3 has no backward, so it cannot train.
+  (`cuda_kernel()` says which), and for fp32 inputs (FlashAttention takes fp16/bf16 only:
+  training without mixed precision gets the SDPA path). vLLM's bundled FA3 has no
+  backward, so it cannot train.
 * CPU: one `scaled_dot_product_attention(is_causal=True)` per sequence. Equal to the
   padded path's masked SDPA up to float rounding; the tests compare them.
 """
@@ -97,7 +99,8 @@ def varlen_attention_forward(
         raise ValueError(f"{VARLEN_ATTENTION} attention needs one packed row with cu_seq_lens_q and max_length_q")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
-    if query.is_cuda and cuda_kernel() == "varlen_attn":
+    half = query.dtype in (torch.float16, torch.bfloat16)  # FlashAttention's dtypes; fp32 takes the SDPA path
+    if query.is_cuda and half and cuda_kernel() == "varlen_attn":
         q_THD, k_THD, v_THD = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # copies only if not in that layout
         out_THD = _cuda_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
     else:
