@@ -31,6 +31,14 @@ class TinyModelConfig(msgspec.Struct, **_STRUCT):
     max_position_embeddings: Annotated[int, Doc(description="Longest position.")] = 1024
     tie_word_embeddings: Annotated[bool, Doc(description="Share input and output embeddings.")] = True
     seed: Annotated[int, Doc(description="Initialisation seed.")] = 0
+    vocab_size: Annotated[
+        int,
+        Doc(
+            description="Embedding rows / logits (151936 = Qwen2.5's); 0 = the byte tokenizer's 259. Ids above 258 "
+            "decode to nothing.",
+            ge=0,
+        ),
+    ] = 0
 
 
 class ModelConfig(msgspec.Struct, **_STRUCT):
@@ -108,6 +116,14 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     top_k: Annotated[int, Doc(description="Top-k sampling; 0 = off.", ge=0)] = 0
     max_tokens: Annotated[int, Doc(description="Longest response in tokens.", ge=1)] = 16
     ignore_eos: Annotated[bool, Doc(description="Generate exactly max_tokens (benchmarks).")] = False
+    length_mix_min: Annotated[
+        int,
+        Doc(
+            description="0: every group may run to max_tokens. N > 0: each prompt group's max_tokens is drawn "
+            "log-uniformly from [N, max_tokens] (seeded by its group id); with ignore_eos an RL-like length mix.",
+            ge=0,
+        ),
+    ] = 0
     stop_token_ids: Annotated[list[int], Doc(description="Extra token ids that end a response.")] = []
     engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
         default_factory=EngineConfig
@@ -333,7 +349,9 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
     prompts_per_step: Annotated[
         int, Doc(description="Prompt groups per training step; batch size = prompts_per_step * rollout.n.", ge=1)
     ] = 8
-    micro_batch_tokens: Annotated[int, Doc(description="Token budget of one micro-batch (padded tokens).", ge=1)] = 4096
+    micro_batch_tokens: Annotated[
+        int, Doc(description="Token budget of one micro-batch (padded tokens; real tokens when packing).", ge=1)
+    ] = 4096
     ppo_epochs: Annotated[
         int,
         Doc(
@@ -356,6 +374,28 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         default_factory=MegatronConfig
     )
     gradient_checkpointing: Annotated[bool, Doc(description="Recompute activations in backward.")] = False
+    packing: Annotated[
+        bool,
+        Doc(
+            description="FSDP actor: pack each micro-batch's sequences into one row with variable-length attention "
+            "(no padding; micro_batch_tokens counts real tokens, length-balanced bins); false = padded rows."
+        ),
+    ] = True
+    logprob_chunk_tokens: Annotated[
+        int,
+        Doc(
+            description="FSDP actor: logprobs and entropy from the last hidden state and the LM head this many "
+            "positions at a time, never the micro-batch's full [T, vocab] logits; 0 = full logits.",
+            ge=0,
+        ),
+    ] = 1024
+    compile: Annotated[
+        bool,
+        Doc(
+            description="FSDP actor: torch.compile each transformer block (dynamic shapes), fusing norms, RoPE and "
+            "activations; the first steps compile."
+        ),
+    ] = False
     device: Annotated[
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"

@@ -77,11 +77,15 @@ def make_tiny_model(
     tie_word_embeddings: bool = True,
     seed: int = 0,
     classifier: bool = False,
+    vocab_size: int = 0,
 ) -> Path:
     """Write a random-initialised Qwen2 model with the byte tokenizer into `path`.
 
     `classifier`: a `Qwen2ForSequenceClassification` with one label (a reward model)
-    instead of the causal LM.
+    instead of the causal LM. `vocab_size` 0 is the byte tokenizer's (259); a larger one
+    (151936 is Qwen2.5's) gives the model that many embedding rows and logits, of which the
+    tokenizer names the first 259: ids above are valid model inputs and outputs that decode
+    to nothing.
 
     Returns the directory. Re-running with the same arguments on an existing
     directory does nothing; different arguments rebuild it. Writes go to a temporary
@@ -99,6 +103,8 @@ def make_tiny_model(
     )
     if classifier:  # only then: the policy's digest (and a reused directory) stay as they were
         spec["classifier"] = True
+    if vocab_size:  # absent by default, so models made before the option keep their digest
+        spec["vocab_size"] = vocab_size
     out = Path(path)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
@@ -134,7 +140,7 @@ def _write_model(directory: Path, spec: dict) -> None:
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), spec.get("vocab_size", 0)),
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],
         num_hidden_layers=spec["num_layers"],

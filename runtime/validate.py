@@ -38,6 +38,11 @@ def check_config(cfg: RunConfig) -> None:
             f"rollout.max_tokens ({cfg.rollout.max_tokens}) must be below "
             f"rollout.engine.max_model_len ({cfg.rollout.engine.max_model_len})"
         )
+    if cfg.rollout.length_mix_min > cfg.rollout.max_tokens:
+        raise ConfigError(
+            f"rollout.length_mix_min ({cfg.rollout.length_mix_min}) must not exceed "
+            f"rollout.max_tokens ({cfg.rollout.max_tokens})"
+        )
     group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
     if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2:
         raise ConfigError(

@@ -19,9 +19,13 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+
+import msgspec
 
 from roles.controller.dataset import PromptDataset
 from roles.controller.groups import Group, SampleRec
@@ -33,6 +37,12 @@ from transport import wire
 from transport.rpc import PeerUnreachable, RpcEndpoint
 
 log = get_logger("controller")
+
+
+def mixed_max_tokens(gid: int, low: int, high: int) -> int:
+    """Group `gid`'s response budget, log-uniform in [low, high]: the same for a re-dispatch."""
+    u = random.Random(gid).random()
+    return min(high, max(low, int(math.exp(math.log(low) + u * (math.log(high) - math.log(low))))))
 
 
 class Dispatcher:
@@ -47,9 +57,12 @@ class Dispatcher:
         max_num_seqs: int,
         on_unreachable: Callable[[Peer, str], None],
         schedule: ScheduleLog | None = None,
+        length_mix_min: int = 0,
     ) -> None:
         """`on_unreachable(peer, why)`: a rollout a send could not reach; `schedule`: where
-        dispatches and finished sampling are recorded."""
+        dispatches and finished sampling are recorded; `length_mix_min` > 0: each training
+        group's max_tokens is `mixed_max_tokens(gid, length_mix_min, sampling.max_tokens)`."""
+        self.length_mix_min = length_mix_min
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.dataset = dataset
@@ -121,7 +134,7 @@ class Dispatcher:
         rollout.in_flight += group.n
         rollout.clock.add(group.n)
         self.schedule.dispatch(group.gid, rollout.name, group.attempts)
-        sampling = group.sampling or self.sampling
+        sampling = group.sampling or self._training_sampling(group.gid)
         prompt = group.prompt
         msg = wire.Generate(
             request_id=group.request_id, group_id=group.gid, prompt_ids=prompt.prompt_ids, sampling=sampling,
@@ -133,6 +146,12 @@ class Dispatcher:
             # Gone before its heartbeat ran out, or no longer reading; elastic runs hand this
             # group (and the rest of the worker's) to the survivors.
             self.on_unreachable(rollout, str(exc))
+
+    def _training_sampling(self, gid: int) -> wire.SamplingSpec:
+        if not self.length_mix_min:
+            return self.sampling
+        max_tokens = mixed_max_tokens(gid, self.length_mix_min, self.sampling.max_tokens)
+        return msgspec.structs.replace(self.sampling, max_tokens=max_tokens)
 
     def on_completion(self, identity: bytes | None, msg: wire.Completion) -> Group | None:
         """Record one sample; the group once all its samples are in."""

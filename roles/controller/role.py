@@ -115,6 +115,7 @@ class Controller(Role):
         self.dispatcher = Dispatcher(
             self.ledger, self.dataset, self.registry, self.server, self._sampling_spec(),
             max_num_seqs=cfg.rollout.engine.max_num_seqs, on_unreachable=self._unreachable, schedule=self.schedule,
+            length_mix_min=cfg.rollout.length_mix_min,
         )  # fmt: skip
         self.values: ValueStage | None = None
         if self.critics is not None:

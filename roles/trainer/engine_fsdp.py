@@ -26,21 +26,14 @@ from typing import Any
 import msgspec
 import torch
 
-from roles.algo import (
-    AdaptiveKLController,
-    FixedKLController,
-    aggregate,
-    entropy_from_logits,
-    kl_penalty,
-    ppo_policy_loss,
-    token_logprobs,
-)
+from roles.algo import AdaptiveKLController, FixedKLController, aggregate, kl_penalty, ppo_policy_loss
 from roles.trainer.policy_loss import policy_loss_options
+from roles.training.actor_forward import setup_actor_model, token_stats
 from roles.training.engine import FSDPEngineBase
 from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
 from roles.training.metrics import ACTOR_METRICS
 from roles.training.microbatch import MicroBatch
-from roles.training.models import DTYPES, load_causal_lm
+from roles.training.models import DTYPES
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
 
@@ -52,13 +45,17 @@ class FSDPEngine(FSDPEngineBase):
         t = cfg.trainer
         super().__init__(cfg, micro_batch_tokens=t.micro_batch_tokens, epochs=t.ppo_epochs, mini_batches=t.mini_batches)
         dtype = DTYPES[cfg.fsdp.param_dtype]
-        checkpointing = cfg.trainer.gradient_checkpointing
-        model = load_causal_lm(model_path, dtype, self.device, gradient_checkpointing=checkpointing)
+        self.packing = t.packing
+        opts: dict[str, Any] = dict(packing=t.packing, chunk=t.logprob_chunk_tokens)
+        checkpointing = t.gradient_checkpointing
+        model = setup_actor_model(
+            model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=t.compile, **opts
+        )
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None
         if kl.enabled and kl.use == "loss":
-            ref = load_causal_lm(model_path, dtype, self.device).eval().requires_grad_(False)
+            ref = setup_actor_model(model_path, dtype, self.device, **opts).eval().requires_grad_(False)
             self.ref_model = wrap_model_with_fsdp(ref, cfg.fsdp, device=self.device)
         self.kl_ctl = (
             AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive else FixedKLController(kl.coef)
@@ -69,40 +66,30 @@ class FSDPEngine(FSDPEngineBase):
         """`batch` with `proximal_logprobs`: this rank's token logprobs under the weights
         before the first update, packed like `input_ids` (0 at each sequence's first token)."""
         prox = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
-        spans = batch.cu_seqlens.tolist()
-        row = 0
         with torch.no_grad():
             for mb in self.micro_batches(batch, self.micro_batch_tokens):
-                mb = mb.to(self.device)
-                logits = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT).logits[:, :-1]
-                logp = token_logprobs(logits, mb.input_ids_BT[:, 1:]).cpu()
-                for i in range(logp.shape[0] if row < len(spans) - 1 else 0):
-                    start, end = spans[row], spans[row + 1]
+                logp = token_stats(self.model, mb.to(self.device), entropy_grad=False)[0].cpu()
+                for i, (start, end) in enumerate(mb.spans):  # a dummy micro-batch has none
                     prox[start + 1 : end] = logp[i, : end - start - 1]
-                    row += 1
         return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
     def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Decoupled PPO (proximal = `prepare`'s logprobs, or this forward detached when
         there is one update per batch), minus the entropy bonus, plus the KL to the
         reference policy when it is in the loss."""
-        ids = mb.input_ids_BT
-        logits = self.model(input_ids=ids, attention_mask=mb.attention_mask_BT).logits[:, :-1]
-        logp = token_logprobs(logits, ids[:, 1:])
+        lc = self.cfg.trainer.loss
+        logp, entropy = token_stats(self.model, mb, entropy_grad=lc.entropy_coef > 0)
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
         opts = policy_loss_options(self.cfg)
         norm: dict[str, Any] = dict(num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs)
         norm["norm_tokens"] = opts.pop("norm_tokens")
-        lc = self.cfg.trainer.loss
         prox = f.get("proximal_logprobs", logp.detach())
         loss, m = ppo_policy_loss(logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **opts, **norm)
-        with torch.set_grad_enabled(lc.entropy_coef > 0):
-            entropy = entropy_from_logits(logits)
         if lc.entropy_coef > 0:
             loss = loss - lc.entropy_coef * aggregate(entropy, mask, lc.agg, **norm)
         if self.ref_model is not None:
-            kl = self._kl_to_reference(ids, mb.attention_mask_BT, logp)
+            kl = self._kl_to_reference(mb, logp)
             loss = loss + self.kl_ctl.value * aggregate(kl, mask, lc.agg, **norm)
             m["kl_ref"] = _masked_mean(kl.detach(), mask)
         m.update(loss=float(loss.detach()), entropy=_masked_mean(entropy.detach(), mask), tokens=float(mask.sum()))
@@ -114,10 +101,10 @@ class FSDPEngine(FSDPEngineBase):
             self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
             metrics["kl_coef"] = self.kl_ctl.value
 
-    def _kl_to_reference(self, ids: torch.Tensor, attn: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    def _kl_to_reference(self, mb: MicroBatch, logp: torch.Tensor) -> torch.Tensor:
         assert self.ref_model is not None
         with torch.no_grad():
-            ref_logp = token_logprobs(self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+            ref_logp = token_stats(self.ref_model, mb, entropy_grad=False)[0]
         return kl_penalty(logp, ref_logp, self.cfg.algorithm.kl.estimator)
 
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:

@@ -37,10 +37,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from roles.training.balance import min_bins
 from roles.training.distributed import init_distributed, pick_device
 from roles.training.fsdp import clip_grad_norm_, finish_backward, optimizer_param_groups
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
-from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
+from roles.training.microbatch import (
+    MicroBatch,
+    dummy_micro_batch,
+    dummy_packed_micro_batch,
+    pack_micro_batches,
+    split_micro_batches,
+)
 from roles.training.minibatch import epoch_mini_batches
 from roles.training.rng import rng_state, set_rng_state
 from runtime.config import OptimConfig, RunConfig
@@ -63,6 +70,8 @@ class FSDPEngineBase(ABC):
         self.micro_batch_tokens = micro_batch_tokens
         self.epochs = epochs
         self.num_mini_batches = mini_batches
+        self.packing = False  # a subclass whose `loss` takes packed micro-batches sets it
+        self._input_tokens = [0.0, 0.0]  # (real, padded) model-input tokens of this step
 
     def _setup_optimizer(self, o: OptimConfig) -> None:
         self.optim_cfg = o
@@ -94,8 +103,11 @@ class FSDPEngineBase(ABC):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """`epochs × mini_batches` optimizer steps on this rank's shard; their metrics
-        reduced over ranks, with grad_norm, lr, train_s, micro_batches, optimizer_steps."""
+        reduced over ranks, with grad_norm, lr, train_s, micro_batches (this rank's count,
+        the same on every rank), padding_fraction (padding tokens / model-input tokens over
+        all ranks; 0 when packed), optimizer_steps."""
         start = time.perf_counter()
+        self._input_tokens = [0.0, 0.0]
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.epochs == 1 and self.num_mini_batches == 1:
@@ -107,6 +119,7 @@ class FSDPEngineBase(ABC):
             metrics, num_micro = self._ppo_updates(self.prepare(batch))
         self.version += 1
         self.after_step(batch, metrics)
+        metrics.update(padding_fraction=self._padding_fraction())
         metrics.update(train_s=time.perf_counter() - start, micro_batches=num_micro)
         metrics.setdefault("optimizer_steps", 1.0)
         return metrics
@@ -132,18 +145,39 @@ class FSDPEngineBase(ABC):
         """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""
         acc: dict[str, float] = {}
         for mb in mbs:
+            real = float(mb.attention_mask_BT.sum())
+            self._input_tokens[0] += real
+            self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
             loss, m = self.loss(mb.to(self.device), batch)
             (loss * self.world_size).backward()
             finish_backward(self.model)
             accumulate(acc, m, self.metric_names)
         return reduce_metrics(acc, self.metric_names, self.device)
 
+    def _padding_fraction(self) -> float:
+        counts = torch.tensor(self._input_tokens, dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        real, total = counts.tolist()
+        return 1.0 - real / total if total > 0 else 0.0
+
     def micro_batches(self, batch: TrainBatch, budget: int) -> list[MicroBatch]:
-        """This rank's micro-batches, padded with empty ones to the largest count of any rank."""
-        mbs = split_micro_batches(batch, budget) if batch.cu_seqlens.numel() > 1 else []
-        n = torch.tensor([len(mbs)], device=self.device)
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        return mbs + [dummy_micro_batch(batch) for _ in range(int(n.item()) - len(mbs))]
+        """This rank's micro-batches, padded with empty ones to the largest count of any rank.
+        Packed (`self.packing`): length-balanced bins of at most `budget` real tokens, as
+        many on every rank as the rank that needs most (so dummies only where a rank has
+        fewer sequences than that count)."""
+        has = batch.cu_seqlens.numel() > 1
+        if not self.packing:
+            mbs = split_micro_batches(batch, budget) if has else []
+            return mbs + [dummy_micro_batch(batch) for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
+        lengths = batch.cu_seqlens.diff().tolist()
+        num_bins = self._max_over_ranks(min_bins(lengths, budget))
+        mbs = pack_micro_batches(batch, budget, num_bins) if has else []
+        return mbs + [dummy_packed_micro_batch(batch) for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
+
+    def _max_over_ranks(self, n: int) -> int:
+        t = torch.tensor([n], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip, step and advance the schedule (not the version); returns grad_norm and lr."""

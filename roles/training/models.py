@@ -14,13 +14,19 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def load_causal_lm(
-    model_path: Path, dtype: torch.dtype, device: torch.device, *, gradient_checkpointing: bool = False
+    model_path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    gradient_checkpointing: bool = False,
+    attn_implementation: str = "sdpa",
 ) -> torch.nn.Module:
-    """The HF causal LM in `model_path`, in `dtype` with SDPA attention, on `device`;
+    """The HF causal LM in `model_path`, in `dtype` with `attn_implementation` (SDPA by default;
+    a registered name such as roles/training/varlen.py's), on `device`;
     `gradient_checkpointing` recomputes each block's activations in backward."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation=attn_implementation)
     module: torch.nn.Module = model  # transformers' own `to` wrapper hides torch's signature
     module.to(device)
     if gradient_checkpointing:

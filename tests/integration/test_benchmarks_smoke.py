@@ -37,3 +37,24 @@ def test_transport_benchmark_quick() -> None:
             assert 0 < latency[path]["p50_us"] <= latency[path]["p90_us"] <= latency[path]["p99_us"]
         assert latency["p50_rpc_over_pickle"] > 0
     assert set(result["targets"]) == {"ipc_64MiB_zero_copy_over_pickle_ge_3", "ipc_rtt_p50_under_200us"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_trainer_benchmark_quick(tmp_path: Path) -> None:
+    """The engine and the bare padded loop train the same batches: their first losses agree."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "trainer.json"
+    script = str(ROOT / "benchmarks" / "trainer.py")
+    cases = ["--cases", "fixed_4k", "length_mix"]  # fixed_1k is the same code as fixed_4k
+    done = subprocess.run(
+        [sys.executable, script, "--quick", *cases, "--model-dir", str(tmp_path), "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result == json.loads(out.read_text())
+    assert result["loss_match"] is True and result["mfu_4k"] > 0 and result["speedup_length_mix"] > 0
+    for case in ("fixed_4k", "length_mix"):
+        for loop in ("engine", "bare"):
+            assert result["cases"][case][loop]["tokens_per_s"] > 0

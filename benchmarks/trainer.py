@@ -1,0 +1,375 @@
+"""The FSDP2 actor engine's `train_step` against a bare padded FSDP2 loop, in one run. Prints JSON.
+
+Both train the same model (the tiny-model maker in Qwen2.5-1.5B's shape with Qwen's
+151,936-token vocabulary: 1.54B parameters) on the same token batches with the same loss
+(`ppo_policy_loss`, token-mean, default `trainer.loss`), AdamW, bf16 compute / fp32 master
+weights and reduction, no activation checkpointing:
+
+* engine: `roles.trainer.engine_fsdp.FSDPEngine` as configured by default (packed
+  micro-batches of `--engine-budget` real tokens, default 16384, with varlen attention,
+  logprobs and entropy chunked from the last hidden state), plus any `--engine-option
+  KEY=VALUE` (e.g. `trainer.compile=true`);
+* bare: written plainly below: HF model with SDPA, `fully_shard` per block and root,
+  micro-batches padded to their longest row (rows x longest <= `--budget`, default 16384,
+  halved while a case runs out of memory, down to 2048; each case records the budget it
+  ran with), in order, full fp32 logits, `log_softmax` gather, entropy of the full logits
+  for the metric.
+
+Cases: `fixed_1k` (1024-token sequences), `fixed_4k` (4096), `length_mix` (log-uniform
+64..4096, an RL-like mix), each about `--tokens` tokens per step; every case runs
+`--warmup` untimed steps, then `--steps` timed ones. Per case and loop: tokens/s,
+`mfu` = (6 * N * tokens + attention FLOPs) / time / peak, N = every parameter (tied
+embeddings once; the embedding lookup is no matmul, but the tied LM head is), attention
+FLOPs = 6 * 2 * sum over sequences of len^2 / 2 * hidden * layers (forward QK^T and PV of
+a causal mask, x3 for backward), counted on real tokens only, so padding earns nothing;
+peak memory (`torch.cuda.max_memory_allocated`). Top-level keys: `mfu_4k` (the engine's
+fixed_4k MFU), `speedup_length_mix` (engine tokens/s over the bare loop's on the mix),
+`peak_gb` (the engine's largest peak), `loss_match` (both loops' first-step loss on the
+same weights and batch agree to 2e-2).
+
+`--memory-16k`: instead, one micro-batch of 16,384 tokens (4 x 4096), the engine with
+chunked logprobs vs full logits (`trainer.logprob_chunk_tokens=0`), each without and with
+activation recompute (`trainer.gradient_checkpointing`; the activations of 16k tokens
+are the same in both and dilute the ratio): peak memory of the step and above what was
+resident before it (weights, grads, optimizer state), and their ratios (issue 21 asks
+<= 0.5).
+
+`--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
+
+    python3 benchmarks/trainer.py --out benchmarks/results/trainer_h200x1.json
+    python3 benchmarks/trainer.py --memory-16k --out benchmarks/results/trainer_memory_h200x1.json
+    python3 benchmarks/trainer.py --quick --out /tmp/trainer_quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+
+from roles.training.varlen import cuda_kernel
+from runtime.config_load import load_config
+from runtime.tiny_model import make_tiny_model
+from transport.wire import TrainBatch
+
+H200_BF16_DENSE_TFLOPS = 989.0
+QWEN25_15B = dict(
+    hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
+    max_position_embeddings=32768, tie_word_embeddings=True, vocab_size=151936,
+)  # fmt: skip
+QUICK = dict(
+    hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+    max_position_embeddings=1024, tie_word_embeddings=True, vocab_size=1024,
+)  # fmt: skip
+PROMPT_TOKENS = 32
+
+
+# --- batches and FLOPs (pure) -----------------------------------------------------------
+def case_lengths(case: str, tokens: int, longest: int, seed: int = 0) -> list[int]:
+    """Sequence lengths of a case, about `tokens` in all (`longest` scales the cases for --quick)."""
+    if case == "fixed_1k":
+        n = longest // 4
+        return [n] * max(1, tokens // n)
+    if case == "fixed_4k":
+        return [longest] * max(1, tokens // longest)
+    g = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    low, high = math.log(longest / 64), math.log(longest)
+    while sum(lengths) < tokens:
+        lengths.append(int(math.exp(low + (high - low) * float(torch.rand(1, generator=g)))))
+    return lengths
+
+
+def make_batch(lengths: list[int], vocab: int, seed: int = 0) -> TrainBatch:
+    """A training batch of random ids; the first PROMPT_TOKENS (at most half) of each are prompt."""
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    mask = torch.cat([(torch.arange(n) >= min(PROMPT_TOKENS, n // 2)).float() for n in lengths])
+    adv = torch.cat([torch.full((n,), 1.0 if i % 2 else -1.0) for i, n in enumerate(lengths)]) * mask
+    return TrainBatch(
+        step=0, input_ids=torch.randint(0, vocab, (int(cu[-1]),), generator=g), cu_seqlens=cu, loss_mask=mask,
+        behaviour_logprobs=torch.full((int(cu[-1]),), -8.0) * mask, advantages=adv,
+        global_num_tokens=int(mask.sum()), global_num_seqs=len(lengths),
+    )  # fmt: skip
+
+
+def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int) -> float:
+    """6 N tokens + causal attention (forward 2 * len^2 * hidden per layer, x3 with backward)."""
+    tokens = sum(lengths)
+    return 6.0 * num_params * tokens + 6.0 * sum(n * n for n in lengths) * hidden * layers
+
+
+# --- the two loops -------------------------------------------------------------------------
+def engine_loop(model_dir: Path, overrides: list[str]) -> tuple[Any, Callable[[TrainBatch], float]]:
+    from roles.trainer.engine_fsdp import FSDPEngine
+
+    engine = FSDPEngine(load_config(None, overrides), model_dir)
+    return engine, lambda batch: float(engine.train_step(batch)["loss"])
+
+
+def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budget: list[int]) -> tuple[Any, Callable]:
+    """HF model, fully_shard, padded micro-batches (rows x longest <= budget[0], read at each
+    step), full logits; the step returns the loss."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    from roles.algo import entropy_from_logits, ppo_policy_loss, token_logprobs
+    from roles.trainer.policy_loss import policy_loss_options
+
+    cfg = load_config(None, overrides)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    torch.nn.Module.to(model, device)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else None
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp) if mp else fully_shard(layer)
+    fully_shard(model, mp_policy=mp) if mp else fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opts = policy_loss_options(cfg)
+    norm_tokens = opts.pop("norm_tokens")
+
+    def step(batch: TrainBatch) -> float:
+        optimizer.zero_grad(set_to_none=True)  # nothing left over from a step that ran out of memory
+        cu = batch.cu_seqlens.tolist()
+        spans = list(itertools.pairwise(cu))
+        total = 0.0
+        for group in _padded_groups(spans, budget[0]):
+            T = max(e - s for s, e in group)
+            ids = torch.zeros(len(group), T, dtype=torch.long)
+            attn, mask, adv, behav = (torch.zeros(len(group), T) for _ in range(4))
+            for r, (s, e) in enumerate(group):
+                ids[r, : e - s], attn[r, : e - s] = batch.input_ids[s:e], 1
+                mask[r, : e - s], adv[r, : e - s] = batch.loss_mask[s:e], batch.advantages[s:e]
+                behav[r, : e - s] = batch.behaviour_logprobs[s:e]
+            ids, attn = ids.to(device), attn.long().to(device)
+            mask, adv, behav = mask[:, 1:].to(device), adv[:, 1:].to(device), behav[:, 1:].to(device)
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            logp = token_logprobs(logits, ids[:, 1:])
+            loss, _ = ppo_policy_loss(
+                logp, logp.detach(), behav, adv, mask, **opts, num_tokens=batch.global_num_tokens,
+                num_seqs=batch.global_num_seqs, norm_tokens=norm_tokens,
+            )  # fmt: skip
+            with torch.no_grad():
+                float((entropy_from_logits(logits) * mask).sum())  # the engine reports it too
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    return model, step
+
+
+def _padded_groups(spans: list[tuple[int, int]], budget: int) -> list[list[tuple[int, int]]]:
+    groups: list[list[tuple[int, int]]] = [[]]
+    longest = 0
+    for s, e in spans:
+        if groups[-1] and (len(groups[-1]) + 1) * max(longest, e - s) > budget:
+            groups.append([])
+            longest = 0
+        groups[-1].append((s, e))
+        longest = max(longest, e - s)
+    return groups
+
+
+# --- measuring -------------------------------------------------------------------------------
+def measure(
+    step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, warmup: int, steps: int
+) -> tuple[float, float, float] | None:
+    """(first step's loss, seconds per timed step, peak GB), or None when it ran out of memory."""
+    try:
+        return _measure(step, batch, device, warmup, steps)
+    except torch.OutOfMemoryError:
+        _free(device)
+        return None
+
+
+def _measure(
+    step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, warmup: int, steps: int
+) -> tuple[float, float, float]:
+    first = step(batch)
+    for _ in range(warmup - 1):
+        step(batch)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step(batch)
+    _sync(device)
+    elapsed = (time.perf_counter() - start) / steps
+    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
+    return first, elapsed, peak
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, overrides: list[str]) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    cases = {c: case_lengths(c, args.tokens, args.longest) for c in args.cases}
+    batches = {c: make_batch(lengths, vocab) for c, lengths in cases.items()}
+    result: dict[str, Any] = {"cases": {c: {"num_seqs": len(n), "tokens": sum(n)} for c, n in cases.items()}}
+    engine_overrides = [*overrides, f"trainer.micro_batch_tokens={args.engine_budget}", *args.engine_option]
+    result["engine_options"] = engine_overrides
+    for name in ("engine", "bare"):
+        if name == "engine":
+            model, step = engine_loop(model_dir, engine_overrides)
+            num_params = sum(p.numel() for p in model.model.parameters())
+        else:
+            bare_budget = [args.budget]
+            model, step = bare_loop(model_dir, overrides, device, bare_budget)
+        for case, batch in batches.items():
+            measured = measure(step, batch, device, args.warmup, args.steps)
+            while measured is None and name == "bare" and bare_budget[0] > 2048:
+                bare_budget[0] //= 2  # out of memory: the plain loop with smaller micro-batches
+                measured = measure(step, batch, device, args.warmup, args.steps)
+            if measured is None:
+                result["cases"][case][name] = {"oom": True}
+                continue
+            first, seconds, peak = measured
+            flops = train_flops(cases[case], num_params, hidden, layers)
+            result["cases"][case][name] = {
+                "step_s": seconds, "tokens_per_s": sum(cases[case]) / seconds,
+                "mfu": flops / seconds / (args.peak_tflops * 1e12), "peak_gb": peak, "first_loss": first,
+            }  # fmt: skip
+            if name == "bare":
+                result["cases"][case][name]["budget"] = bare_budget[0]
+            print(json.dumps({case: {name: result["cases"][case][name]}}), file=sys.stderr, flush=True)
+        del model, step
+        _free(device)
+    result["num_params"] = num_params
+    result.update(summary(result["cases"]))
+    result["attention_kernel_cuda"] = cuda_kernel()
+    return result
+
+
+def summary(c: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys from the per-case results (None where a loop ran out of memory)."""
+    ok = {k: v for k, v in c.items() if "mfu" in v["engine"] and "mfu" in v["bare"]}
+    mix = c.get("length_mix", {})
+    speedup = mix["engine"]["tokens_per_s"] / mix["bare"]["tokens_per_s"] if "length_mix" in ok else None
+    return {
+        "mfu_4k": c.get("fixed_4k", {}).get("engine", {}).get("mfu"),
+        "speedup_length_mix": speedup,
+        "peak_gb": max((v["engine"].get("peak_gb", 0.0) for v in c.values()), default=0.0),
+        "loss_match": all(abs(v["engine"]["first_loss"] - v["bare"]["first_loss"]) < 2e-2 for v in ok.values()),
+    }
+
+
+def run_memory(args: argparse.Namespace, model_dir: Path, device: torch.device, overrides: list[str]) -> dict[str, Any]:
+    """One micro-batch of 16k tokens: chunked vs full logits, without and with activation recompute."""
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    per_seq = args.longest
+    batch = make_batch([per_seq] * (16384 // per_seq if not args.quick else 4), vocab)
+    out: dict[str, Any] = {"tokens": int(batch.cu_seqlens[-1])}
+    budget = f"trainer.micro_batch_tokens={out['tokens']}"  # the whole batch is one micro-batch
+    for recompute in ("false", "true"):
+        runs: dict[str, Any] = {}
+        for name, chunk in (("chunked", "1024"), ("full_logits", "0")):
+            options = [*overrides, budget, f"trainer.gradient_checkpointing={recompute}", *args.engine_option]
+            runs[name] = _step_memory(model_dir, [*options, f"trainer.logprob_chunk_tokens={chunk}"], batch, device)
+            print(json.dumps({f"recompute={recompute}": {name: runs[name]}}), file=sys.stderr, flush=True)
+        full, chunked = runs["full_logits"], runs["chunked"]
+        if "peak_gb" in full and "peak_gb" in chunked and full["peak_gb"]:
+            runs["peak_ratio"] = chunked["peak_gb"] / full["peak_gb"]
+            runs["above_resident_ratio"] = chunked["above_resident_gb"] / full["above_resident_gb"]
+        out["recompute_on" if recompute == "true" else "recompute_off"] = runs
+    return out
+
+
+def _step_memory(model_dir: Path, options: list[str], batch: TrainBatch, device: torch.device) -> dict[str, Any]:
+    """Peak memory of the engine's second step on `batch` (the first makes the optimizer
+    state), and above what was resident before it (weights, gradients, optimizer state)."""
+    engine, step = engine_loop(model_dir, options)
+    try:
+        try:
+            step(batch)
+        except torch.OutOfMemoryError:
+            return {"oom": True}
+        _sync(device)
+        resident = torch.cuda.memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
+        measured = measure(step, batch, device, 1, 1)
+        if measured is None:
+            return {"oom": True, "resident_gb": resident}
+        _, seconds, peak = measured
+        return {"peak_gb": peak, "resident_gb": resident, "above_resident_gb": peak - resident, "step_s": seconds}
+    finally:
+        del engine, step
+        _free(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quick", action="store_true", help="tiny model on the CPU (seconds)")
+    p.add_argument("--memory-16k", action="store_true", help="peak memory of a 16k-token micro-batch, chunked vs full")
+    p.add_argument("--model-dir", type=Path, default=Path("/tmp/tandem_bench_trainer_model"))
+    p.add_argument("--cases", nargs="+", default=["fixed_1k", "fixed_4k", "length_mix"])
+    p.add_argument("--tokens", type=int, default=65536, help="tokens per step, about")
+    p.add_argument("--budget", type=int, default=16384, help="the bare loop's micro-batch tokens (rows x longest)")
+    p.add_argument("--engine-budget", type=int, default=16384, help="the engine's trainer.micro_batch_tokens")
+    p.add_argument("--engine-option", action="append", default=[], help="KEY=VALUE for the engine only (repeatable)")
+    p.add_argument("--longest", type=int, default=4096)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tokens, args.budget, args.engine_budget, args.longest, args.steps = 256, 128, 128, 64, 1
+    # One process, one rank: its own rendezvous, whatever a parent process left in the environment.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    device = torch.device("cpu" if args.quick else "cuda")
+    shape = QUICK if args.quick else QWEN25_15B
+    model_dir = make_tiny_model(args.model_dir / ("quick" if args.quick else "qwen25_15b"), **shape)  # type: ignore[arg-type]
+    overrides = [
+        f"trainer.device={device.type}", "fsdp.param_dtype=float32", "trainer.optim.lr=1e-6",
+        "trainer.optim.warmup_steps=0", "trainer.optim.grad_clip=1.0",
+    ]  # fmt: skip
+    if device.type == "cpu":
+        overrides.append("fsdp.mixed_precision=null")
+    else:  # as the bench configs train: bf16 compute, fp32 master weights and reduction
+        overrides.append("fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
+    run = run_memory if args.memory_16k else run_cases
+    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
+    result.update(run(args, model_dir, device, overrides))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
