@@ -92,7 +92,7 @@ def test_socket_connect_fails_inside_the_sandbox(listener: int) -> None:
 
 
 def test_registry_turns_failures_into_error_observations(tmp_path: Path) -> None:
-    tools = ToolRegistry(["roles.rollout.sandbox:python"], timeout_s=0.5)
+    tools = ToolRegistry(["roles.rollout.sandbox:python"], timeout_s=30.0)  # a loaded CI box starts slowly
     ok = asyncio.run(tools.call("python", {"code": "print(2 ** 10)"}))
     assert ok.ok and ok.text == "1024\n"
     failed = asyncio.run(tools.call("python", {"code": "1 / 0"}))
@@ -103,7 +103,8 @@ def test_registry_turns_failures_into_error_observations(tmp_path: Path) -> None
     write = f"open({str(marker)!r}, 'w').write('alive')"
     assert asyncio.run(tools.call("python", {"code": write})).ok and marker.exists()  # the sandbox can write it
     marker.unlink()
-    cut = asyncio.run(tools.call("python", {"code": f"import time\ntime.sleep(1.5)\n{write}"}))
+    short = ToolRegistry(["roles.rollout.sandbox:python"], timeout_s=0.5)
+    cut = asyncio.run(short.call("python", {"code": f"import time\ntime.sleep(1.5)\n{write}"}))
     assert not cut.ok and cut.text == "error: tool 'python' did not return in 0.5s"
     time.sleep(2.5)  # had the child survived the cut it would have written the marker by now
     assert not marker.exists()
