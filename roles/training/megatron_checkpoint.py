@@ -18,7 +18,9 @@ with; `load_megatron` refuses another in one line.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +80,7 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
     unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])
     if _distributed(optimizer):
-        with torch.no_grad():  # it copies into the fp32 main params, leaves that require grad
+        with torch.no_grad(), _steps_set_aside(optimizer):  # it copies into leaves that require grad
             optimizer.load_parameter_state(str(_params_file(directory)))
     set_rng_state(state["rng"])
     if "megatron_rng" in state:
@@ -88,6 +90,26 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
         "optimizer_steps": state.get("optimizer_steps", state["version"]),
     }
     return counters
+
+
+@contextlib.contextmanager
+def _steps_set_aside(optimizer: Any) -> Iterator[None]:
+    """torch's Adam keeps a per-parameter `step` beside `exp_avg` / `exp_avg_sq`; megatron's
+    `load_parameter_state` copies every key of that state from the file, which (written by
+    `save_parameter_state`) holds only the param and the two moments: `KeyError: 'step'` on
+    the GPU without TE/apex. The steps (restored by `load_state_dict` just before) are set
+    aside for the load and put back after it."""
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    kept: list[tuple[dict[str, Any], Any]] = []
+    for torch_optimizer in inner:
+        for state in getattr(torch_optimizer, "state", {}).values():
+            if isinstance(state, dict) and "step" in state:
+                kept.append((state, state.pop("step")))
+    try:
+        yield
+    finally:
+        for state, step in kept:
+            state["step"] = step
 
 
 def _distributed(optimizer: Any) -> bool:

@@ -32,8 +32,24 @@ COLOCATED = (
 def launch(run_dir: Path, *overrides: str) -> list[dict]:
     cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *overrides]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:] + role_tracebacks(run_dir)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def role_tracebacks(run_dir: Path) -> str:
+    """What the launcher's one line leaves out: each role's last logged traceback and the
+    end of its captured output (vLLM writes an engine's root cause there)."""
+    found = []
+    for path in sorted((run_dir / "logs").glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        texts = [r.get("text", "") for r in records if r.get("event") == "traceback"]
+        if texts:
+            found.append(f"\n--- {path.stem} traceback:\n{texts[-1][-2500:]}")
+    for path in sorted((run_dir / "logs").glob("*.out")):
+        tail = path.read_text(errors="replace")[-1500:]
+        if "Error" in tail:
+            found.append(f"\n--- {path.name}:\n{tail}")
+    return "".join(found)
 
 
 def test_async_grpo_rollout_on_gpu0_fsdp2_on_gpu1(tmp_path: Path) -> None:

@@ -57,3 +57,31 @@ def test_the_critic_part_is_checked_too(tmp_path: Path) -> None:
     ckpt = fake_checkpoint(tmp_path, None)
     with pytest.raises(ValueError, match=r"critic has no megatron-layout\.json"):
         check_resume_layout(ckpt, cfg)
+
+
+def test_adam_steps_are_set_aside_for_megatrons_parameter_state_load() -> None:
+    """megatron's `load_parameter_state` copies every key of each param's optimizer state
+    from a file that has no `step` (torch's Adam keeps one): the helper hides the steps for
+    the load and puts them back, also when the load fails."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from roles.training.megatron_checkpoint import _steps_set_aside
+
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    adam = torch.optim.AdamW(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    adam.step()
+    adam.step()
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=adam)])
+    with _steps_set_aside(chained):
+        assert all("step" not in adam.state[p] and "exp_avg" in adam.state[p] for p in params)
+    assert [float(adam.state[p]["step"]) for p in params] == [2.0, 2.0]
+    try:
+        with _steps_set_aside(chained):
+            raise RuntimeError("load failed")
+    except RuntimeError:
+        pass
+    assert all(float(adam.state[p]["step"]) == 2.0 for p in params)
