@@ -34,6 +34,15 @@ from roles.training.megatron_convert import (
 _MASKED_LOGIT = -1.0e30
 
 
+def causal_inputs(input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTModel's position ids `[B, T]` and causal mask `[1, 1, T, T]` (True = masked) for
+    right-padded rows."""
+    B, T = input_ids.shape
+    positions = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, -1)
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=input_ids.device), 1).view(1, 1, T, T)
+    return positions, causal
+
+
 class MegatronActor(nn.Module):
     """A megatron-core `GPTModel` (one pipeline stage of it) behind a plain interface.
 
@@ -60,10 +69,7 @@ class MegatronActor(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
         del attention_mask  # causal attention over right padding needs no padding mask
-        B, T = input_ids.shape
-        positions = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, -1)
-        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=input_ids.device), 1).view(1, 1, T, T)
-        out = self.module(input_ids, positions, causal)
+        out = self.module(input_ids, *causal_inputs(input_ids))
         if getattr(self.module, "post_process", True):
             out = self._mask_padded_vocab(out.float())
         return {"logits": out, "values": None}
@@ -182,10 +188,7 @@ class MegatronValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
         del attention_mask  # causal attention over right padding needs no padding mask
-        B, T = input_ids.shape
-        positions = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, -1)
-        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=input_ids.device), 1).view(1, 1, T, T)
-        out = self.module(input_ids, positions, causal)
+        out = self.module(input_ids, *causal_inputs(input_ids))
         if getattr(self.module, "post_process", True):
             out = out[..., 0].float()
         return {"values": out}
