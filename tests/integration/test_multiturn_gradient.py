@@ -51,7 +51,12 @@ def _group() -> Group:
 
 
 def test_observation_tokens_get_zero_gradient(tiny_model_dir: Path) -> None:
-    overrides = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.loss.entropy_coef=0.01"]
+    # The padded path with full logits, whose gradient the hook can see per position; the
+    # packed and chunked paths equal it in gradient (tests/integration/test_packing.py).
+    overrides = [
+        "trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.loss.entropy_coef=0.01",
+        "trainer.packing=false", "trainer.logprob_chunk_tokens=0",
+    ]  # fmt: skip
     engine = FSDPEngine(load_config(None, overrides), tiny_model_dir)
     (batch,), stats = build_train_batches([_group()], step=0, advantage="grpo", norm_by_std=True, num_shards=1)
     assert batch.global_num_tokens == stats.num_response_tokens == sum(map(sum, MASKS))
