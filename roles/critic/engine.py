@@ -70,13 +70,9 @@ class CriticEngine(FSDPEngineBase):
         for mb in self.micro_batches(batch, self.micro_batch_tokens):
             mb = mb.to(self.device)
             v = self._values(mb).cpu()
-            r = self._ref_logprobs(mb) if ref is not None else None
-            for i in range(v.shape[0] if row < len(spans) else 0):
-                start, end = spans[row]
-                values[start:end] = v[i, : end - start]
-                if r is not None and ref is not None:
-                    ref[start:end] = r[i, : end - start]
-                row += 1
+            if ref is not None:
+                unpad_rows(self._ref_logprobs(mb), spans, row, ref)
+            row = unpad_rows(v, spans, row, values)
         return values, ref
 
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
@@ -96,6 +92,18 @@ class CriticEngine(FSDPEngineBase):
         )  # fmt: skip
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
         return loss, m
+
+
+def unpad_rows(rows_BT: torch.Tensor, spans: list[tuple[int, int]], first: int, out: torch.Tensor) -> int:
+    """Write the right-padded rows of a micro-batch into the flat `out`, row i at
+    `spans[first + i]`; returns the index of the row after them (rows past the spans,
+    padding of a rank's last micro-batch, are not written)."""
+    if first >= len(spans):
+        return first
+    for i in range(rows_BT.shape[0]):
+        start, end = spans[first + i]
+        out[start:end] = rows_BT[i, : end - start]
+    return first + rows_BT.shape[0]
 
 
 def _spans(cu: torch.Tensor) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from roles.algo import value_loss
-from roles.critic.engine import _as_batch, _spans
+from roles.critic.engine import _as_batch, _spans, unpad_rows
 from roles.training.megatron_convert import ModelDims, check_divisible
 from roles.training.megatron_engine import MegatronEngineBase, gather_shards
 from roles.training.megatron_model import (
@@ -78,13 +78,9 @@ class MegatronCriticEngine(MegatronEngineBase):
         row = 0
         for mb in self._micro_batches(batch, self.cfg.critic.micro_batch_tokens):
             v = self._values(self.model, mb).cpu()
-            r = self._ref_logprobs(mb) if ref is not None else None
-            for i in range(v.shape[0] if row < len(spans) else 0):
-                start, end = spans[row]
-                values[start:end] = v[i, : end - start]
-                if r is not None and ref is not None:
-                    ref[start:end] = r[i, : end - start]
-                row += 1
+            if ref is not None:
+                unpad_rows(self._ref_logprobs(mb), spans, row, ref)
+            row = unpad_rows(v, spans, row, values)
         n = mine.input_ids.numel()
         return values[offset : offset + n], None if ref is None else ref[offset : offset + n]
 
