@@ -40,11 +40,13 @@ from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
 from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes, visible_gpus
+from runtime.process_groups import wait_gone
 from runtime.run_token import ensure_token
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
 FAILURE_GRACE_S = 2.0
+GROUP_EXIT_WAIT_S = 30.0  # after SIGKILL: how long the launcher waits for a role's children to be gone
 POLL_S = 0.1
 
 
@@ -200,6 +202,11 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
             p.words.close()
+        # The roles' children (vLLM's engine processes) too: once the launcher returns, the
+        # GPU memory of the run is free for the next one (a resume right after a crash).
+        names = {p.popen.pid: p.spec.name for p in self.procs}
+        for pgid, pids in wait_gone(names, GROUP_EXIT_WAIT_S).items():
+            log.error("process_group_lingering", proc=names[pgid], pids=pids)
 
 
 def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:

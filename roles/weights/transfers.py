@@ -90,6 +90,10 @@ class IpcTransfer:
         pass
 
     async def send(self, target: str, ep: RpcEndpoint, version: int, bucket: PackedBucket) -> wire.Message:
+        # The bytes must be complete before the handle leaves: a handle is shared once per
+        # buffer (sharing again would chain a new IPC context onto it per update), so its
+        # event is long past for every later bucket packed into the same buffer.
+        torch.cuda.current_stream(bucket.flat.device).synchronize()
         msg = wire.WeightBucketMeta(
             version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel(),
             ipc=self._handle(bucket.flat), token=self.token,

