@@ -98,7 +98,10 @@ def _steps_set_aside(optimizer: Any) -> Iterator[None]:
     `load_parameter_state` copies every key of that state from the file, which (written by
     `save_parameter_state`) holds only the param and the two moments: `KeyError: 'step'` on
     the GPU without TE/apex. The steps (restored by `load_state_dict` just before) are set
-    aside for the load and put back after it."""
+    aside for the load and put back after it, each parameter its own copy: megatron's
+    `load_state_dict` gives every parameter the SAME step tensor, which Adam's in-place
+    `step += 1` would then advance once per parameter (the resumed run's second step
+    differed from the uninterrupted one's on the H200)."""
     inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
     kept: list[tuple[dict[str, Any], Any]] = []
     for torch_optimizer in inner:
@@ -109,7 +112,7 @@ def _steps_set_aside(optimizer: Any) -> Iterator[None]:
         yield
     finally:
         for state, step in kept:
-            state["step"] = step
+            state["step"] = step.clone() if isinstance(step, torch.Tensor) else step
 
 
 def _distributed(optimizer: Any) -> bool:

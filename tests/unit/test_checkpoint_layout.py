@@ -85,3 +85,27 @@ def test_adam_steps_are_set_aside_for_megatrons_parameter_state_load() -> None:
     except RuntimeError:
         pass
     assert all(float(adam.state[p]["step"]) == 2.0 for p in params)
+
+
+def test_a_step_tensor_shared_by_every_parameter_is_split_so_adam_counts_each_once() -> None:
+    """megatron's distributed `load_state_dict` hands every parameter one shared step tensor;
+    torch's Adam increments each parameter's step in place, so shared it would advance once
+    per parameter (and the bias correction would drift): after the helper each has its own."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from roles.training.megatron_checkpoint import _steps_set_aside
+
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    adam = torch.optim.AdamW(params, lr=0.1, foreach=False)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    adam.step()
+    shared = torch.tensor(1.0)
+    for p in params:
+        adam.state[p]["step"] = shared  # as megatron's load_state_dict leaves it
+    with _steps_set_aside(SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=adam)])):
+        pass
+    adam.step()
+    assert [float(adam.state[p]["step"]) for p in params] == [2.0, 2.0]
