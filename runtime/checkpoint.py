@@ -6,6 +6,8 @@ Layout of `RUN_DIR/checkpoints/step-00000010/` (a complete checkpoint):
                   plus extra-rank<r>.pt (scheduler, RNG, version) per trainer rank
     critic/       the same for the value model (PPO with GAE)
     hf/           the policy as an HF model directory (safetensors) for vLLM / transformers
+    adapter/      instead of hf/ with trainer.lora: the PEFT adapter directory (the base is
+                  the run's model.path)
     controller.json   dataset cursor, gate, step, accepted-but-untrained samples, prompts in flight
     manifest.json     written last: every file's size, and sha256 of files up to 64 MiB
 
@@ -83,12 +85,13 @@ def complete_dirs(root: Path) -> list[Path]:
 
 def required_parts(cfg: RunConfig) -> list[str]:
     """What a complete checkpoint of this run holds: the controller's state, the actor's
-    shards, the critic's when the run has one, and the HF export when it is enabled."""
+    shards, the critic's when the run has one, and the HF export (the adapter with LoRA)
+    when it is enabled."""
     parts = ["controller.json", "actor/"]
     if role_counts(cfg).get("critic", 0):
         parts.append("critic/")
     if cfg.checkpoint.export_hf:
-        parts.append("hf/")
+        parts.append("adapter/" if cfg.trainer.lora.rank else "hf/")
     return parts
 
 

@@ -51,9 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     docs = sub.add_parser("config-docs", help="print the config reference (markdown)")
     docs.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
 
-    export = sub.add_parser("export", help="write a checkpoint's policy as an HF model directory")
+    export = sub.add_parser("export", help="write a checkpoint's policy (HF directory; LoRA: the adapter, or --merge)")
     export.add_argument("run_dir")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest complete)")
+    export.add_argument(
+        "--merge", action="store_true", help="LoRA runs: merge the adapter into the base model (default: the adapter)"
+    )
     export.add_argument("out_dir")
 
     keys = sub.add_parser("keys", help="generate CurveZMQ keys for a cross-host run")
@@ -148,7 +151,7 @@ def _export(args: argparse.Namespace) -> int:
     from runtime.export import export_checkpoint
 
     try:
-        path = export_checkpoint(args.run_dir, args.step, args.out_dir)
+        path = export_checkpoint(args.run_dir, args.step, args.out_dir, merge=args.merge)
     except (FileNotFoundError, ValueError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,14 @@ class TinyModelConfig(msgspec.Struct, **_STRUCT):
             ge=0,
         ),
     ] = 0
+    initializer_range: Annotated[
+        float,
+        Doc(
+            description="Std of the random weights; the default 0.02 gives nearly uniform next-token "
+            "distributions (a LoRA adapter cannot sharpen them much: the final norm bounds the logits).",
+            gt=0,
+        ),
+    ] = 0.02
 
 
 class ModelConfig(msgspec.Struct, **_STRUCT):
@@ -104,6 +112,22 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     call_timeout_s: Annotated[
         float, Doc(description="Bound on each vLLM engine call (pause, resume, sleep, wake, cache reset).", gt=0)
     ] = 60.0
+    max_lora_rank: Annotated[
+        int,
+        Doc(
+            description="With trainer.lora: the largest adapter rank vLLM accepts (fixed at start); 0 = the "
+            "smallest vLLM size that holds trainer.lora.rank.",
+            ge=0,
+        ),
+    ] = 0
+    max_loras: Annotated[
+        int,
+        Doc(
+            description="With trainer.lora: adapters (policy versions) vLLM holds at once; 0 = "
+            "rollout.max_staleness + 2, every version a request in flight may still use.",
+            ge=0,
+        ),
+    ] = 0
 
 
 class RolloutConfig(msgspec.Struct, **_STRUCT):
@@ -340,6 +364,20 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     ] = ""
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(msgspec.Struct, **_STRUCT):
+    """LoRA adapters on the actor (PEFT): only they train, and only they travel to the rollouts."""
+
+    rank: Annotated[int, Doc(description="Adapter rank r; 0 = full fine-tuning (no adapters).", ge=0)] = 0
+    alpha: Annotated[int, Doc(description="lora_alpha: the update is scaled by alpha / rank.", gt=0)] = 16
+    dropout: Annotated[float, Doc(description="Dropout on the adapters' input (training only).", ge=0.0, lt=1.0)] = 0.0
+    target_modules: Annotated[
+        list[str], Doc(description="Module names that get adapters (default: attention and MLP projections).")
+    ] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+
+
 class TrainerConfig(msgspec.Struct, **_STRUCT):
     backend: Annotated[
         Literal["fsdp", "megatron"],
@@ -372,6 +410,9 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
     loss: Annotated[LossConfig, Doc(description="Policy loss.")] = msgspec.field(default_factory=LossConfig)
     megatron: Annotated[MegatronConfig, Doc(description="Megatron-core options (backend: megatron).")] = msgspec.field(
         default_factory=MegatronConfig
+    )
+    lora: Annotated[LoraConfig, Doc(description="LoRA adapters (FSDP actor; rank 0 = off).")] = msgspec.field(
+        default_factory=LoraConfig
     )
     gradient_checkpointing: Annotated[bool, Doc(description="Recompute activations in backward.")] = False
     packing: Annotated[

@@ -1,8 +1,12 @@
-"""`tandem export RUN_DIR [--step N] OUT_DIR`: a checkpoint's policy as an HF directory.
+"""`tandem export RUN_DIR [--step N] [--merge] OUT_DIR`: a checkpoint's policy as an HF directory.
 
 Copies the checkpoint's `hf/` export when it has one; otherwise consolidates the sharded
 actor state (torch.distributed.checkpoint) into the initial model's architecture and
-saves that. Only intact checkpoints are exported (see runtime.checkpoint.validate).
+saves that. A LoRA run's checkpoint holds `adapter/` instead: it is copied as it is (a
+PEFT adapter directory, for `PeftModel.from_pretrained` or vLLM's `LoRARequest`), or with
+`merge` folded into the run's base model (PEFT's `merge_and_unload`: W + alpha/r * B @ A)
+and saved as a plain HF model directory. Only intact checkpoints are exported (see
+runtime.checkpoint.validate).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from runtime.config_load import load_config
 from runtime.paths import model_dir
 
 
-def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path) -> Path:
+def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path, *, merge: bool = False) -> Path:
     found = checkpoint.find_latest(run_dir, step)
     if found is None:
         which = f"step {step}" if step is not None else "any step"
@@ -25,10 +29,38 @@ def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"output directory {out} is not empty")
+    if (path / "adapter").is_dir():
+        if not merge:
+            shutil.copytree(path / "adapter", out, dirs_exist_ok=True)
+            return out
+        return merge_adapter(path / "adapter", model_dir(load_config(Path(run_dir) / "config.yaml")), out)
+    if merge:
+        raise ValueError(f"--merge: {path} is not a LoRA checkpoint (no adapter/); export it without --merge")
     if (path / "hf").is_dir():
         shutil.copytree(path / "hf", out, dirs_exist_ok=True)
         return out
     return consolidate(path / "actor", model_dir(load_config(Path(run_dir) / "config.yaml")), out)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def merge_adapter(adapter_dir: Path, base_model: Path, out: Path) -> Path:
+    """The base model with the adapter merged in, saved as an HF directory (float32 merge,
+    saved in the base's dtype)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(base_model))
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    base = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype).save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (base_model / name).exists():
+            shutil.copy2(base_model / name, out / name)
+    return out
 
 
 def consolidate(actor_dir: Path, source_model: Path, out: Path) -> Path:
@@ -44,7 +76,7 @@ def consolidate(actor_dir: Path, source_model: Path, out: Path) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(source_model))
     model.load_state_dict(state, strict=False)
     model.save_pretrained(out, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+    for name in TOKENIZER_FILES:
         if (source_model / name).exists():
             shutil.copy2(source_model / name, out / name)
     return out

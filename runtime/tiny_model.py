@@ -78,6 +78,7 @@ def make_tiny_model(
     seed: int = 0,
     classifier: bool = False,
     vocab_size: int = 0,
+    initializer_range: float = 0.02,
 ) -> Path:
     """Write a random-initialised Qwen2 model with the byte tokenizer into `path`.
 
@@ -85,13 +86,14 @@ def make_tiny_model(
     instead of the causal LM. `vocab_size` 0 is the byte tokenizer's (259); a larger one
     (151936 is Qwen2.5's) gives the model that many embedding rows and logits, of which the
     tokenizer names the first 259: ids above are valid model inputs and outputs that decode
-    to nothing.
+    to nothing. `initializer_range`: the std of the random weights (transformers' default
+    0.02 makes nearly uniform next-token distributions).
 
     Returns the directory. Re-running with the same arguments on an existing
     directory does nothing; different arguments rebuild it. Writes go to a temporary
     sibling that is renamed into place, so a reader never sees half a model.
     """
-    spec = dict(
+    spec: dict[str, float] = dict(
         hidden_size=hidden_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -105,6 +107,8 @@ def make_tiny_model(
         spec["classifier"] = True
     if vocab_size:  # absent by default, so models made before the option keep their digest
         spec["vocab_size"] = vocab_size
+    if initializer_range != 0.02:  # the same
+        spec["initializer_range"] = initializer_range
     out = Path(path)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
@@ -150,6 +154,7 @@ def _write_model(directory: Path, spec: dict) -> None:
         tie_word_embeddings=spec["tie_word_embeddings"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         rms_norm_eps=1e-6,
+        initializer_range=spec.get("initializer_range", 0.02),
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

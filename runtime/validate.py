@@ -11,12 +11,14 @@ import os
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
 from runtime.gpu_check import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
+from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
 from runtime.placement import role_counts
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
+    _check_lora(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
@@ -137,6 +139,23 @@ def _check_reward_model(cfg: RunConfig, placed: int) -> None:
             f"reward.judge.max_tokens ({j.max_tokens}) must be below reward.judge.engine.max_model_len "
             f"({j.engine.max_model_len})"
         )
+
+
+def _check_lora(cfg: RunConfig) -> None:
+    lora, engine = cfg.trainer.lora, cfg.rollout.engine
+    if engine.max_lora_rank and engine.max_lora_rank not in VLLM_LORA_RANKS:
+        raise ConfigError(f"rollout.engine.max_lora_rank={engine.max_lora_rank} is not one of vLLM's {VLLM_LORA_RANKS}")
+    if not lora.rank:
+        return
+    if cfg.trainer.backend == "megatron":
+        raise ConfigError("trainer.lora needs trainer.backend=fsdp: the Megatron engine has no LoRA yet")
+    if lora.rank > engine_lora_rank(cfg):
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} exceeds rollout.engine.max_lora_rank={engine_lora_rank(cfg)} "
+            "(vLLM fixes it at start): raise max_lora_rank or lower the rank"
+        )
+    if not lora.target_modules:
+        raise ConfigError("trainer.lora.target_modules is empty: name the modules that get adapters")
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

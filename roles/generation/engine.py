@@ -12,6 +12,10 @@ What a caller may rely on:
   then `finish_update`: switch the version and the prefix-cache salt (no KV computed by
   older weights is reused for new requests) and resume; `abandon_update` resumes
   without switching. Versions only go up. Every engine call is bounded by a timeout.
+* With `lora` (a `LoraServing`), vLLM serves LoRA adapters and an update is an adapter:
+  it is registered while generation goes on (no pause), requests dispatched after it run
+  on it, and requests in flight finish on the adapter they started with, so every token
+  of a sample has the version its request started at. Versions are adapter ids - 1.
 * With `sleep_mode`, `sleep` frees the KV cache and moves the weights to host memory
   (vLLM level 1); a generate request or an update wakes the engine first.
 * Bad requests (prompt too long, bad sampling values) come back as samples with
@@ -24,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from roles.weights.errors import StaleUpdate
@@ -57,6 +63,17 @@ class Sample:
 
 
 @dataclass
+class LoraServing:
+    """vLLM's LoRA settings and where the rollout keeps its adapters (runtime/lora.py)."""
+
+    max_rank: int
+    max_loras: int
+    config: dict[str, Any]  # adapter_config.json fields
+    adapters_dir: Path  # one PEFT directory per version held, v<version>/
+    initial: Path | None = None  # the adapter of the starting version (a resumed run)
+
+
+@dataclass
 class _Active:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -74,10 +91,14 @@ class RolloutEngine:
         version: int = 0,
         prefix_salt: bool = True,
         sleep_mode: bool = False,
+        lora: LoraServing | None = None,
     ) -> None:
-        """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory."""
+        """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory;
+        `lora`: serve LoRA adapters (updates are adapters)."""
         self.cfg = cfg
         self.sleep_mode = sleep_mode
+        self.lora = lora
+        self.adapter: tuple[int, str] | None = None  # (version, directory) new requests run on
         self.model_path = model_path
         self.version = version
         self.prefix_salt = prefix_salt and cfg.enable_prefix_caching
@@ -115,12 +136,21 @@ class RolloutEngine:
             worker_extension_cls=WORKER_EXTENSION,
             enable_sleep_mode=self.sleep_mode,
             disable_log_stats=False,
+            **self._lora_args(),
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_factory(self)])
         core = self.engine.engine_core
         self.native_versions = hasattr(core, "set_weight_version_async")
         if self.native_versions:
             await core.set_weight_version_async(str(self.version))
+        if self.lora is not None and self.lora.initial is not None:
+            self.adapter = (self.version, str(self.lora.initial))  # vLLM reads it at the first request
+
+    def _lora_args(self) -> dict[str, Any]:
+        if self.lora is None:
+            return {}
+        n = self.lora.max_loras
+        return {"enable_lora": True, "max_lora_rank": self.lora.max_rank, "max_loras": n, "max_cpu_loras": n}
 
     @property
     def num_active(self) -> int:
@@ -142,7 +172,7 @@ class RolloutEngine:
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
             if self.prefix_salt:
                 prompt["cache_salt"] = f"v{self.version}"
-            run = self._run(vid, prompt, params, state)
+            run = self._run(vid, prompt, params, state, self._lora_request())
             last = await (asyncio.wait_for(run, timeout_s) if timeout_s else run)
         except TimeoutError:
             return _error_sample(prompt_ids, started, f"request timed out after {timeout_s:g}s", state)
@@ -156,10 +186,19 @@ class RolloutEngine:
             self._active.pop(vid, None)
         return self._finish(state, last, len(prompt_ids), started)
 
-    async def _run(self, vid: str, prompt: dict[str, Any], params: Any, state: _Active) -> Any:
+    def _lora_request(self) -> Any:
+        """The current version's adapter for a new request (None: the base model)."""
+        if self.adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        version, path = self.adapter
+        return LoRARequest(lora_name=f"v{version}", lora_int_id=version + 1, lora_path=path)
+
+    async def _run(self, vid: str, prompt: dict[str, Any], params: Any, state: _Active, lora: Any = None) -> Any:
         """Add the request, then collect its outputs. The sample counts as active (and
         `abort_all` reaches it) once vLLM knows it."""
-        queue = await self.engine.add_request(vid, prompt, params)
+        queue = await self.engine.add_request(vid, prompt, params, lora_request=lora)
         self._active[vid] = state
         last = None
         try:
@@ -184,7 +223,7 @@ class RolloutEngine:
         reason = _FINISH.get(getattr(comp, "finish_reason", None) or "abort", FinishReason.STOP)
         versions = _versions(len(state.tokens), state.marks)
         spans = getattr(comp, "weight_versions", None)
-        if self.native_versions and spans:
+        if self.native_versions and spans and self.lora is None:  # vLLM labels base-weight swaps
             versions = _versions_from_spans(len(state.tokens), spans, versions)
         return Sample(state.tokens, state.logprobs, versions, reason, prompt_len, time.perf_counter() - started)
 
@@ -204,6 +243,13 @@ class RolloutEngine:
         self._check_alive()
         t0 = time.perf_counter()
         self._updating = version  # from here on, abandon_update resumes the engine
+        if self.lora is not None:  # an adapter: requests go on, nothing they use changes
+            try:
+                await self._rpc("tandem_begin_update", {"lora": True}, timeout_s)
+            except BaseException:
+                await self.abandon_update(timeout_s)
+                raise
+            return time.perf_counter() - t0
         try:
             if self.sleep_mode and await self._wake(["weights"], timeout_s):
                 self._kv_asleep = True
@@ -245,6 +291,9 @@ class RolloutEngine:
         version = self._updating
         if version is None:
             raise RuntimeError("finish_update: no update is open")
+        if self.lora is not None:
+            await self._finish_adapter(version, self.lora, timeout_s)
+            return
         try:
             await self._rpc("tandem_finish_update", None, timeout_s)
             self._switch_version(version)
@@ -255,10 +304,39 @@ class RolloutEngine:
         if not self._active:
             await self._bounded(self.engine.reset_prefix_cache(), timeout_s, "reset_prefix_cache")
 
+    async def _finish_adapter(self, version: int, lora: LoraServing, timeout_s: float) -> None:
+        """Register the update as adapter `version + 1`, keep the adapters that requests in
+        flight run on, drop the others (and their directories)."""
+        path = lora.adapters_dir / f"v{version}"
+        in_flight = {s.marks[0][1] for s in self._active.values()}
+        keep = {v + 1 for v in in_flight} | {version + 1}
+        spec = {"lora": {"id": version + 1, "path": str(path), "config": lora.config, "keep": sorted(keep)}}
+        try:
+            results = await self._rpc("tandem_finish_update", spec, timeout_s)
+        finally:
+            self._updating = None
+        first = results[0] if results else {}
+        if first.get("error") and not getattr(self, "_lora_path_noted", False):
+            self._lora_path_noted = True
+            log.warning("lora_from_tensors_unavailable", error=first["error"], fallback="adapter directory")
+        self.version = version
+        self.adapter = (version, str(path))
+        for old in lora.adapters_dir.glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) + 1 not in keep:
+                shutil.rmtree(old, ignore_errors=True)
+
     async def abandon_update(self, timeout_s: float) -> None:
         """Close the open update without switching versions (a failure mid-way: layers
         loaded before it keep the new weights) and resume."""
         if self._updating is None:
+            return
+        if self.lora is not None:
+            try:
+                await self._rpc("tandem_finish_update", None, timeout_s)
+            except Exception as exc:
+                log.warning("update_close_failed", error=_one_line(exc))
+            finally:
+                self._updating = None
             return
         try:
             await self._rpc("tandem_finish_update", None, timeout_s)

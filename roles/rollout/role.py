@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from roles.generation.engine import EngineDead, RolloutEngine, Sample
+from roles.generation.engine import EngineDead, LoraServing, RolloutEngine, Sample
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
 from runtime.gpu_check import rollout_shares_trainer_gpu
 from runtime.logs import get_logger, set_policy_version
+from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
 from runtime.paths import model_dir
 from runtime.role import Role
 from runtime.run_token import read_token
@@ -50,15 +52,18 @@ class RolloutRole(Role):
         cfg = self.cfg
         path, version = model_dir(cfg), 0
         resume = resume_dir()
+        lora = self._lora_serving()
         if resume is not None and (resume / "hf").is_dir():
             path, version = resume / "hf", int(read_manifest(resume)["version"])
+        if resume is not None and lora is not None and (resume / "adapter").is_dir():
+            version, lora.initial = int(read_manifest(resume)["version"]), resume / "adapter"
         self.sleeps = self._may_sleep()
         self.episodes: EpisodeRunner | None = None
         if cfg.rollout.env:  # multi-turn: the environment speaks text, so the rollout needs the tokenizer
             from transformers import AutoTokenizer
 
             self.episodes = EpisodeRunner(cfg.rollout, AutoTokenizer.from_pretrained(str(path)))
-        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps)
+        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora)
         started = time.perf_counter()
         await self.engine.start()
         self.device = await self.engine.device()
@@ -87,6 +92,16 @@ class RolloutRole(Role):
         self.spawn("engine-stats", self._log_stats())
         if self.sleeps:
             self.spawn("idle-sleep", self._sleep_when_idle())
+
+    def _lora_serving(self) -> LoraServing | None:
+        """vLLM's LoRA settings when the trainer trains adapters (runtime/lora.py)."""
+        cfg = self.cfg
+        if not cfg.trainer.lora.rank:
+            return None
+        return LoraServing(
+            max_rank=engine_lora_rank(cfg), max_loras=engine_max_loras(cfg),
+            config=adapter_config(cfg.trainer.lora), adapters_dir=Path(cfg.run_dir) / "adapters" / self.ctx.name,
+        )  # fmt: skip
 
     def _may_sleep(self) -> bool:
         """Sleep mode only where it helps: synchronous, on a GPU shared with a trainer rank."""

@@ -13,7 +13,9 @@ forward pass, so no second forward is spent on them; with several steps `prepare
 one no-grad forward over the shard first and every update's ratio is taken against it.
 
 The frozen reference policy for `algorithm.kl.use: loss` is held here (the initial
-weights, FSDP-wrapped, no gradients). All methods are blocking collectives, called from
+weights, FSDP-wrapped, no gradients). With `trainer.lora` (roles/training/lora.py) only
+PEFT adapters train, the reference is the same model with its adapter disabled, and
+`export_weights` yields only the adapters. All methods are blocking collectives, called from
 one thread (the role runs them in a worker thread so its event loop keeps serving).
 """
 
@@ -31,9 +33,11 @@ from roles.trainer.policy_loss import policy_loss_options
 from roles.training.actor_forward import setup_actor_model, token_stats
 from roles.training.engine import FSDPEngineBase
 from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
+from roles.training.lora import apply_lora
 from roles.training.metrics import ACTOR_METRICS
 from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES
+from roles.weights.lora import is_adapter, peft_name
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
 
@@ -51,10 +55,15 @@ class FSDPEngine(FSDPEngineBase):
         model = setup_actor_model(
             model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=t.compile, **opts
         )
+        self.lora = t.lora.rank > 0
+        if self.lora:
+            model = apply_lora(model, t.lora, gradient_checkpointing=checkpointing)
+            self.frozen_base = True
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None
-        if kl.enabled and kl.use == "loss":
+        self.kl_in_loss = kl.enabled and kl.use == "loss"
+        if self.kl_in_loss and not self.lora:  # with LoRA the reference is the base: the adapter disabled
             ref = setup_actor_model(model_path, dtype, self.device, **opts).eval().requires_grad_(False)
             self.ref_model = wrap_model_with_fsdp(ref, cfg.fsdp, device=self.device)
         self.kl_ctl = (
@@ -88,7 +97,7 @@ class FSDPEngine(FSDPEngineBase):
         loss, m = ppo_policy_loss(logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **opts, **norm)
         if lc.entropy_coef > 0:
             loss = loss - lc.entropy_coef * aggregate(entropy, mask, lc.agg, **norm)
-        if self.ref_model is not None:
+        if self.kl_in_loss:
             kl = self._kl_to_reference(mb, logp)
             loss = loss + self.kl_ctl.value * aggregate(kl, mask, lc.agg, **norm)
             m["kl_ref"] = _masked_mean(kl.detach(), mask)
@@ -97,21 +106,29 @@ class FSDPEngine(FSDPEngineBase):
 
     def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """The KL controller sees the step's KL to the reference policy."""
-        if self.ref_model is not None:
+        if self.kl_in_loss:
             self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
             metrics["kl_coef"] = self.kl_ctl.value
 
     def _kl_to_reference(self, mb: MicroBatch, logp: torch.Tensor) -> torch.Tensor:
-        assert self.ref_model is not None
         with torch.no_grad():
-            ref_logp = token_stats(self.ref_model, mb, entropy_grad=False)[0]
+            if self.ref_model is not None:
+                ref_logp = token_stats(self.ref_model, mb, entropy_grad=False)[0]
+            else:
+                with self.model.disable_adapter():  # type: ignore[operator]
+                    ref_logp = token_stats(self.model, mb, entropy_grad=False)[0]
         return kl_penalty(logp, ref_logp, self.cfg.algorithm.kl.estimator)
 
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors by HF name in `dtype`, on the engine's device: gathered and cast
-        there, never copied to the CPU (a collective: every rank iterates to the end)."""
-        for name, tensor in full_state_dict_items(self.model):
-            yield name, tensor.detach().to(dtype)
+        there, never copied to the CPU (a collective: every rank iterates to the end).
+        With LoRA, only the adapter tensors, by PEFT's saved names (roles/weights/lora.py)."""
+        if not self.lora:
+            for name, tensor in full_state_dict_items(self.model):
+                yield name, tensor.detach().to(dtype)
+            return
+        for name, tensor in full_state_dict_items(self.model, keep=is_adapter):
+            yield peft_name(name), tensor.detach().to(dtype)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -26,10 +26,12 @@ from roles.training.torch_role import TorchRole
 from roles.weights.backend import BackendError, choose_backend
 from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
+from roles.weights.lora import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
 from runtime import addresses
 from runtime.logs import get_logger, set_policy_version
+from runtime.lora import adapter_config
 from runtime.paths import model_dir
 from runtime.role import FatalError
 from runtime.run_token import read_token
@@ -126,6 +128,7 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         if self.engine.device.type == "cuda":
             # What the trainer had to work with (with vLLM asleep, its KV cache is free).
             metrics["cuda_free_gb"] = torch.cuda.mem_get_info(self.engine.device)[0] / 1e9
+            metrics["cuda_peak_gb"] = torch.cuda.max_memory_allocated(self.engine.device) / 1e9  # since start
         version = self.engine.version
         set_policy_version(version)
         sync_started = time.perf_counter()
@@ -177,11 +180,18 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         return failed
 
     def _save(self, directory: Path) -> None:
-        """Sharded actor state into directory/actor, and the HF export into directory/hf."""
+        """Sharded actor state into directory/actor, and the HF export into directory/hf
+        (with LoRA: the PEFT adapter directory into directory/adapter)."""
         self.engine.save(directory / "actor")
-        if self.cfg.checkpoint.export_hf:
-            items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
+        if not self.cfg.checkpoint.export_hf:
+            return
+        items = self.engine.export_weights(DTYPES[self.cfg.model.dtype])
+        if not self.cfg.trainer.lora.rank:
             export_hf(items, self.engine.rank, model_dir(self.cfg), directory / "hf")
+            return
+        tensors = dict(items)  # a collective: every rank gathers
+        if self.engine.rank == 0:
+            write_adapter_dir(tensors, adapter_config(self.cfg.trainer.lora), directory / "adapter")
 
     async def close(self) -> None:
         sender: WeightSender | None = getattr(self, "sender", None)

@@ -18,11 +18,12 @@ global counts) and takes one optimizer step per mini-batch, `epochs × mini_batc
 all. The step's metrics are the mean over those optimizer steps (the max for `maxed`
 names). `version` then counts one more published policy, whatever the number of steps.
 
-Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model and the
-optimizer (every rank writes its shards into one directory, loadable at another world
-size), plus one small `extra-rank<r>.pt` per rank with the scheduler, the RNG states and
-the version. All methods are blocking collectives unless said otherwise: every rank calls
-them in the same order, from one thread.
+Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model (its
+trainable parameters only when `frozen_base`) and the optimizer (every rank writes its
+shards into one directory, loadable at another world size), plus one small
+`extra-rank<r>.pt` per rank with the scheduler, the RNG states and the version. All
+methods are blocking collectives unless said otherwise: every rank calls them in the
+same order, from one thread.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from roles.training.balance import min_bins
 from roles.training.distributed import init_distributed, pick_device
@@ -71,6 +72,7 @@ class FSDPEngineBase(ABC):
         self.epochs = epochs
         self.num_mini_batches = mini_batches
         self.packing = False  # a subclass whose `loss` takes packed micro-batches sets it
+        self.frozen_base = False  # a subclass training adapters only sets it: checkpoints skip frozen params
         self._input_tokens = [0.0, 0.0]  # (real, padded) model-input tokens of this step
 
     def _setup_optimizer(self, o: OptimConfig) -> None:
@@ -191,7 +193,7 @@ class FSDPEngineBase(ABC):
     # --- checkpoints -----------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Write model + optimizer shards (DCP) and this rank's extra state into `directory`."""
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
         extra = {
             "version": self.version,
@@ -201,12 +203,20 @@ class FSDPEngineBase(ABC):
         torch.save(extra, directory / f"extra-rank{self.rank}.pt")
         dist.barrier()
 
+    def _state_dict_options(self) -> StateDictOptions | None:
+        """Adapters only (`frozen_base`): the frozen base comes from the model files."""
+        return StateDictOptions(ignore_frozen_params=True, strict=False) if self.frozen_base else None
+
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote (the world size may differ; RNG only for known ranks)."""
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        options = self._state_dict_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=options,
+        )  # fmt: skip
         path = directory / f"extra-rank{self.rank}.pt"
         if not path.exists():
             path = directory / "extra-rank0.pt"

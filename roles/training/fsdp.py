@@ -43,7 +43,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import torch
@@ -128,13 +128,16 @@ def finish_backward(model: nn.Module) -> None:
             offset += grad.numel()
 
 
-def full_state_dict_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, full tensor) for every `model.state_dict()` entry, in order.
+def full_state_dict_items(
+    model: nn.Module, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, full tensor) for every `model.state_dict()` entry, in order (only
+    the names `keep` accepts, when given: the others are not gathered).
 
     A collective when the model is sharded: every rank must iterate it to the end in the
     same order. Tied entries (embeddings / lm_head) are gathered once and yielded twice.
     """
-    state = model.state_dict(keep_vars=True)
+    state = {k: v for k, v in model.state_dict(keep_vars=True).items() if keep is None or keep(_plain_name(k))}
     counts: dict[int, int] = {}
     for tensor in state.values():
         counts[id(tensor)] = counts.get(id(tensor), 0) + 1

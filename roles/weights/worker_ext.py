@@ -34,6 +34,7 @@ import torch
 from roles.weights.group import WeightGroup, connect_store
 from roles.weights.ipc import device_uuid, open_shared
 from roles.weights.layout import unpack
+from roles.weights.lora_worker import add_adapter
 from transport import wire
 
 
@@ -53,7 +54,11 @@ class TandemWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's runner."""
 
     # --- one update --------------------------------------------------------------------
-    def tandem_begin_update(self) -> dict[str, Any]:
+    def tandem_begin_update(self, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`spec["lora"]`: the update is an adapter; its buckets are kept, not loaded."""
+        if spec and spec.get("lora"):
+            self._tandem_lora: dict[str, torch.Tensor] | None = {}
+            return {}
         model = self._tandem_model()
         self._tandem_device()  # before the parameters go to the meta device
         reload = _layerwise_reload()
@@ -62,8 +67,15 @@ class TandemWorkerExtension:
             self._tandem_reloading = True
         return {}
 
-    def tandem_finish_update(self) -> dict[str, Any]:
-        """Close the update (also after a failed load: no layer is left unmaterialized)."""
+    def tandem_finish_update(self, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Close the update (also after a failed load: no layer is left unmaterialized).
+        An adapter update becomes adapter `spec["lora"]` (roles/weights/lora_worker.py), or
+        is dropped when `spec` has none (abandoned)."""
+        pending = getattr(self, "_tandem_lora", None)
+        if pending is not None:
+            self._tandem_lora = None
+            lora = (spec or {}).get("lora")
+            return add_adapter(self, lora, pending) if lora else {}
         model = self._tandem_model()
         device = self._tandem_device()
         if getattr(self, "_tandem_reloading", False):
@@ -85,7 +97,7 @@ class TandemWorkerExtension:
             size = f.seek(0, 2)
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
         weights = [(e[0], _view(mm, e, device)) for e in manifest["entries"]]
-        model.load_weights(weights=weights)
+        self._tandem_load(model, weights)
         del weights
         return {"num_tensors": len(manifest["entries"]), "load_s": time.perf_counter() - start}
 
@@ -100,7 +112,7 @@ class TandemWorkerExtension:
             raise RuntimeError(f"ipc weight bucket from {handle.device_uuid}, but this worker runs on {here}")
         flat = open_shared(handle)
         opened = time.perf_counter()
-        model.load_weights(weights=unpack(flat[: spec["nbytes"]], slots))
+        self._tandem_load(model, unpack(flat[: spec["nbytes"]], slots))
         torch.cuda.synchronize(device)  # the trainer may overwrite the buffer once we answer
         del flat
         return {"receive_s": opened - start, "load_s": time.perf_counter() - opened}
@@ -116,7 +128,7 @@ class TandemWorkerExtension:
             flat = torch.empty(spec["nbytes"], dtype=torch.uint8, device=group.device)
             group.broadcast(flat)
             received = time.perf_counter()
-            model.load_weights(weights=unpack(flat, slots))
+            self._tandem_load(model, unpack(flat, slots))
             del flat
         except BaseException:
             self.tandem_close_weight_group()  # the byte stream is out of step: start over
@@ -169,6 +181,16 @@ class TandemWorkerExtension:
     def tandem_checksums(self) -> dict[str, float]:
         """Sum of w (float64) per vLLM parameter name."""
         return {n: float(p.detach().double().sum().item()) for n, p in self._tandem_model().named_parameters()}
+
+    def _tandem_load(self, model: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Load named tensors into the model, or keep copies of them for an adapter update
+        (the buffer they view is reused once the bucket is answered)."""
+        pending: dict[str, torch.Tensor] | None = getattr(self, "_tandem_lora", None)
+        if pending is None:
+            model.load_weights(weights=weights)
+            return
+        for name, t in weights:
+            pending[name] = t.to("cpu", copy=True)
 
     def _tandem_device(self) -> torch.device:
         """Where the model runs. Read once, before any update: during a layerwise reload

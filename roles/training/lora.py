@@ -1,0 +1,40 @@
+"""LoRA on the trainer's HF model, through PEFT (`trainer.lora.rank > 0`).
+
+`apply_lora(model, lora)` wraps the loaded model (before FSDP) so that only the adapter
+parameters train: the base is frozen, so the optimizer, the gradient clip and the
+checkpoints see only the adapters. PEFT starts each adapter's B at zero, so version 0 of
+the policy is the base model exactly. With the adapter disabled
+(`model.disable_adapter()`) the model is the frozen base: the reference policy of
+`algorithm.kl.use: loss`, with no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from runtime.config import LoraConfig
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bool = False) -> nn.Module:
+    """The PEFT model around `model` (its weights untouched), only adapters trainable."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    missing = [t for t in lora.target_modules if not any(n.split(".")[-1] == t for n, _ in model.named_modules())]
+    if missing:
+        raise ValueError(f"trainer.lora.target_modules: no module of the model is named {missing}")
+    config = PeftLoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
+    if gradient_checkpointing:
+        # Checkpointed blocks must see an input that requires grad, or the frozen
+        # embeddings leave the adapters inside them without gradients.
+        peft_model.enable_input_require_grads()
+    return peft_model  # type: ignore[no-any-return]
+
+
+def adapter_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The trainable (adapter) parameters by name."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -1,0 +1,136 @@
+"""LoRA on the real FSDP2 actor engine (one gloo rank, the tiny Qwen2, PEFT adapters).
+
+Only the adapters train (the base's weights stay bit for bit), an update exports only the
+adapters under PEFT's names, the KL reference is the base (the adapter disabled), the
+checkpoint round-trips the adapters and their optimizer state, and `tandem export --merge`
+equals W + alpha/r * B @ A.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from roles.trainer.engine_fsdp import FSDPEngine
+from roles.weights.lora import write_adapter_dir
+from runtime.config_load import load_config
+from runtime.export import merge_adapter
+from runtime.lora import adapter_config
+from tests.helpers.ports import free_port
+from transport.wire import TrainBatch
+
+PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
+LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_rank_world() -> None:
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("gloo")
+
+
+def _engine(model: Path, *overrides: str) -> FSDPEngine:
+    base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
+    return FSDPEngine(load_config(None, [*base, *LORA, *overrides]), model)
+
+
+def _batch(seed: int = 0) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    n = PROMPT + RESPONSE
+    ids = torch.randint(3, 200, (NUM_SEQS * n,), generator=g)
+    mask = torch.cat([torch.cat([torch.zeros(PROMPT), torch.ones(RESPONSE)])] * NUM_SEQS)
+    adv = (torch.arange(NUM_SEQS) % 2 * 2.0 - 1.0).repeat_interleave(n) * mask
+    return TrainBatch(
+        step=0, input_ids=ids, cu_seqlens=torch.arange(0, NUM_SEQS * n + 1, n), loss_mask=mask,
+        behaviour_logprobs=torch.zeros(NUM_SEQS * n), advantages=adv, global_num_tokens=NUM_SEQS * RESPONSE,
+        global_num_seqs=NUM_SEQS,
+    )  # fmt: skip
+
+
+def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}
+
+
+def test_only_the_adapters_train_and_only_they_are_exported(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    in_optimizer = {id(p) for g in engine.optimizer.param_groups for p in g["params"]}
+    assert in_optimizer == {id(p) for p in engine.model.parameters() if p.requires_grad}
+    before = _params(engine)
+    for seed in range(3):
+        engine.train_step(_batch(seed))
+    after = _params(engine)
+    base = [n for n in before if n not in trainable]
+    assert base and all(torch.equal(before[n], after[n]) for n in base), "a base weight changed"
+    lora_b = [n for n in trainable if ".lora_B." in n]
+    assert all(not torch.equal(before[n], after[n]) for n in lora_b), "an adapter did not train"
+    assert all(float(before[n].abs().sum()) == 0.0 for n in lora_b)  # PEFT starts B at zero: v0 is the base
+
+    exported = dict(engine.export_weights(torch.bfloat16))
+    assert len(exported) == len(trainable)
+    assert all(n.startswith("base_model.model.") and ".default." not in n for n in exported)
+    assert sum(t.numel() * 2 for t in exported.values()) == sum(after[n].numel() * 2 for n in trainable)
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert torch.equal(exported[name], after[name.replace("lora_B.", "lora_B.default.")].to(torch.bfloat16))
+
+
+def test_the_kl_reference_is_the_base_model(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, "algorithm.kl.enabled=true", "algorithm.kl.use=loss", "algorithm.kl.coef=0.1")
+    assert engine.ref_model is None  # no second copy of the weights
+    first = engine.train_step(_batch(0))
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # version 0 is the base exactly
+    engine.train_step(_batch(1))
+    later = engine.train_step(_batch(2))
+    assert later["kl_ref"] > 1e-4, later
+
+
+def test_checkpoint_holds_the_adapters_and_their_optimizer_state(tiny_model_dir: Path, tmp_path: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    engine.train_step(_batch(0))
+    engine.save(tmp_path / "ckpt")
+    expected = _params(engine)
+    saved = sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.distcp"))
+    full = sum(p.numel() * 4 for p in expected.values())
+    assert saved < 0.5 * full, (saved, full)  # the frozen base is not in it
+    after_one = engine.train_step(_batch(1))
+
+    resumed = _engine(tiny_model_dir)
+    resumed.load(tmp_path / "ckpt")
+    got = _params(resumed)
+    assert all(torch.equal(got[n], expected[n]) for n in expected)
+    assert resumed.version == 1
+    again = resumed.train_step(_batch(1))
+    assert again["loss"] == pytest.approx(after_one["loss"], rel=1e-6)
+    assert again["grad_norm"] == pytest.approx(after_one["grad_norm"], rel=1e-5)
+
+
+def test_merged_export_equals_base_plus_scaled_b_a(tiny_model_dir: Path, tmp_path: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    for seed in range(2):
+        engine.train_step(_batch(seed))
+    tensors = dict(engine.export_weights(torch.float32))
+    cfg = load_config(None, list(LORA))
+    adapter = write_adapter_dir(tensors, adapter_config(cfg.trainer.lora), tmp_path / "adapter")
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+    merged = load_file(str(merge_adapter(adapter, tiny_model_dir, tmp_path / "merged") / "model.safetensors"))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    prefix = "base_model.model."
+    checked = 0
+    for name, w in base.items():
+        stem = name.removesuffix(".weight")
+        a, b = tensors.get(f"{prefix}{stem}.lora_A.weight"), tensors.get(f"{prefix}{stem}.lora_B.weight")
+        want = w.float() if a is None or b is None else w.float() + (16 / 8) * (b @ a)
+        # merged in float32, saved in the base's bfloat16: equal to its rounding
+        assert torch.allclose(merged[name].float(), want, atol=1e-6, rtol=2**-8), name
+        if a is not None:
+            assert not torch.equal(merged[name], w), f"{name}: the adapter was not merged"
+            checked += 1
+    assert checked == 7 * 2  # q, k, v, o, gate, up, down in both layers
