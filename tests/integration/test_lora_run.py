@@ -9,6 +9,7 @@ projections can barely sharpen them (full fine-tuning also trains the embeddings
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from roles.generation.engine import RolloutEngine, Sample
+from runtime.config import EngineConfig
 from tests.conftest import ROOT
 from tests.integration.test_tiny_run import quarter_means, records, run_tiny
+from transport.wire import SamplingSpec
 
 pytestmark = pytest.mark.slow
 LORA = ("trainer.lora.rank=8", "trainer.optim.lr=0.01", "model.tiny.initializer_range=0.1", "checkpoint.every=20")
+
+
+async def vllm_greedy(model: Path) -> Sample:
+    engine = RolloutEngine(EngineConfig(max_model_len=64, max_num_seqs=4), str(model))
+    await engine.start()
+    try:
+        spec = SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+        return await engine.generate("merged", [5, 6, 7, 97], spec)
+    finally:
+        await engine.shutdown()
 
 
 def export(run: Path, out: Path, *flags: str) -> None:
@@ -56,6 +70,10 @@ def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
         want, got, untouched = with_adapter(ids).logits, merged(ids).logits, plain(ids).logits
     # The merged weights are saved in bf16 (the base's dtype): equal within its rounding.
     assert (got - want).abs().max() < 0.05 * (want - untouched).abs().max(), "merged != base + adapter"
+    # vLLM serves the merged directory as a plain model (the adapter directory it serves in
+    # the resume below).
+    sample = asyncio.run(vllm_greedy(tmp_path / "merged"))
+    assert sample.error == "" and len(sample.token_ids) == 8
 
     # Resume from step 40's adapter: vLLM reads it from the checkpoint, so the first resumed
     # step's samples come from the trained policy (behaviour = proximal), not from the base.
