@@ -21,7 +21,6 @@ Prints one JSON object and writes it to `--out`. No PEFT needed: the adapters ar
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -47,32 +46,14 @@ class ProbeExt:
     model_runner: Any
 
     def probe_add_lora_tensors(self, lora_id: int, config_json: str, payload: bytes) -> list[int]:
-        """Build a LoRAModel from safetensors bytes and make it adapter `lora_id`; returns the
-        worker's adapter ids. A later request with `LoRARequest(..., lora_id, path)` finds it
-        loaded and never reads `path`."""
-        try:
-            from vllm.lora.lora_model import LoRAModel
-        except ImportError:  # older vLLM
-            from vllm.lora.models import LoRAModel  # type: ignore[no-redef]
-        from vllm.lora.peft_helper import PEFTHelper
+        """Build a LoRAModel from safetensors bytes and make it adapter `lora_id` (the rollout's
+        own path, roles/weights/lora_worker.py); returns the worker's adapter ids. A later
+        request with `LoRARequest(..., lora_id, path)` finds it loaded and never reads `path`."""
+        from roles.weights.lora_worker import register_from_tensors
 
-        worker_mgr = self.model_runner.lora_manager
-        helper = PEFTHelper.from_dict(json.loads(config_json))
-        helper.validate_legal(worker_mgr.lora_config)
-        mgr = worker_mgr._adapter_manager
-        mapper = getattr(mgr.model, "hf_to_vllm_mapper", None)
-        kwargs: dict[str, Any] = dict(
-            device="cpu", dtype=worker_mgr.lora_config.lora_dtype, model_vocab_size=worker_mgr.vocab_size
-        )
-        rename = getattr(mapper, "get_rename_mapper", None)  # newer vLLM: only the renames
-        kwargs["weights_mapper"] = rename() if rename is not None else mapper
-        accepted = inspect.signature(LoRAModel.from_lora_tensors).parameters
-        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        lora = LoRAModel.from_lora_tensors(lora_id, load(payload), helper, **kwargs)
-        mgr.remove_adapter(lora.id)
-        mgr.add_adapter(lora)
-        mgr.activate_adapter(lora.id)
-        return sorted(worker_mgr.list_adapters())
+        manager = self.model_runner.lora_manager
+        register_from_tensors(manager, lora_id, load(payload), json.loads(config_json))
+        return sorted(manager.list_adapters())
 
 
 def make_adapter(hf_config: Any, rank: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -33,8 +33,3 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bo
         # embeddings leave the adapters inside them without gradients.
         peft_model.enable_input_require_grads()
     return peft_model  # type: ignore[no-any-return]
-
-
-def adapter_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """The trainable (adapter) parameters by name."""
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -32,7 +32,7 @@ def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tens
     manager = worker.model_runner.lora_manager
     error = ""
     try:
-        _register(manager, int(spec["id"]), tensors, spec["config"])
+        register_from_tensors(manager, int(spec["id"]), tensors, spec["config"])
     except Exception as exc:  # vLLM's private API moved: the path still works
         error = f"{type(exc).__name__}: {exc}"
     for old in sorted(manager.list_adapters()):
@@ -44,7 +44,10 @@ def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tens
     }  # fmt: skip
 
 
-def _register(manager: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+def register_from_tensors(manager: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Make `tensors` (PEFT names) adapter `lora_id` of a worker's LoRA manager
+    (`model_runner.lora_manager`), replacing one of that id: requests naming the id then
+    run on it and vLLM never reads their path. Raises if this vLLM build refuses."""
     try:
         from vllm.lora.lora_model import LoRAModel
     except ImportError:  # older vLLM
