@@ -34,7 +34,7 @@ import pytest_asyncio
 import torch
 
 from runtime.config_load import load_config
-from tests.helpers.harness import ROOT, RoleHarness, greedy
+from tests.helpers.harness import ROOT, RoleHarness, greedy, weight_checksums
 from tests.helpers.weights import TrainerSide
 from transport import wire
 
@@ -88,17 +88,6 @@ def expected_sums(tensors: dict[str, torch.Tensor], vllm_names: set[str]) -> dic
     return out
 
 
-async def checksums(h: RoleHarness) -> wire.WeightChecksums:
-    assert h.peer is not None
-    ep = h.connect(h.peer.address, name="checker")
-    try:
-        reply = await ep.request(wire.WeightChecksums(), timeout=60)
-    finally:
-        await ep.aclose()
-    assert isinstance(reply, wire.WeightChecksums)
-    return reply
-
-
 async def test_ipc_update_writes_every_parameter(rollout: RoleHarness, trainer: TrainerSide) -> None:
     """Two updates; each vLLM parameter's sum changes by exactly what the sent tensors'
     sums changed by (the test's buckets are packed into new buffers each update, which the
@@ -117,9 +106,9 @@ async def _check_two_updates(rollout: RoleHarness, side: TrainerSide, version: i
     assert result.applied["rollout-0"].version == version
     print(f"\n{side.sender.backend} update: {result.seconds:.3f}s for {result.num_bytes / 1e6:.1f} MB, "
           f"phases {result.phases}")  # fmt: skip
-    got_first = await checksums(rollout)
+    got_first = await weight_checksums(rollout)
     assert not (await side.push(version + 1, second)).failed
-    got_second = await checksums(rollout)
+    got_second = await weight_checksums(rollout)
     assert (got_first.version, got_second.version) == (version, version + 1)
     names = set(got_first.sums)
     want_first, want_second = expected_sums(first, names), expected_sums(second, names)
@@ -143,7 +132,7 @@ async def test_an_older_version_is_refused(rollout: RoleHarness, trainer: Traine
     err = result.failed["rollout-0"]
     assert err.phase == "bucket 0" and "refused" in str(err) and "version 3" in str(err)
     assert time.monotonic() - started < 2.0
-    assert (await checksums(rollout)).version == 3
+    assert (await weight_checksums(rollout)).version == 3
     await trainer.connect()  # a failed target is dropped: connect again
 
 
@@ -177,7 +166,7 @@ def _die_mid_update(address: str, run_dir: str, version: int) -> None:
 
 async def test_a_trainer_killed_mid_update_leaves_the_old_version(rollout: RoleHarness, trainer: TrainerSide) -> None:
     assert rollout.peer is not None
-    before = (await checksums(rollout)).version
+    before = (await weight_checksums(rollout)).version
     proc = mp.get_context("spawn").Process(
         target=_die_mid_update, args=(rollout.peer.address, str(rollout.cfg.run_dir), before + 1)
     )
@@ -194,13 +183,13 @@ async def test_a_trainer_killed_mid_update_leaves_the_old_version(rollout: RoleH
         await asyncio.sleep(0.2)
     _, _, versions = await greedy(rollout, "after-kill", PROMPTS, 8)
     assert versions == {before}
-    assert (await checksums(rollout)).version == before
+    assert (await weight_checksums(rollout)).version == before
     # The next real update goes through.
     assert not (await trainer.push(before + 2, weights(rollout, 1.0))).failed
 
 
 async def test_gpu_memory_is_flat_over_50_updates(rollout: RoleHarness, trainer: TrainerSide) -> None:
-    base = (await checksums(rollout)).version
+    base = (await weight_checksums(rollout)).version
     tensors = weights(rollout, 0.75)
     assert not (await trainer.push(base + 1, tensors)).failed
     torch.cuda.synchronize()
@@ -221,7 +210,7 @@ async def test_a_zmq_update_writes_every_parameter_too(rollout: RoleHarness, tra
     side = TrainerSide(rollout, "zmq", torch.device("cpu"), timeout_s=TIMEOUT_S, bucket_mb=16)
     await side.connect()
     try:
-        await _check_two_updates(rollout, side, (await checksums(rollout)).version + 1)
+        await _check_two_updates(rollout, side, (await weight_checksums(rollout)).version + 1)
     finally:
         await side.aclose()
 

@@ -145,3 +145,15 @@ async def greedy(
         logprobs.append(c.logprobs.tolist())
         versions |= set(c.versions.tolist())
     return tokens, logprobs, versions
+
+
+async def weight_checksums(h: RoleHarness) -> wire.WeightChecksums:
+    """Every vLLM parameter's sum at the rollout's current version (its weights socket)."""
+    assert h.peer is not None
+    ep = h.connect(h.peer.address, name="checker")
+    try:
+        reply = await ep.request(wire.WeightChecksums(), timeout=60)
+    finally:
+        await ep.aclose()
+    assert isinstance(reply, wire.WeightChecksums)
+    return reply

@@ -9,12 +9,10 @@ equals W + alpha/r * B @ A.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
 from roles.trainer.engine_fsdp import FSDPEngine
@@ -22,36 +20,18 @@ from roles.weights.lora import write_adapter_dir
 from runtime.config_load import load_config
 from runtime.export import merge_adapter
 from runtime.lora import adapter_config
-from tests.helpers.ports import free_port
-from transport.wire import TrainBatch
+from tests.helpers.one_rank import one_rank_world, toy_batch, toy_engine
 
-PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
 LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
+    one_rank_world()
 
 
 def _engine(model: Path, *overrides: str) -> FSDPEngine:
-    base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
-    return FSDPEngine(load_config(None, [*base, *LORA, *overrides]), model)
-
-
-def _batch(seed: int = 0) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    n = PROMPT + RESPONSE
-    ids = torch.randint(3, 200, (NUM_SEQS * n,), generator=g)
-    mask = torch.cat([torch.cat([torch.zeros(PROMPT), torch.ones(RESPONSE)])] * NUM_SEQS)
-    adv = (torch.arange(NUM_SEQS) % 2 * 2.0 - 1.0).repeat_interleave(n) * mask
-    return TrainBatch(
-        step=0, input_ids=ids, cu_seqlens=torch.arange(0, NUM_SEQS * n + 1, n), loss_mask=mask,
-        behaviour_logprobs=torch.zeros(NUM_SEQS * n), advantages=adv, global_num_tokens=NUM_SEQS * RESPONSE,
-        global_num_seqs=NUM_SEQS,
-    )  # fmt: skip
+    return toy_engine(model, *LORA, *overrides)
 
 
 def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
@@ -66,7 +46,7 @@ def test_only_the_adapters_train_and_only_they_are_exported(tiny_model_dir: Path
     assert in_optimizer == {id(p) for p in engine.model.parameters() if p.requires_grad}
     before = _params(engine)
     for seed in range(3):
-        engine.train_step(_batch(seed))
+        engine.train_step(toy_batch(seed))
     after = _params(engine)
     base = [n for n in before if n not in trainable]
     assert base and all(torch.equal(before[n], after[n]) for n in base), "a base weight changed"
@@ -85,29 +65,29 @@ def test_only_the_adapters_train_and_only_they_are_exported(tiny_model_dir: Path
 def test_the_kl_reference_is_the_base_model(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir, "algorithm.kl.enabled=true", "algorithm.kl.use=loss", "algorithm.kl.coef=0.1")
     assert engine.ref_model is None  # no second copy of the weights
-    first = engine.train_step(_batch(0))
+    first = engine.train_step(toy_batch(0))
     assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # version 0 is the base exactly
-    engine.train_step(_batch(1))
-    later = engine.train_step(_batch(2))
+    engine.train_step(toy_batch(1))
+    later = engine.train_step(toy_batch(2))
     assert later["kl_ref"] > 1e-4, later
 
 
 def test_checkpoint_holds_the_adapters_and_their_optimizer_state(tiny_model_dir: Path, tmp_path: Path) -> None:
     engine = _engine(tiny_model_dir)
-    engine.train_step(_batch(0))
+    engine.train_step(toy_batch(0))
     engine.save(tmp_path / "ckpt")
     expected = _params(engine)
     saved = sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.distcp"))
     full = sum(p.numel() * 4 for p in expected.values())
     assert saved < 0.5 * full, (saved, full)  # the frozen base is not in it
-    after_one = engine.train_step(_batch(1))
+    after_one = engine.train_step(toy_batch(1))
 
     resumed = _engine(tiny_model_dir)
     resumed.load(tmp_path / "ckpt")
     got = _params(resumed)
     assert all(torch.equal(got[n], expected[n]) for n in expected)
     assert resumed.version == 1
-    again = resumed.train_step(_batch(1))
+    again = resumed.train_step(toy_batch(1))
     assert again["loss"] == pytest.approx(after_one["loss"], rel=1e-6)
     assert again["grad_norm"] == pytest.approx(after_one["grad_norm"], rel=1e-5)
 
@@ -115,7 +95,7 @@ def test_checkpoint_holds_the_adapters_and_their_optimizer_state(tiny_model_dir:
 def test_merged_export_equals_base_plus_scaled_b_a(tiny_model_dir: Path, tmp_path: Path) -> None:
     engine = _engine(tiny_model_dir)
     for seed in range(2):
-        engine.train_step(_batch(seed))
+        engine.train_step(toy_batch(seed))
     tensors = dict(engine.export_weights(torch.float32))
     cfg = load_config(None, list(LORA))
     adapter = write_adapter_dir(tensors, adapter_config(cfg.trainer.lora), tmp_path / "adapter")

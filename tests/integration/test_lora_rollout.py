@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from runtime.config_load import load_config
-from tests.helpers.harness import RoleHarness, greedy
+from tests.helpers.harness import RoleHarness, greedy, weight_checksums
 from tests.helpers.weights import TrainerSide
 from transport import wire
 
@@ -62,21 +62,10 @@ def adapter(h: RoleHarness, seed: int, scale: float) -> dict[str, torch.Tensor]:
     return out
 
 
-async def checksums(h: RoleHarness) -> wire.WeightChecksums:
-    assert h.peer is not None
-    ep = h.connect(h.peer.address, name="checker")
-    try:
-        reply = await ep.request(wire.WeightChecksums(), timeout=60)
-    finally:
-        await ep.aclose()
-    assert isinstance(reply, wire.WeightChecksums)
-    return reply
-
-
 async def test_adapters_change_the_tokens_never_the_base(rollout: RoleHarness, trainer: TrainerSide) -> None:
     base_tokens, _, versions = await greedy(rollout, "base", PROMPTS, 12)
     assert versions == {0}
-    before = await checksums(rollout)
+    before = await weight_checksums(rollout)
     tensors = adapter(rollout, seed=1, scale=1.0)
     result = await trainer.push(1, tensors)
     assert not result.failed, result.failed
@@ -84,7 +73,7 @@ async def test_adapters_change_the_tokens_never_the_base(rollout: RoleHarness, t
     tokens, _, versions = await greedy(rollout, "v1", PROMPTS, 12)
     assert versions == {1}
     assert tokens != base_tokens, "the adapter did not reach the requests"
-    after = await checksums(rollout)
+    after = await weight_checksums(rollout)
     assert after.version == 1 and after.sums == before.sums, "a base weight changed"
     # B = 0: the adapter adds nothing, so the tokens are the base model's again.
     assert not (await trainer.push(2, adapter(rollout, seed=2, scale=0.0))).failed

@@ -6,20 +6,18 @@ predicting sampled tokens do not."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from roles.controller.batching import build_train_batches
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
 from roles.trainer.engine_fsdp import FSDPEngine
 from runtime.config_load import load_config
-from tests.helpers.ports import free_port
+from tests.helpers.one_rank import one_rank_world
 from transport.wire import FinishReason
 
 PROMPT = [5, 6, 7]
@@ -29,9 +27,7 @@ MASKS = [[1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1], [1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]]
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
+    one_rank_world()
 
 
 def _group() -> Group:

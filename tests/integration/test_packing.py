@@ -9,18 +9,16 @@ padding_fraction 0, padded ones the real share.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.actor_forward import token_stats
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.ports import free_port
+from tests.helpers.one_rank import one_rank_world
 from transport.wire import TrainBatch
 
 LENGTHS = [300, *range(5, 45, 3)]  # one long, many short: 14 short of 5..44 tokens
@@ -29,9 +27,7 @@ PROMPT = 3
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
+    one_rank_world()
 
 
 @pytest.fixture(scope="module")

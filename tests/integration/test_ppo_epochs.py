@@ -7,45 +7,20 @@ the clip acts; every configuration publishes exactly one policy version per batc
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.minibatch import select_sequences, shuffled_splits
-from runtime.config_load import load_config
-from tests.helpers.ports import free_port
+from tests.helpers.one_rank import NUM_SEQS, PROMPT, RESPONSE, one_rank_world, toy_batch, toy_engine
 from transport.wire import TrainBatch
-
-PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
-
-
-def _engine(model: Path, *overrides: str) -> FSDPEngine:
-    base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
-    return FSDPEngine(load_config(None, [*base, *overrides]), model)
-
-
-def _batch() -> TrainBatch:
-    g = torch.Generator().manual_seed(0)
-    n = PROMPT + RESPONSE
-    ids = torch.randint(3, 200, (NUM_SEQS * n,), generator=g)
-    mask = torch.cat([torch.cat([torch.zeros(PROMPT), torch.ones(RESPONSE)])] * NUM_SEQS)
-    adv = (torch.arange(NUM_SEQS) % 2 * 2.0 - 1.0).repeat_interleave(n) * mask
-    return TrainBatch(
-        step=0, input_ids=ids, cu_seqlens=torch.arange(0, NUM_SEQS * n + 1, n), loss_mask=mask,
-        behaviour_logprobs=torch.zeros(NUM_SEQS * n), advantages=adv, global_num_tokens=NUM_SEQS * RESPONSE,
-        global_num_seqs=NUM_SEQS,
-    )  # fmt: skip
+    one_rank_world()
 
 
 def _on_policy(engine: FSDPEngine, batch: TrainBatch) -> TrainBatch:
@@ -71,7 +46,7 @@ def _record_grads(engine: FSDPEngine) -> list[dict[str, torch.Tensor]]:
 
 
 def test_select_and_split_cover_every_sequence_once() -> None:
-    batch = _batch()
+    batch = toy_batch()
     parts = shuffled_splits(NUM_SEQS, 3, torch.Generator().manual_seed(1))
     assert sorted(i for p in parts for i in p) == list(range(NUM_SEQS))
     assert [len(p) for p in parts] == [3, 3, 2]
@@ -87,14 +62,14 @@ def test_one_epoch_one_mini_batch_is_todays_update(tiny_model_dir: Path, monkeyp
     forced through one step with the no-grad forward's logprobs. (Gradients, not weights:
     Adam's first step is about lr * sign(g), so summation-order noise on a zero gradient
     would flip whole entries.)"""
-    fast = _engine(tiny_model_dir)
-    batch = _on_policy(fast, _batch())
+    fast = toy_engine(tiny_model_dir)
+    batch = _on_policy(fast, toy_batch())
     monkeypatch.setattr(fast, "prepare", lambda b: pytest.fail("epochs=mini_batches=1 ran a proximal forward"))
     fast_grads = _record_grads(fast)
     m = fast.train_step(batch)
     assert m["clip_fraction"] == 0.0 and m["ratio_max"] == pytest.approx(1.0)
     assert m["optimizer_steps"] == 1.0 and fast.version == 1
-    forced = _engine(tiny_model_dir)
+    forced = toy_engine(tiny_model_dir)
     forced_grads = _record_grads(forced)
     forced.model.train()
     forced_m, _ = forced._ppo_updates(forced.prepare(batch))
@@ -105,16 +80,16 @@ def test_one_epoch_one_mini_batch_is_todays_update(tiny_model_dir: Path, monkeyp
 
 
 def test_two_epochs_clip_and_publish_one_version(tiny_model_dir: Path) -> None:
-    engine = _engine(tiny_model_dir, "trainer.ppo_epochs=2")
-    m = engine.train_step(_on_policy(engine, _batch()))
+    engine = toy_engine(tiny_model_dir, "trainer.ppo_epochs=2")
+    m = engine.train_step(_on_policy(engine, toy_batch()))
     assert m["optimizer_steps"] == 2.0 and engine.version == 1
     assert m["clip_fraction"] > 0.0  # the second epoch's ratio left [0.8, 1.2]
     assert m["ratio_max"] > 1.0
 
 
 def test_epochs_times_mini_batches_optimizer_steps(tiny_model_dir: Path) -> None:
-    engine = _engine(tiny_model_dir, "trainer.ppo_epochs=2", "trainer.mini_batches=3")
-    m = engine.train_step(_on_policy(engine, _batch()))
+    engine = toy_engine(tiny_model_dir, "trainer.ppo_epochs=2", "trainer.mini_batches=3")
+    m = engine.train_step(_on_policy(engine, toy_batch()))
     assert m["optimizer_steps"] == 6.0 and engine.version == 1
     assert engine.scheduler.last_epoch == 6
     assert m["micro_batches"] >= 6

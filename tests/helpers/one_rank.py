@@ -1,0 +1,46 @@
+"""The FSDP engines in the test process: a world of one gloo rank, and a toy batch.
+
+`one_rank_world()` initialises torch.distributed once per process (a no-op after);
+`toy_batch(seed)` is NUM_SEQS sequences of PROMPT prompt and RESPONSE response tokens with
+advantages alternating -1 / +1 by sequence; `toy_engine(model, *overrides)` the FSDP2
+actor engine on CPU in float32 with a large lr and no gradient clip (changes show at once).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from roles.trainer.engine_fsdp import FSDPEngine
+from runtime.config_load import load_config
+from tests.helpers.ports import free_port
+from transport.wire import TrainBatch
+
+PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
+
+
+def one_rank_world() -> None:
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("gloo")
+
+
+def toy_engine(model: Path, *overrides: str) -> FSDPEngine:
+    base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
+    return FSDPEngine(load_config(None, [*base, *overrides]), model)
+
+
+def toy_batch(seed: int = 0) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    n = PROMPT + RESPONSE
+    ids = torch.randint(3, 200, (NUM_SEQS * n,), generator=g)
+    mask = torch.cat([torch.cat([torch.zeros(PROMPT), torch.ones(RESPONSE)])] * NUM_SEQS)
+    adv = (torch.arange(NUM_SEQS) % 2 * 2.0 - 1.0).repeat_interleave(n) * mask
+    return TrainBatch(
+        step=0, input_ids=ids, cu_seqlens=torch.arange(0, NUM_SEQS * n + 1, n), loss_mask=mask,
+        behaviour_logprobs=torch.zeros(NUM_SEQS * n), advantages=adv, global_num_tokens=NUM_SEQS * RESPONSE,
+        global_num_seqs=NUM_SEQS,
+    )  # fmt: skip
