@@ -302,10 +302,15 @@ def main(argv: list[str] | None = None) -> None:
         **compare(variants, rollout_bench),
         "variants": variants,
     }
+    emit(result, args.out)
+
+
+def emit(result: dict[str, Any], out: Path | None) -> None:
+    """Print `result` as one JSON line (floats rounded), and write it to `out` too."""
     text = json.dumps(rounded(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     print(text)
 
 

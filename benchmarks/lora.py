@@ -18,28 +18,18 @@ The JSON has both variants and the ratios lora / full.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from async_vs_sync import (
-    BF16_BYTES,
-    H200_BF16_DENSE_TFLOPS,
-    ROOT,
-    launch,
-    read_metrics,
-    rounded,
-    setup_policy,
-    summarize_run,
-)
+from async_vs_sync import H200_BF16_DENSE_TFLOPS, ROOT, Policy, emit, read_metrics, run_variant, setup_policy
 
 from runtime.config_load import load_config
-from runtime.placement import role_counts
 from runtime.validate import check_config
 
 
@@ -58,18 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def variant(config: Path, overrides: list[str], args: argparse.Namespace, params: int, prompt: float) -> dict:
+def variant(config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
+    """async_vs_sync's summary of one run, plus the update's size and the trainer's peak memory."""
+    summary = run_variant(config, overrides, args, policy)
     cfg = load_config(config, overrides)
-    launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
-    records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
-    cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
-    ranks = role_counts(cfg)["trainer"]
-    summary = summarize_run(
-        records, warmup=args.warmup_steps, cooldown=cooldown, params=params, policy_bytes=params * BF16_BYTES,
-        prompt_tokens=prompt, peak_flops=args.peak_tflops * 1e12 * ranks,
-    )  # fmt: skip
+    records = sorted(read_metrics(Path(cfg.run_dir) / "metrics.jsonl"), key=lambda r: r["step"])
+    kept = records[args.warmup_steps : len(records) - summary["cooldown_steps"]]
     peaks = [r["cuda_peak_gb"] for r in records if "cuda_peak_gb" in r]
-    kept = sorted(records, key=lambda r: r["step"])[args.warmup_steps : len(records) - cooldown]
     return {
         **summary,
         "update_gb": statistics.median(r["weight_sync_gb"] for r in kept),
@@ -77,7 +62,6 @@ def variant(config: Path, overrides: list[str], args: argparse.Namespace, params
         "reward_last": records[-1]["reward_mean"],
         "lora_rank": cfg.trainer.lora.rank,
         "lr": cfg.trainer.optim.lr,
-        "launch_s": launch_s,
     }
 
 
@@ -98,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             f"name={config.stem}-{name}", f"run_dir={run_root / name}", *more,
         ]  # fmt: skip
         check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts
-    variants = {n: variant(config, o, args, policy.params, policy.prompt_tokens) for n, o in runs.items()}
+    variants = {n: variant(config, o, args, policy) for n, o in runs.items()}
     full, lora = variants["full"], variants["lora"]
 
     def ratio(key: str) -> float | None:
@@ -116,11 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         "lora_over_full": {k: ratio(k) for k in ("samples_per_s", "weight_sync_s", "update_gb", "trainer_peak_gb")},
         "variants": variants,
     }
-    text = json.dumps(rounded(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
