@@ -99,6 +99,7 @@ class RolloutEngine:
         self.sleep_mode = sleep_mode
         self.lora = lora
         self.adapter: tuple[int, str] | None = None  # (version, directory) new requests run on
+        self._lora_fallback_logged = False  # vLLM refused an adapter from tensors (said once)
         self.model_path = model_path
         self.version = version
         self.prefix_salt = prefix_salt and cfg.enable_prefix_caching
@@ -314,10 +315,10 @@ class RolloutEngine:
         try:
             results = await self._rpc("tandem_finish_update", spec, timeout_s)
         finally:
-            self._updating = None
+            await self._end_update(timeout_s)
         first = results[0] if results else {}
-        if first.get("error") and not getattr(self, "_lora_path_noted", False):
-            self._lora_path_noted = True
+        if first.get("error") and not self._lora_fallback_logged:
+            self._lora_fallback_logged = True
             log.warning("lora_from_tensors_unavailable", error=first["error"], fallback="adapter directory")
         self.version = version
         self.adapter = (version, str(path))
@@ -330,14 +331,6 @@ class RolloutEngine:
         loaded before it keep the new weights) and resume."""
         if self._updating is None:
             return
-        if self.lora is not None:
-            try:
-                await self._rpc("tandem_finish_update", None, timeout_s)
-            except Exception as exc:
-                log.warning("update_close_failed", error=_one_line(exc))
-            finally:
-                self._updating = None
-            return
         try:
             await self._rpc("tandem_finish_update", None, timeout_s)
         except Exception as exc:  # the engine stalled or died; resuming still matters
@@ -347,6 +340,8 @@ class RolloutEngine:
 
     async def _end_update(self, timeout_s: float) -> None:
         self._updating = None
+        if self.lora is not None:
+            return  # an adapter update never paused generation
         await self._bounded(self.engine.resume_generation(), timeout_s, "resume")
         if self._kv_asleep:
             self._kv_asleep = False
