@@ -29,7 +29,10 @@ def test_settle_freezes_what_is_alive_and_collects_the_rest(restore_gc: None) ->
     a.other, b.other = b, a  # a cycle nobody holds after the del
     del a, b
     frozen = gc_pauses.settle()
-    assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+    # settle returns the count when it froze; a frozen object that dies afterwards (freed by
+    # another thread of the test process: the whole suite failed this once with 761,915 vs
+    # 761,917) leaves the permanent generation, and nothing is frozen in between.
+    assert frozen >= len(kept) and frozen - 100 <= gc.get_freeze_count() <= frozen
     assert not any(isinstance(o, Node) for o in gc.get_objects()), "the dead cycle was frozen instead of collected"
 
 
