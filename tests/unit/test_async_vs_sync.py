@@ -36,9 +36,10 @@ def _step(step: int, step_s: float, samples_per_s: float, tokens_per_s: float, *
 # step 3: 2 s, 64 samples, 1024 tokens; step 4: 4 s, 64 samples, 1024 tokens.
 RECORDS = [
     _step(1, 100.0, 1.0, 1.0, gen_busy_s=99.0, train_busy_s=1.0, weight_sync_s=50.0, wall_s=100.0),
-    _step(2, 50.0, 1.0, 1.0, gen_busy_s=1.0, train_busy_s=49.0, weight_sync_s=50.0, wall_s=150.0),
+    _step(2, 50.0, 1.0, 1.0, gen_busy_s=1.0, train_busy_s=49.0, weight_sync_s=50.0, wall_s=150.0,
+          kl_behaviour_proximal=1.4),
     _step(3, 2.0, 32.0, 512.0, gen_busy_s=1.5, train_busy_s=1.0, weight_sync_s=0.2, weight_sync_gb=0.5,
-          staleness_mean=1.0, staleness_max=2, wall_s=152.0),
+          staleness_mean=1.0, staleness_max=2, wall_s=152.0, kl_behaviour_proximal=3e-4),
     _step(4, 4.0, 16.0, 256.0, gen_busy_s=3.5, train_busy_s=1.0, weight_sync_s=0.4, weight_sync_gb=0.7,
           staleness_mean=2.0, staleness_max=2, wall_s=156.0),
 ]  # fmt: skip
@@ -70,6 +71,7 @@ def test_summary_of_a_metrics_file(tmp_path: Path) -> None:
     # 6 * 1e9 params * (2048 response + 128 * 10 prompt tokens) / 2 s busy / 1e14 FLOP/s
     assert s["trainer_mfu"] == pytest.approx(6e9 * 3328 / 2 / 1e14)
     assert (s["staleness_mean"], s["staleness_max"]) == (pytest.approx(1.5), 2)
+    assert s["kl_behaviour_proximal_max"] == 1.4  # warm-up steps count: a wrong update shows at once
 
 
 def test_the_last_steps_can_be_left_out() -> None:
@@ -90,6 +92,7 @@ def test_idle_ratio_is_never_negative() -> None:
     busy = [_step(1, 2.0, 1.0, 1.0, gen_busy_s=3.0, train_busy_s=2.5, weight_sync_s=0.1, wall_s=2.0)]
     s = summarize_run(busy, warmup=0, params=1, policy_bytes=2, prompt_tokens=0.0, peak_flops=1.0)
     assert (s["rollout_idle_ratio"], s["trainer_idle_ratio"]) == (0.0, 0.0)
+    assert s["kl_behaviour_proximal_max"] is None  # a run that logged none
     assert s["wall_over_max_busy"] == pytest.approx(2 / 3)
 
 
