@@ -10,9 +10,9 @@
 * the actor engine's packed, chunked step equals its padded, full-logits one on a small
   model with the real vocabulary (bf16 compute: logprobs 2e-2, loss 1e-2 relative) and
   reports padding_fraction 0;
-* the 1.54B model (Qwen2.5-1.5B shape) trains a 16,384-token micro-batch without running
-  out of memory (the model is made once under /tmp/tandem_bench_trainer_model, shared
-  with benchmarks/trainer.py).
+* the 1.54B model (Qwen2.5-1.5B shape, bf16 compute as the bench configs train) trains a
+  16,384-token micro-batch without running out of memory (the model is made once under
+  /tmp/tandem_bench_trainer_model, shared with benchmarks/trainer.py).
 """
 
 from __future__ import annotations
@@ -145,10 +145,15 @@ def test_packed_chunked_step_equals_padded_full_logits_with_the_real_vocabulary(
 
 
 def test_a_16k_token_micro_batch_of_the_1_5b_model_trains() -> None:
+    import gc
+
     from benchmarks.trainer import QWEN25_15B
 
+    gc.collect()  # the engines of the tests before
+    torch.cuda.empty_cache()
     model = make_tiny_model(MODELS / "qwen25_15b", **QWEN25_15B)  # type: ignore[arg-type]
-    engine = _engine(model)
+    # As the bench configs train it: bf16 compute, fp32 master weights and reduction.
+    engine = _engine(model, "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
     torch.cuda.reset_peak_memory_stats()
     metrics = engine.train_step(_batch([4096] * 4, VOCAB))
     peak = torch.cuda.max_memory_allocated() / 1e9
