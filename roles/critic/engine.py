@@ -55,7 +55,8 @@ class CriticEngine(FSDPEngineBase):
         self._setup_optimizer(cfg.critic.optim)
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
-        out = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT).logits[..., 0].float()
+        out = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, use_cache=False)
+        out = out.logits[..., 0].float()
         return torch.nn.functional.pad(out[:, :-1], (1, 0))  # position j <- output at j-1
 
     @torch.no_grad()
@@ -79,7 +80,8 @@ class CriticEngine(FSDPEngineBase):
         assert self.ref_model is not None
         ids = mb.input_ids_BT
         logp = token_logprobs(
-            self.ref_model(input_ids=ids, attention_mask=mb.attention_mask_BT).logits[:, :-1], ids[:, 1:]
+            self.ref_model(input_ids=ids, attention_mask=mb.attention_mask_BT, use_cache=False).logits[:, :-1],
+            ids[:, 1:],
         )
         return torch.nn.functional.pad(logp, (1, 0)).cpu()
 

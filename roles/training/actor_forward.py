@@ -59,8 +59,10 @@ def _stats(
     model: torch.nn.Module, head: torch.nn.Module | None, ids: Tensor, inputs: dict[str, object], entropy_grad: bool
 ) -> tuple[Tensor, Tensor]:
     """Stats at every position of `ids`' rows, the target being the next id of the row (the
-    last position's target wraps around and is meaningless)."""
+    last position's target wraps around and is meaningless). No KV cache: HF's default
+    `use_cache` would fill one in every layer (and recompile each compiled block)."""
     targets = torch.roll(ids, -1, dims=1)
+    inputs = {**inputs, "use_cache": False}
     if isinstance(head, TokenStatsHead):
         with head.targets(targets):
             out = model(**inputs).logits

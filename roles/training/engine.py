@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from roles.training.balance import min_bins
 from roles.training.distributed import init_distributed, pick_device
-from roles.training.fsdp import clip_grad_norm_, finish_backward, optimizer_param_groups
+from roles.training.fsdp import clip_grad_norm_, finish_backward, gradient_sync_once, optimizer_param_groups
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import (
     MicroBatch,
@@ -146,14 +146,21 @@ class FSDPEngineBase(ABC):
     def _backward(self, mbs: list[MicroBatch], batch: TrainBatch) -> dict[str, float]:
         """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""
         acc: dict[str, float] = {}
-        for mb in mbs:
-            real = float(mb.attention_mask_BT.sum())
-            self._input_tokens[0] += real
-            self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
-            loss, m = self.loss(mb.to(self.device), batch)
-            (loss * self.world_size).backward()
-            finish_backward(self.model)
-            accumulate(acc, m, self.metric_names)
+        once = gradient_sync_once(self.model) if len(mbs) > 1 else None
+        try:
+            for i, mb in enumerate(mbs):
+                if once is not None:
+                    once.set_requires_gradient_sync(i == len(mbs) - 1)
+                real = float(mb.attention_mask_BT.sum())
+                self._input_tokens[0] += real
+                self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
+                loss, m = self.loss(mb.to(self.device), batch)
+                (loss * self.world_size).backward()
+                finish_backward(self.model)
+                accumulate(acc, m, self.metric_names)
+        finally:
+            if once is not None:
+                once.set_requires_gradient_sync(True)
         return reduce_metrics(acc, self.metric_names, self.device)
 
     def _padding_fraction(self) -> float:

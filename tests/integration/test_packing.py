@@ -123,3 +123,23 @@ def test_packed_and_chunked_step_equals_padded_full_logits(
     else:
         assert metrics["padding_fraction"] > 0.0
     assert ref_metrics["padding_fraction"] > 0.8  # one micro-batch: every short row padded to 300
+
+
+def test_one_rank_reduces_gradients_once_per_step(model_dir: Path, reference: Reference) -> None:
+    """On one rank FSDP2's reductions are only copies: the engine syncs after the last of
+    the step's 4 micro-batches alone (`gradient_sync_once`), and its gradients are still
+    the one-micro-batch step's (the parametrized test above, budget 128)."""
+    engine = _engine(model_dir, "trainer.micro_batch_tokens=128")
+    calls: list[bool] = []
+    sync = engine.model.set_requires_gradient_sync
+
+    def recording(on: bool, **kw: bool) -> None:
+        calls.append(on)
+        sync(on, **kw)
+
+    engine.model.set_requires_gradient_sync = recording  # type: ignore[method-assign]
+    metrics, grads = _step(engine, _batch())
+    assert metrics["micro_batches"] == 4
+    assert calls == [False, False, False, True, True]  # the last True: left on for whoever comes next
+    for name, g in grads.items():
+        torch.testing.assert_close(g, reference[1][name], atol=1e-5, rtol=1e-4, msg=name)
