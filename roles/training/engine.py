@@ -40,7 +40,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from roles.training.balance import min_bins
 from roles.training.distributed import init_distributed, pick_device
-from roles.training.fsdp import clip_grad_norm_, finish_backward, gradient_sync_once, optimizer_param_groups
+from roles.training.fsdp import (
+    clip_grad_norm_,
+    finish_backward,
+    gradient_sync_once,
+    optimizer_param_groups,
+    sync_after,
+)
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import (
     MicroBatch,
@@ -150,7 +156,7 @@ class FSDPEngineBase(ABC):
         try:
             for i, mb in enumerate(mbs):
                 if once is not None:
-                    once.set_requires_gradient_sync(i == len(mbs) - 1)
+                    sync_after(once, i == len(mbs) - 1)
                 real = float(mb.attention_mask_BT.sum())
                 self._input_tokens[0] += real
                 self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
@@ -160,7 +166,7 @@ class FSDPEngineBase(ABC):
                 accumulate(acc, m, self.metric_names)
         finally:
             if once is not None:
-                once.set_requires_gradient_sync(True)
+                sync_after(once, True)
         return reduce_metrics(acc, self.metric_names, self.device)
 
     def _padding_fraction(self) -> float:

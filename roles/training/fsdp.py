@@ -40,9 +40,9 @@ backward starts with it, so resharding it would only repeat its all-gather. A fo
 On ONE rank (W = 1) nothing is sharded, and FSDP2's gathers and reductions are only
 copies and casts (a quarter of the H200's time in a 1.5B step): the blocks then keep their
 parameters from forward to backward (`reshard_after_forward=False`, +1 bf16 copy of the
-weights), and `gradient_sync_once(model)` says so: the engine reduces gradients once
-per optimizer step, after the last micro-batch, instead of after each (FSDP2 accumulates
-the micro-batches' gradients in the reduce dtype meanwhile: the same sums).
+weights), and `gradient_sync_once(model)` says so: the engine keeps the parameters
+gathered over the micro-batches of an optimizer step and reduces the gradients once,
+after the last (FSDP2 accumulates them in the reduce dtype meanwhile: the same sums).
 """
 
 from __future__ import annotations
@@ -110,10 +110,18 @@ def wrap_model_with_fsdp(model: nn.Module, fsdp_config: FSDPConfig, *, device: t
 
 
 def gradient_sync_once(model: nn.Module) -> FSDPModule | None:
-    """`model` when the engine should reduce its gradients only after the last micro-batch
-    of an optimizer step (`set_requires_gradient_sync(False)` before the others): an FSDP2
-    model on one rank (see the module docstring); else None."""
+    """`model` when the engine should reduce its gradients and reshard its parameters only
+    after the last micro-batch of an optimizer step (`sync_after(model, last)` before each
+    backward): an FSDP2 model on one rank (see the module docstring); else None."""
     return model if isinstance(model, FSDPModule) and dist.get_world_size() == 1 else None
+
+
+def sync_after(model: FSDPModule, last: bool) -> None:
+    """The coming backward reduces gradients and reshards parameters only if `last`; else
+    FSDP2 accumulates the gradients (in the reduce dtype) and the parameters stay gathered
+    for the next micro-batch's forward. `sync_after(model, True)` restores the default."""
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
 
 
 def finish_backward(model: nn.Module) -> None:

@@ -126,20 +126,27 @@ def test_packed_and_chunked_step_equals_padded_full_logits(
 
 
 def test_one_rank_reduces_gradients_once_per_step(model_dir: Path, reference: Reference) -> None:
-    """On one rank FSDP2's reductions are only copies: the engine syncs after the last of
-    the step's 4 micro-batches alone (`gradient_sync_once`), and its gradients are still
-    the one-micro-batch step's (the parametrized test above, budget 128)."""
+    """On one rank FSDP2's gathers and reductions are only copies: the engine reduces and
+    reshards after the last of the step's 4 micro-batches alone (`gradient_sync_once`), and
+    its gradients are still the one-micro-batch step's (as in the test above, budget 128)."""
     engine = _engine(model_dir, "trainer.micro_batch_tokens=128")
-    calls: list[bool] = []
-    sync = engine.model.set_requires_gradient_sync
-
-    def recording(on: bool, **kw: bool) -> None:
-        calls.append(on)
-        sync(on, **kw)
-
-    engine.model.set_requires_gradient_sync = recording  # type: ignore[method-assign]
+    calls = {name: _record(engine.model, name) for name in ("set_requires_gradient_sync", "set_reshard_after_backward")}
     metrics, grads = _step(engine, _batch())
     assert metrics["micro_batches"] == 4
-    assert calls == [False, False, False, True, True]  # the last True: left on for whoever comes next
+    for seen in calls.values():  # the last True: left on for whoever comes next
+        assert seen == [False, False, False, True, True]
     for name, g in grads.items():
         torch.testing.assert_close(g, reference[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _record(obj: object, name: str) -> list[bool]:
+    """Every flag passed to `obj.name(flag)` from now on (the call still goes through)."""
+    seen: list[bool] = []
+    setter = getattr(obj, name)
+
+    def recording(on: bool, **kw: bool) -> None:
+        seen.append(on)
+        setter(on, **kw)
+
+    setattr(obj, name, recording)
+    return seen
