@@ -233,14 +233,13 @@ KERNEL_CLASSES = (  # the first pattern a kernel's name matches names its class
 
 def profile_step(step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, top: int) -> dict:
     """One step under torch.profiler: GPU time per kernel class, and the `top` kernels."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         step(batch)
         _sync(device)
-    from torch.autograd import DeviceType
-
     if device.type == "cuda":  # the kernels themselves (an op's device time is its kernels')
         events = [e for e in prof.key_averages() if getattr(e, "device_type", None) == DeviceType.CUDA]
         kernels = [(e.key, e.self_device_time_total, e.count) for e in events]

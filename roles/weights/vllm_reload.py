@@ -9,9 +9,10 @@ What a caller may rely on: `own_buffered_views(buffer)` leaves no tensor that vi
 `buffer` in the reload's hands. The reload keeps the tensors a layer was given until
 every element of the layer is loaded, and a layer whose parameter is larger than what
 the checkpoint holds (a vocabulary vLLM pads to a multiple of 64: 259 rows become 320)
-counts as complete only at finalize. So a loader that hands vLLM views of a buffer it
-reuses (the `ipc` backend's shared bucket buffers) calls this after each bucket: the
-views still held become copies, and the buffer may be overwritten once it returns.
+counts as complete only at finalize. So a loader that hands vLLM views of a bucket
+buffer calls this after each bucket: the views still held become copies, and the buffer
+may be overwritten (the `ipc` backend's shared buffers) or freed (an `nccl` bucket, else
+held whole until the update ends) once it returns.
 Returns the bytes copied (0 for a model whose layers all completed in the bucket).
 """
 

@@ -113,11 +113,10 @@ class TandemWorkerExtension:
             raise RuntimeError(f"ipc weight bucket from {handle.device_uuid}, but this worker runs on {here}")
         flat = open_shared(handle)
         opened = time.perf_counter()
-        self._tandem_load(model, unpack(flat[: spec["nbytes"]], slots))
-        copied = own_buffered_views(flat)  # the trainer may overwrite the buffer once we answer
-        torch.cuda.synchronize(device)
+        self._tandem_load_bucket(model, flat[: spec["nbytes"]], slots)
+        torch.cuda.synchronize(device)  # the trainer may overwrite the buffer once we answer
         del flat
-        return {"receive_s": opened - start, "load_s": time.perf_counter() - opened, "copied_bytes": copied}
+        return {"receive_s": opened - start, "load_s": time.perf_counter() - opened}
 
     def tandem_receive_bucket(self, spec: dict[str, Any]) -> dict[str, Any]:
         group: WeightGroup | None = getattr(self, "_tandem_group", None)
@@ -130,7 +129,7 @@ class TandemWorkerExtension:
             flat = torch.empty(spec["nbytes"], dtype=torch.uint8, device=group.device)
             group.broadcast(flat)
             received = time.perf_counter()
-            self._tandem_load(model, unpack(flat, slots))
+            self._tandem_load_bucket(model, flat, slots)
             del flat
         except BaseException:
             self.tandem_close_weight_group()  # the byte stream is out of step: start over
@@ -183,6 +182,13 @@ class TandemWorkerExtension:
     def tandem_checksums(self) -> dict[str, float]:
         """Sum of w (float64) per vLLM parameter name."""
         return {n: float(p.detach().double().sum().item()) for n, p in self._tandem_model().named_parameters()}
+
+    def _tandem_load_bucket(self, model: Any, flat: torch.Tensor, slots: list[wire.TensorSlot]) -> None:
+        """Load a packed bucket; views of `flat` the layerwise reload still holds become
+        copies, so `flat` is not read after this returns (the ipc sender reuses it; an nccl
+        bucket is freed instead of held until the update ends)."""
+        self._tandem_load(model, unpack(flat, slots))
+        own_buffered_views(flat)
 
     def _tandem_load(self, model: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
         """Load named tensors into the model, or keep copies of them for an adapter update
