@@ -10,6 +10,7 @@ projections can barely sharpen them (full fine-tuning also trains the embeddings
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,33 @@ def export(run: Path, out: Path, *flags: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def assert_merged_weights(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:
+    """Every merged tensor is bf16(base + alpha/r * B @ A) for an adapted projection (to one
+    rounding step: the merge's fp32 sum may round either way) and the base's tensor otherwise."""
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    adapter = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    base = {k: v for f in base_dir.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    merged = {k: v for f in merged_dir.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    deltas = {}
+    for key, a in adapter.items():
+        if ".lora_A." in key:
+            name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+            b = adapter[key.replace(".lora_A.", ".lora_B.")]
+            deltas[name] = scale * (b.float() @ a.float())
+    assert len(deltas) == 2 * 7 and set(deltas) <= set(merged), sorted(set(deltas) - set(merged))
+    assert set(merged) <= set(base), sorted(set(merged) - set(base))
+    for name, tensor in merged.items():
+        assert tensor.dtype == base[name].dtype, name
+        if name not in deltas:
+            assert torch.equal(tensor, base[name]), name
+            continue
+        want = (base[name].float() + deltas[name]).to(tensor.dtype)
+        ulp = torch.finfo(tensor.dtype).eps * want.float().abs().clamp_min(torch.finfo(tensor.dtype).tiny)
+        assert ((tensor.float() - want.float()).abs() <= ulp).all(), name
+        assert not torch.equal(tensor, base[name]), f"{name}: the adapter changed nothing"
+
+
 def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     metrics, _ = run_tiny(run, *LORA)
@@ -55,12 +83,14 @@ def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
     assert {round(m["weight_sync_gb"] * 1e9) for m in metrics} == {nbytes}  # each update: the adapter, no more
     assert len(adapter) == 2 * 7 * 2  # A and B of 7 projections in 2 layers
 
-    # The adapter directory loads into the base with PEFT; the merged model equals it.
+    # The adapter directory loads into the base with PEFT; the merged model is the base plus
+    # alpha/r * B @ A, rounded once to the base's dtype, and behaves like base + adapter.
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     export(run, tmp_path / "adapter")
     export(run, tmp_path / "merged", "--merge")
+    assert_merged_weights(run / "model", tmp_path / "adapter", tmp_path / "merged")
     base = AutoModelForCausalLM.from_pretrained(str(run / "model"), dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()
@@ -68,8 +98,9 @@ def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
     ids = torch.tensor([[5, 6, 7, 97, 98, 99, 100, 101]])
     with torch.no_grad():
         want, got, untouched = with_adapter(ids).logits, merged(ids).logits, plain(ids).logits
-    # The merged weights are saved in bf16 (the base's dtype): equal within its rounding.
-    assert (got - want).abs().max() < 0.05 * (want - untouched).abs().max(), "merged != base + adapter"
+    # bf16 rounding of every merged weight moves the logits too (up to ~5 % of the adapter's
+    # effect in CI): the merged model must be far nearer base + adapter than the base.
+    assert (got - want).abs().max() < 0.3 * (want - untouched).abs().max(), "merged != base + adapter"
     # vLLM serves the merged directory as a plain model (the adapter directory it serves in
     # the resume below).
     sample = asyncio.run(vllm_greedy(tmp_path / "merged"))
