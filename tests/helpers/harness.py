@@ -40,6 +40,7 @@ class RoleHarness:
         self.zmq = zmq.asyncio.Context()
         self.server: RpcEndpoint | None = None
         self._registered = asyncio.Event()
+        self._completions: dict[str, wire.Completion] = {}  # arrived before their `completion` call
 
     async def start(self, timeout: float = 300.0) -> wire.PeerInfo:
         run_dir = prepare_run_dir(self.cfg)
@@ -100,6 +101,15 @@ class RoleHarness:
             if isinstance(env.msg, kind):
                 return env.msg
 
+    async def completion(self, request_id: str, timeout: float = 120.0) -> wire.Completion:
+        """The `Completion` of `request_id`, whenever it comes: completions of other requests
+        that arrive first are kept for their own call (messages of other types are skipped)."""
+        while request_id not in self._completions:
+            env = await asyncio.wait_for(self.inbox.get(), timeout)
+            if isinstance(env.msg, wire.Completion):
+                self._completions[env.msg.request_id] = env.msg
+        return self._completions.pop(request_id)
+
     def connect(self, address: str, name: str = "client") -> RpcEndpoint:
         """A DEALER to one of the role's own servers (e.g. a rollout's weights socket)."""
         from transport.sockets import connect_dealer
@@ -139,8 +149,8 @@ async def greedy(
     for i, prompt in enumerate(prompts):
         spec = wire.SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         await h.send(wire.Generate(request_id=f"{tag}-{i}", group_id=i, prompt_ids=prompt, sampling=spec))
-        c = await h.next(wire.Completion)
-        assert c.request_id == f"{tag}-{i}" and c.error == ""
+        c = await h.completion(f"{tag}-{i}")
+        assert c.error == "", c.error
         tokens.append(c.token_ids.tolist())
         logprobs.append(c.logprobs.tolist())
         versions |= set(c.versions.tolist())

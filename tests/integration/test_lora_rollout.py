@@ -94,6 +94,6 @@ async def test_a_request_in_flight_keeps_its_adapter(rollout: RoleHarness, train
     assert not (await trainer.push(4, adapter(rollout, seed=4, scale=1.0))).failed
     _, _, versions = await greedy(rollout, "v4", PROMPTS[1:], 12)
     assert versions == {4}
-    long = await rollout.next(wire.Completion)
-    assert long.request_id == "long" and long.error == ""
+    long = await rollout.completion("long")  # it may finish before v4's, on a loaded machine
+    assert long.error == ""
     assert len(long.token_ids) == 240 and set(long.versions.tolist()) == {3}
