@@ -28,13 +28,14 @@ def setup_actor_model(
     gradient_checkpointing: bool = False, compile_blocks: bool = False,
 ) -> torch.nn.Module:  # fmt: skip
     """The HF model for `token_stats`, not yet FSDP-wrapped; `chunk` 0 keeps the full logits;
-    `compile_blocks` compiles each transformer block in place (names and weights unchanged)."""
+    `compile_blocks` compiles each transformer block in place (names and weights unchanged)
+    and the chunked head's per-chunk math."""
     attn = register_varlen_attention() if packing else "sdpa"
     model = load_causal_lm(
         model_path, dtype, device, gradient_checkpointing=gradient_checkpointing, attn_implementation=attn
     )
     if chunk > 0:
-        install_token_stats_head(model, chunk)
+        install_token_stats_head(model, chunk, compiled=compile_blocks)
     if compile_blocks:
         for block in find_blocks(model):
             block.compile(dynamic=True)

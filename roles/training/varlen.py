@@ -13,7 +13,9 @@ mask is ever made. Kernels, same inputs:
   training without mixed precision gets the SDPA path). vLLM's bundled FA3 has no
   backward, so it cannot train.
 * CPU: one `scaled_dot_product_attention(is_causal=True)` per sequence. Equal to the
-  padded path's masked SDPA up to float rounding; the tests compare them.
+  padded path's masked SDPA up to float rounding; the tests compare them. Inside a compiled
+  block it runs as one custom op (`tandem::sdpa_per_sequence`, backward by recomputing),
+  so the CPU traces the graph CUDA traces.
 """
 
 from __future__ import annotations
@@ -81,6 +83,47 @@ def _cpu_varlen(q_HTD: Tensor, k_HTD: Tensor, v_HTD: Tensor, cu: list[int], scal
     return torch.cat(outs, dim=1)  # [H, T, D]
 
 
+@torch.library.custom_op("tandem::sdpa_per_sequence", mutates_args=())
+def _cpu_varlen_op(q_HTD: Tensor, k_HTD: Tensor, v_HTD: Tensor, cu: Tensor, scale: float) -> Tensor:
+    """`_cpu_varlen` as one opaque op, so that a compiled block traces it as it traces CUDA's
+    `varlen_attn` (no graph break on the sequence boundaries, no guard on them)."""
+    return _cpu_varlen(q_HTD, k_HTD, v_HTD, cu.tolist(), scale)
+
+
+@_cpu_varlen_op.register_fake
+def _(q_HTD: Tensor, k_HTD: Tensor, v_HTD: Tensor, cu: Tensor, scale: float) -> Tensor:
+    return torch.empty_like(q_HTD)
+
+
+def _cpu_varlen_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    q, k, v, cu, scale = inputs
+    ctx.save_for_backward(q, k, v, cu)
+    ctx.scale = scale
+
+
+@torch.library.custom_op("tandem::sdpa_per_sequence_backward", mutates_args=())
+def _cpu_varlen_backward_op(
+    q_HTD: Tensor, k_HTD: Tensor, v_HTD: Tensor, cu: Tensor, scale: float, g_HTD: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    spans = cu.tolist()  # recompute the forward, then its vector-Jacobian product
+    vjp = torch.func.vjp(lambda q, k, v: _cpu_varlen(q, k, v, spans, scale), q_HTD, k_HTD, v_HTD)[1]
+    dq, dk, dv = vjp(g_HTD)
+    return dq, dk, dv
+
+
+@_cpu_varlen_backward_op.register_fake
+def _(q_HTD: Tensor, k_HTD: Tensor, v_HTD: Tensor, cu: Tensor, scale: float, g_HTD: Tensor) -> tuple[Tensor, ...]:
+    return torch.empty_like(q_HTD), torch.empty_like(k_HTD), torch.empty_like(v_HTD)
+
+
+def _cpu_varlen_backward(ctx: Any, g_HTD: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, cu = ctx.saved_tensors
+    return (*_cpu_varlen_backward_op(q, k, v, cu, ctx.scale, g_HTD.contiguous()), None, None)
+
+
+_cpu_varlen_op.register_autograd(_cpu_varlen_backward, setup_context=_cpu_varlen_setup)
+
+
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: Tensor,
@@ -104,7 +147,11 @@ def varlen_attention_forward(
         q_THD, k_THD, v_THD = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # copies only if not in that layout
         out_THD = _cuda_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
     else:
-        out_THD = _cpu_varlen(q, k, v, cu_seq_lens_q.tolist(), scale).transpose(0, 1)
+        if torch.compiler.is_compiling():
+            out_HTD = _cpu_varlen_op(q.contiguous(), k.contiguous(), v.contiguous(), cu_seq_lens_q, scale)
+        else:
+            out_HTD = _cpu_varlen(q, k, v, cu_seq_lens_q.tolist(), scale)
+        out_THD = out_HTD.transpose(0, 1)
     return out_THD.unsqueeze(0).contiguous(), None
 
 

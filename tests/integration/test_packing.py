@@ -9,12 +9,15 @@ padding_fraction 0, padded ones the real share.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 from roles.trainer.engine_fsdp import FSDPEngine
+from roles.training import logit_kernels
 from roles.training.actor_forward import token_stats
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
@@ -137,6 +140,38 @@ def test_one_rank_reduces_gradients_once_per_step(model_dir: Path, reference: Re
         assert seen == [False, False, False, True, True]
     for name, g in grads.items():
         torch.testing.assert_close(g, reference[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_compiled_blocks_and_head_equal_eager_and_do_not_recompile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainer.compile=true` (the blocks and the chunked head's math) gives the eager step
+    over micro-batches of four packed lengths, and compiles each block's code at most twice
+    in two steps of different lengths: a guard per layer or per length (as HF's KV cache
+    made one per layer) fails the step here, where on a GPU dynamo would send the blocks
+    past its recompile limit to eager. Compiled with the aot_eager backend: the graphs are
+    the ones CUDA compiles (attention is one opaque op on both); inductor is not run."""
+    model = make_tiny_model(tmp_path / "four_layers", max_position_embeddings=512, num_layers=4)
+    options = ("trainer.logprob_chunk_tokens=16", "trainer.micro_batch_tokens=128")
+    want = _step(_engine(model, *options), _batch())
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    logit_kernels._compiled.cache_clear()
+    try:
+        engine = _engine(model, "trainer.compile=true", *options)
+        metrics, grads = _step(engine, _batch())
+        assert metrics["micro_batches"] == 4
+        assert metrics["loss"] == pytest.approx(want[0]["loss"], abs=1e-6)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want[1][name], atol=1e-5, rtol=1e-4, msg=name)
+        assert logit_kernels._compiled.cache_info().currsize == 2  # the head's stats and gradient
+        other = msgspec.structs.replace(_batch(), cu_seqlens=torch.tensor([0, 90, 170, 250, sum(LENGTHS)]))
+        engine.train_step(other)
+    finally:
+        logit_kernels._compiled.cache_clear()
+        torch._dynamo.reset()
 
 
 def _record(obj: object, name: str) -> list[bool]:

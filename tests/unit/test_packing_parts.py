@@ -12,6 +12,7 @@ import torch
 from benchmarks.trainer import case_lengths, make_batch, summary, train_flops
 from roles.algo import entropy_from_logits, token_logprobs
 from roles.training.balance import balanced_bins, min_bins
+from roles.training.logit_kernels import grad_of_logits, stats_of_logits
 from roles.training.microbatch import pack_micro_batches, split_micro_batches
 from roles.training.token_stats import TokenStatsHead, chunked_token_stats
 
@@ -40,6 +41,45 @@ def test_chunked_stats_equal_full_logits_in_value_and_gradient(chunk: int, grads
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0], h.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got[1], w.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("used", ["logp", "entropy"])
+def test_chunked_stats_gradient_when_one_output_is_unused(used: str) -> None:
+    """Autograd hands the unused output's gradient as None: that branch of the backward."""
+    torch.manual_seed(1)
+    T, D, V = 29, 8, 200
+    h, w = torch.randn(T, D, dtype=torch.float64, requires_grad=True), torch.randn(V, D, requires_grad=True)
+    t, a = torch.randint(0, V, (T,)), torch.randn(T, dtype=torch.float64)
+    logp, ent = chunked_token_stats(h, w.double(), t, 8)
+    ((logp if used == "logp" else ent) * a).sum().backward()
+    got = (h.grad.clone(), w.grad.clone())  # type: ignore[union-attr]
+    h.grad = w.grad = None
+    logits = h @ w.double().t()
+    ref = token_logprobs(logits, t) if used == "logp" else entropy_from_logits(logits)
+    (ref * a).sum().backward()
+    torch.testing.assert_close(got[0], h.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[1], w.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("g_logp,g_entropy", [(True, True), (True, False), (False, True)])
+def test_logit_kernels_trace_whole_and_equal_eager(g_logp: bool, g_entropy: bool) -> None:
+    """What CUDA compiles (fullgraph, dynamic rows) traces without a graph break and equals
+    the eager math, for a full and a short last chunk (aot_eager: the trace, not inductor)."""
+    torch._dynamo.reset()
+    stats = torch.compile(stats_of_logits, backend="aot_eager", dynamic=True, fullgraph=True)
+    grad = torch.compile(grad_of_logits, backend="aot_eager", dynamic=True, fullgraph=True)
+    torch.manual_seed(2)
+    for rows in (16, 5):
+        logits, t = (torch.randn(rows, 300) * 4).bfloat16(), torch.randint(0, 300, (rows,))
+        want = stats_of_logits(logits, t)
+        for a, b in zip(stats(logits, t), want, strict=True):
+            torch.testing.assert_close(a, b)
+        _, entropy, lse = want
+        up = (torch.randn(rows) if g_logp else None, torch.randn(rows) if g_entropy else None)
+        torch.testing.assert_close(
+            grad(logits, t, lse, entropy, *up, torch.bfloat16),
+            grad_of_logits(logits, t, lse, entropy, *up, torch.bfloat16),
+        )
 
 
 def test_head_is_a_plain_linear_layer_outside_targets() -> None:
