@@ -36,8 +36,10 @@ resident before it (weights, grads, optimizer state), and their ratios (issue 21
 
 `--profile N`: after timing a case, one more engine step runs under torch.profiler; the
 case's engine entry gains `profile`: the share of GPU time per kernel class (gemm,
-attention, optimizer, copy/cast, other: elementwise and reductions) and the N kernels with
-the most GPU time. `--loops engine` skips the bare loop (no ratios then).
+attention, optimizer, copy/cast, other: elementwise and reductions), the N kernels with
+the most GPU time and the N operators (with input shapes) whose own kernels took the most;
+`--trace DIR` also writes each profiled step's Chrome trace there. `--loops engine` skips
+the bare loop (no ratios then).
 
 `--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
 
@@ -231,15 +233,22 @@ KERNEL_CLASSES = (  # the first pattern a kernel's name matches names its class
 )
 
 
-def profile_step(step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, top: int) -> dict:
-    """One step under torch.profiler: GPU time per kernel class, and the `top` kernels."""
+def profile_step(
+    step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, top: int, trace: Path | None = None
+) -> dict:
+    """One step under torch.profiler: GPU time per kernel class, the `top` kernels, and the
+    `top` operators (with their input shapes) by the GPU time of their own kernels; with
+    `trace`, the step's Chrome trace is written there."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
+    activities = [ProfilerActivity.CUDA, ProfilerActivity.CPU] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities, record_shapes=True) as prof:
         step(batch)
         _sync(device)
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
     if device.type == "cuda":  # the kernels themselves (an op's device time is its kernels')
         events = [e for e in prof.key_averages() if getattr(e, "device_type", None) == DeviceType.CUDA]
         kernels = [(e.key, e.self_device_time_total, e.count) for e in events]
@@ -256,7 +265,27 @@ def profile_step(step: Callable[[TrainBatch], float], batch: TrainBatch, device:
         "gpu_s": total / 1e6,
         "share": {k: round(v, 4) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
         "top": [{"kernel": n[:120], "ms": round(us / 1e3, 2), "calls": c} for n, us, c in kernels[:top]],
+        "ops": _top_ops(prof, device, top),
     }
+
+
+def _top_ops(prof: Any, device: torch.device, top: int) -> list[dict[str, Any]]:
+    """The operators whose own kernels took the most device time (CPU: their own time), per
+    input shape."""
+    from torch.autograd import DeviceType
+
+    def own(e: Any) -> float:
+        return float(e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total)
+
+    ops = [
+        e for e in prof.key_averages(group_by_input_shape=True)
+        if getattr(e, "device_type", None) == DeviceType.CPU and own(e) > 0
+    ]  # fmt: skip
+    ops.sort(key=lambda e: -own(e))
+    return [
+        {"op": e.key, "shapes": str(e.input_shapes)[:160], "ms": round(own(e) / 1e3, 2), "calls": e.count}
+        for e in ops[:top]
+    ]
 
 
 def _sync(device: torch.device) -> None:
@@ -303,7 +332,8 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
             if name == "bare":
                 result["cases"][case][name]["budget"] = bare_budget[0]
             elif args.profile:
-                result["cases"][case][name]["profile"] = profile_step(step, batch, device, args.profile)
+                trace = args.trace / f"{case}.json.gz" if args.trace else None
+                result["cases"][case][name]["profile"] = profile_step(step, batch, device, args.profile, trace)
             print(json.dumps({case: {name: result["cases"][case][name]}}), file=sys.stderr, flush=True)
         del model, step
         _free(device)
@@ -384,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--loops", nargs="+", choices=["engine", "bare"], default=["engine", "bare"])
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile an engine step per case, top N kernels")
+    p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="with --profile: Chrome traces here")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = p.parse_args(argv)
     if args.quick:

@@ -48,7 +48,8 @@ def test_trainer_benchmark_quick(tmp_path: Path) -> None:
     script = str(ROOT / "benchmarks" / "trainer.py")
     cases = ["--cases", "fixed_4k", "length_mix"]  # fixed_1k is the same code as fixed_4k
     done = subprocess.run(
-        [sys.executable, script, "--quick", *cases, "--profile", "3", "--model-dir", str(tmp_path), "--out", str(out)],
+        [sys.executable, script, "--quick", *cases, "--profile", "3", "--trace", str(tmp_path / "traces"),
+         "--model-dir", str(tmp_path), "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -60,3 +61,5 @@ def test_trainer_benchmark_quick(tmp_path: Path) -> None:
             assert result["cases"][case][loop]["tokens_per_s"] > 0
         profile = result["cases"][case]["engine"]["profile"]
         assert sum(profile["share"].values()) == pytest.approx(1.0, abs=1e-3) and len(profile["top"]) == 3
+        assert len(profile["ops"]) == 3 and all(op["ms"] > 0 for op in profile["ops"])
+        assert (tmp_path / "traces" / f"{case}.json.gz").stat().st_size > 0
