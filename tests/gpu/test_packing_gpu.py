@@ -5,8 +5,8 @@
 * the CUDA varlen kernel (`cuda_kernel()`, printed) equals one causal SDPA per sequence,
   output and q/k/v gradients, bf16, GQA 12/2 heads;
 * `chunked_token_stats` equals the full-logits logprobs and entropy, value and gradient,
-  on 4096 positions of the real vocabulary (bf16 hidden, fp32 math), and its peak
-  memory above the inputs is under half the full computation's;
+  on 4096 positions of the real vocabulary (bf16 hidden, fp32 math), eager and compiled,
+  and its peak memory above the inputs is under half the full computation's;
 * the actor engine's packed, chunked step equals its padded, full-logits one on a small
   model with the real vocabulary (bf16 compute: logprobs 2e-2, loss 1e-2 relative) and
   reports padding_fraction 0;
@@ -70,7 +70,10 @@ def test_varlen_kernel_equals_sdpa_per_sequence() -> None:
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 
-def test_chunked_token_stats_equal_full_logits_with_the_real_vocabulary() -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_chunked_token_stats_equal_full_logits_with_the_real_vocabulary(compiled: bool) -> None:
+    """Eager and compiled per-chunk math (`trainer.compile`), the head-weight gradient summed
+    in the GEMM (`addmm` out_dtype) either way."""
     torch.manual_seed(0)
     T, D = 4096, 1536
     h = (torch.randn(T, D, device="cuda") * 0.5).bfloat16().requires_grad_()
@@ -80,7 +83,7 @@ def test_chunked_token_stats_equal_full_logits_with_the_real_vocabulary() -> Non
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    logp, ent = chunked_token_stats(h, w, t, 1024)
+    logp, ent = chunked_token_stats(h, w, t, 1024, compiled=compiled)
     ((logp * a).sum() + (ent * b).sum()).backward()
     chunked_peak = torch.cuda.max_memory_allocated() - base
     gh, gw = h.grad.clone(), w.grad.clone()  # type: ignore[union-attr]
@@ -90,7 +93,7 @@ def test_chunked_token_stats_equal_full_logits_with_the_real_vocabulary() -> Non
     logp2, ent2 = token_logprobs(logits, t), entropy_from_logits(logits)
     ((logp2 * a).sum() + (ent2 * b).sum()).backward()
     full_peak = torch.cuda.max_memory_allocated() - base
-    print(f"chunked peak {chunked_peak / 1e9:.2f} GB, full {full_peak / 1e9:.2f} GB")
+    print(f"chunked (compiled={compiled}) peak {chunked_peak / 1e9:.2f} GB, full {full_peak / 1e9:.2f} GB")
     torch.testing.assert_close(logp, logp2, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(ent, ent2, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(gh, h.grad, atol=1e-2, rtol=2e-2)
