@@ -108,9 +108,12 @@ def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
 
     # Resume from step 40's adapter: vLLM reads it from the checkpoint, so the first resumed
     # step's samples come from the trained policy (behaviour = proximal), not from the base.
+    # Equal within bf16 noise: the base's first step shows 8e-5, the resumed one 1.5e-4 on a
+    # loaded CI box; served the base, the KL would be the change of 40 steps (per-step KLs
+    # of stale samples here are 1e-3 to 4e-2).
     resumed, _ = run_tiny(run, *LORA, "trainer.total_steps=44", "resume=auto")
     steps = [m["step"] for m in records(run) if "kind" not in m]
     assert steps == list(range(1, 45)), steps
     after = [m for m in records(run) if m.get("step", 0) > 40 and "kind" not in m]
-    assert after[0]["staleness_max"] == 0 and after[0]["kl_behaviour_proximal"] < 1e-4, after[0]
+    assert after[0]["staleness_max"] == 0 and after[0]["kl_behaviour_proximal"] < 1e-3, after[0]
     assert len(resumed) == 44

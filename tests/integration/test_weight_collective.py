@@ -151,7 +151,8 @@ def test_group_broadcasts_and_times_out_without_a_receiver() -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"[Tt]imed out"):
         sender.broadcast(data)  # nobody receives
-    assert 1.5 < time.monotonic() - started < 2.0 + SLACK_S
+    # Bounded, not exact: on a loaded 2-core CI box gloo's own 2 s timeout fired after 5 s.
+    assert 1.5 < time.monotonic() - started < 2.0 + 4 * SLACK_S
     sender.close()
     receiver.close()
 
