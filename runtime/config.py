@@ -434,7 +434,7 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         bool,
         Doc(
             description="FSDP actor: torch.compile each transformer block (dynamic shapes), fusing norms, RoPE and "
-            "activations; the first steps compile."
+            "activations, and the chunked LM head's per-chunk math; the first steps compile."
         ),
     ] = False
     device: Annotated[
