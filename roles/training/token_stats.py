@@ -45,6 +45,8 @@ class _ChunkedTokenStats(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logp_T: Tensor | None, g_entropy_T: Tensor | None) -> tuple[Tensor | None, ...]:
+        if g_logp_T is None and g_entropy_T is None:
+            return None, None, None, None, None
         h_TD, w_VD, t_T, lse_T, entropy_T = ctx.saved_tensors
         chunk = ctx.chunk
         g_h_TD = torch.empty(h_TD.shape, dtype=h_TD.dtype, device=h_TD.device) if ctx.needs_input_grad[0] else None
