@@ -20,6 +20,7 @@ from roles.weights.lora import write_adapter_dir
 from runtime.config_load import load_config
 from runtime.export import merge_adapter
 from runtime.lora import adapter_config
+from tests.helpers.lora import assert_merged
 from tests.helpers.one_rank import one_rank_world, toy_batch, toy_engine
 
 LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
@@ -102,15 +103,5 @@ def test_merged_export_equals_base_plus_scaled_b_a(tiny_model_dir: Path, tmp_pat
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
     merged = load_file(str(merge_adapter(adapter, tiny_model_dir, tmp_path / "merged") / "model.safetensors"))
     base = load_file(str(tiny_model_dir / "model.safetensors"))
-    prefix = "base_model.model."
-    checked = 0
-    for name, w in base.items():
-        stem = name.removesuffix(".weight")
-        a, b = tensors.get(f"{prefix}{stem}.lora_A.weight"), tensors.get(f"{prefix}{stem}.lora_B.weight")
-        want = w.float() if a is None or b is None else w.float() + (16 / 8) * (b @ a)
-        # merged in float32, saved in the base's bfloat16: equal to its rounding
-        assert torch.allclose(merged[name].float(), want, atol=1e-6, rtol=2**-8), name
-        if a is not None:
-            assert not torch.equal(merged[name], w), f"{name}: the adapter was not merged"
-            checked += 1
+    checked = assert_merged(base, tensors, merged, 16 / 8)
     assert checked == 7 * 2  # q, k, v, o, gate, up, down in both layers

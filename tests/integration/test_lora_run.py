@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from roles.generation.engine import RolloutEngine, Sample
 from runtime.config import EngineConfig
 from tests.conftest import ROOT
+from tests.helpers.lora import assert_merged
 from tests.integration.test_tiny_run import quarter_means, records, run_tiny
 from transport.wire import SamplingSpec
 
@@ -45,33 +46,6 @@ def export(run: Path, out: Path, *flags: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def assert_merged_weights(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:
-    """Every merged tensor is bf16(base + alpha/r * B @ A) for an adapted projection (to one
-    rounding step: the merge's fp32 sum may round either way) and the base's tensor otherwise."""
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    scale = config["lora_alpha"] / config["r"]
-    adapter = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    base = {k: v for f in base_dir.glob("*.safetensors") for k, v in load_file(str(f)).items()}
-    merged = {k: v for f in merged_dir.glob("*.safetensors") for k, v in load_file(str(f)).items()}
-    deltas = {}
-    for key, a in adapter.items():
-        if ".lora_A." in key:
-            name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
-            b = adapter[key.replace(".lora_A.", ".lora_B.")]
-            deltas[name] = scale * (b.float() @ a.float())
-    assert len(deltas) == 2 * 7 and set(deltas) <= set(merged), sorted(set(deltas) - set(merged))
-    assert set(merged) <= set(base), sorted(set(merged) - set(base))
-    for name, tensor in merged.items():
-        assert tensor.dtype == base[name].dtype, name
-        if name not in deltas:
-            assert torch.equal(tensor, base[name]), name
-            continue
-        want = (base[name].float() + deltas[name]).to(tensor.dtype)
-        ulp = torch.finfo(tensor.dtype).eps * want.float().abs().clamp_min(torch.finfo(tensor.dtype).tiny)
-        assert ((tensor.float() - want.float()).abs() <= ulp).all(), name
-        assert not torch.equal(tensor, base[name]), f"{name}: the adapter changed nothing"
-
-
 def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     metrics, _ = run_tiny(run, *LORA)
@@ -90,7 +64,14 @@ def test_lora_tiny_run_learns_exports_and_resumes(tmp_path: Path) -> None:
 
     export(run, tmp_path / "adapter")
     export(run, tmp_path / "merged", "--merge")
-    assert_merged_weights(run / "model", tmp_path / "adapter", tmp_path / "merged")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    checked = assert_merged(
+        load_file(str(run / "model" / "model.safetensors")),
+        load_file(str(tmp_path / "adapter" / "adapter_model.safetensors")),
+        load_file(str(tmp_path / "merged" / "model.safetensors")),
+        config["lora_alpha"] / config["r"],
+    )
+    assert checked == 2 * 7
     base = AutoModelForCausalLM.from_pretrained(str(run / "model"), dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()
