@@ -9,6 +9,10 @@ directory under `--run-root`, in this order:
   the config uses (one rollout and one trainer rank per GPU, sharing it; the rollout's
   `gpu_memory_utilization` lowered to `--colocated-gpu-util` so both fit).
 
+`--only NAME` (repeatable) runs only the named variants (then no speedup). Each variant
+also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
+estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`).
+
 Each run's metrics.jsonl is then summarised over its steady window: the first
 `--warmup-steps` steps are skipped, and so are the last `max_staleness` steps of a run,
 in which nothing is generated any more (the samples they train were generated ahead, so
@@ -117,6 +121,8 @@ def summarize_run(
 
 def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] | None) -> dict[str, Any]:
     """The headline figures: async over sync (and over colocated sync), async's own figures."""
+    if "async" not in variants or "sync" not in variants:  # --only: no comparison
+        return {"speedup": None, "rollout_vs_bare_vllm": rollout_bench.get("role_over_bare") if rollout_bench else None}
     a, s = variants["async"], variants["sync"]
     out = {"speedup": a["samples_per_s"] / s["samples_per_s"]}
     if "colocated" in variants:
@@ -239,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-root", type=Path, help="default: runs/async_vs_sync/<config>-<time>")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per variant")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
+                        help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
     return parser.parse_intermixed_args(argv)
 
 
@@ -272,7 +280,27 @@ def run_variant(config: Path, overrides: list[str], args: argparse.Namespace, po
         prompt_tokens=policy.prompt_tokens,
         peak_flops=args.peak_tflops * 1e12 * trainer_ranks,
     )
-    return {**summary, "cooldown_steps": cooldown, "launch_s": launch_s, "trainer_ranks": trainer_ranks}
+    return {**summary, **memory_figures(cfg, records), "cooldown_steps": cooldown, "launch_s": launch_s,
+            "trainer_ranks": trainer_ranks}  # fmt: skip
+
+
+def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trainer rank 0's measured allocator peak over the run (`cuda_peak_gb`, `cuda_reserved_gb`)
+    beside the launch-time memory plan's estimate of it (runtime/memory_plan.py, on this
+    machine's GPUs), and the plan's GB per phase of the fullest GPU."""
+    from runtime.memory_plan import launch_plan
+
+    plan = launch_plan(cfg, asks_gpus=True)
+    out: dict[str, Any] = {
+        "plan_trainer_peak_gb": plan.trainer_peak_gb(), "plan_gpu_gb": plan.gpu_gb,
+        "plan_phases_gb": max((g.phases() for g in plan.gpus), key=lambda p: max(p.values()), default={}),
+    }  # fmt: skip
+    for key in ("cuda_peak_gb", "cuda_reserved_gb"):
+        seen = [r[key] for r in records if key in r]
+        out[key] = max(seen) if seen else None
+    if out["cuda_peak_gb"] and out["plan_trainer_peak_gb"]:
+        out["plan_over_measured_peak"] = out["plan_trainer_peak_gb"] / out["cuda_peak_gb"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, extra in variant_overrides(
         base, args.staleness, args.colocated_gpu_util if args.colocated else None
     ).items():
+        if args.only and name not in args.only:
+            continue
         common = [*args.overrides, *policy.overrides, f"name={config.stem}-{name}", f"run_dir={run_root / name}"]
         runs[name] = [*common, *extra]
         check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts

@@ -8,6 +8,10 @@ import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.config import RunConfig
 
 
 def _version() -> str:
@@ -31,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--master-port", type=int, default=None, help="base port on node 0 (default 29500)")
     launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
     launch.add_argument("--quiet", action="store_true", help="print errors only (to stderr): for scripts")
+    launch.add_argument(
+        "--plan", action="store_true",
+        help="print the memory plan of every GPU and host and exit (0: it fits, 2: it does not); "
+        "memory.gpu_gb=N plans for N-GB GPUs on a machine without them",
+    )  # fmt: skip
 
     tail = sub.add_parser("tail", help="merge and follow a run's logs")
     from runtime.tail import add_tail_arguments
@@ -101,12 +110,29 @@ def _launch(args: argparse.Namespace) -> int:
     try:
         check_config(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
         check_inputs(cfg)
+        if args.plan:
+            return _plan(cfg)
         from runtime.launcher import launch
 
         return launch(cfg, opts, quiet=args.quiet)
     except (PlacementError, ConfigError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _plan(cfg: RunConfig) -> int:
+    from runtime.memory_model import ShapeError
+    from runtime.memory_plan import check_plan, format_plan, launch_plan
+    from runtime.placement import wants_gpus
+
+    try:
+        plan = launch_plan(cfg, asks_gpus=wants_gpus(cfg))
+    except ShapeError as exc:
+        print(f"tandem: error: no memory plan: {exc}", file=sys.stderr)
+        return 2
+    print(format_plan(plan))
+    check_plan(cfg, plan)  # a ConfigError: one line, exit 2
+    return 0
 
 
 def _tail(args: argparse.Namespace) -> int:

@@ -378,6 +378,29 @@ class LoraConfig(msgspec.Struct, **_STRUCT):
     ] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
 
 
+class OffloadConfig(msgspec.Struct, **_STRUCT):
+    """What the FSDP2 actor keeps in host memory instead of on its GPU (docs/memory.md)."""
+
+    optimizer: Annotated[
+        bool,
+        Doc(
+            description="AdamW's two moment tensors live in pinned host memory; each optimizer step streams them "
+            "through the GPU in chunks (copies overlapped with the update). Saves 8 bytes per trained parameter."
+        ),
+    ] = False
+    params: Annotated[
+        bool,
+        Doc(
+            description="Synchronous colocated runs: the master parameters move to host memory after each weight "
+            "update and back before the next step, so vLLM's KV cache has their GPU memory while it generates."
+        ),
+    ] = False
+    chunk_mb: Annotated[
+        int,
+        Doc(description="offload.optimizer: MiB of optimizer state per streamed chunk (two chunks on the GPU).", ge=1),
+    ] = 512
+
+
 class TrainerConfig(msgspec.Struct, **_STRUCT):
     backend: Annotated[
         Literal["fsdp", "megatron"],
@@ -415,6 +438,9 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         default_factory=LoraConfig
     )
     gradient_checkpointing: Annotated[bool, Doc(description="Recompute activations in backward.")] = False
+    offload: Annotated[OffloadConfig, Doc(description="Host-memory offload of optimizer state and parameters.")] = (
+        msgspec.field(default_factory=OffloadConfig)
+    )
     packing: Annotated[
         bool,
         Doc(
@@ -710,6 +736,25 @@ class ValidationConfig(msgspec.Struct, **_STRUCT):
     ] = 600.0
 
 
+class MemoryConfig(msgspec.Struct, **_STRUCT):
+    """The launch-time memory plan (runtime/memory_plan.py, `tandem launch --plan`)."""
+
+    check: Annotated[
+        bool,
+        Doc(
+            description="Refuse to launch when the plan says a GPU or the host cannot hold what is placed on it "
+            "(the error names the largest consumer and a setting that fits); false = print the plan only."
+        ),
+    ] = True
+    gpu_gb: Annotated[
+        float,
+        Doc(description="GPU memory in GB (10^9 bytes) the plan assumes; 0 = read it from the GPUs at launch.", ge=0),
+    ] = 0.0
+    host_gb: Annotated[
+        float, Doc(description="Host memory in GB the plan assumes; 0 = read it at launch (/proc/meminfo).", ge=0)
+    ] = 0.0
+
+
 class RunConfig(msgspec.Struct, **_STRUCT):
     name: Annotated[str, Doc(description="Run name; the default run directory is runs/<name>.")] = "run"
     run_dir: Annotated[str, Doc(description="Run directory; empty = runs/<name>.")] = ""
@@ -748,6 +793,9 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     )
     validation: Annotated[ValidationConfig, Doc(description="Held-out evaluation during training.")] = msgspec.field(
         default_factory=ValidationConfig
+    )
+    memory: Annotated[MemoryConfig, Doc(description="Launch-time memory plan and check.")] = msgspec.field(
+        default_factory=MemoryConfig
     )
     log_level: Annotated[
         Literal["debug", "info", "warning", "error"], Doc(description="Least level written to role logs.")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runtime.addresses import CONTROLLER_ENV
 from runtime.config_load import load_config
+from runtime.gpu_memory import TITLE_PREFIX
 from runtime.last_words import say
 from runtime.logs import get_logger, setup_logging
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(args.run_dir)
     cfg = load_config(run_dir / "config.yaml")
     setup_logging(run_dir, args.role, args.rank, level=cfg.log_level)
-    _set_title(f"tandem:{args.role}-{args.rank}")
+    _set_title(f"{TITLE_PREFIX}{args.role}-{args.rank}")
     from runtime.role import RoleContext
 
     ctx = RoleContext(

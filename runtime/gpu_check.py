@@ -179,12 +179,28 @@ def check_ipc_weight_sync(cfg: RunConfig) -> None:
                     )
 
 
-def rollout_shares_trainer_gpu(cfg: RunConfig, rank: int) -> bool:
-    """Whether placement puts rollout `rank` on a GPU (same node, same index) of some
-    trainer rank. Processes placed without `devices` never count: their GPU is only known
-    at run time."""
-    mine: set[tuple[int, int]] = set()
-    trainers: set[tuple[int, int]] = set()
+@dataclass(frozen=True)
+class Placed:
+    """One process as placement puts it: its role, rank (per role kind), node and GPUs
+    (empty when its entry names no devices: the GPU is then only known at run time)."""
+
+    role: str
+    rank: int
+    node: int
+    devices: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+    @property
+    def gpus(self) -> set[tuple[int, int]]:
+        return {(self.node, d) for d in self.devices}
+
+
+def placed_processes(cfg: RunConfig) -> list[Placed]:
+    """Every process of the run on every node, ranks numbered per role kind (as the launcher does)."""
+    out: list[Placed] = []
     next_rank: dict[str, int] = {}
     for e in entries(cfg):
         for node in e.nodes or [e.node]:
@@ -192,9 +208,37 @@ def rollout_shares_trainer_gpu(cfg: RunConfig, rank: int) -> bool:
             for devs in per_process[: e.count]:
                 r = next_rank.get(e.role, 0)
                 next_rank[e.role] = r + 1
-                gpus = {(node, d) for d in devs}
-                if e.role == "rollout" and r == rank:
-                    mine = gpus
-                elif e.role == "trainer":
-                    trainers |= gpus
-    return bool(mine & trainers)
+                out.append(Placed(e.role, r, node, tuple(devs)))
+    return out
+
+
+def rollout_shares_trainer_gpu(cfg: RunConfig, rank: int) -> bool:
+    """Whether placement puts rollout `rank` on a GPU (same node, same index) of some
+    trainer rank. Processes placed without `devices` never count: their GPU is only known
+    at run time."""
+    procs = placed_processes(cfg)
+    mine = {g for p in procs if p.role == "rollout" and p.rank == rank for g in p.gpus}
+    return bool(mine & {g for p in procs if p.role == "trainer" for g in p.gpus})
+
+
+def trainer_shares_rollout_gpu(cfg: RunConfig, rank: int) -> bool:
+    """Whether trainer `rank` is placed on a GPU of some rollout (the mirror of the above)."""
+    procs = placed_processes(cfg)
+    mine = {g for p in procs if p.role == "trainer" and p.rank == rank for g in p.gpus}
+    return bool(mine & {g for p in procs if p.role == "rollout" for g in p.gpus})
+
+
+def rollout_sleeps(cfg: RunConfig, rank: int) -> bool:
+    """Whether rollout `rank` puts vLLM to sleep while the trainer steps: a synchronous run
+    (`max_staleness: 0`) with `sleep_when_idle`, on a GPU of a trainer rank."""
+    return (
+        cfg.rollout.engine.sleep_when_idle and cfg.rollout.max_staleness == 0 and rollout_shares_trainer_gpu(cfg, rank)
+    )
+
+
+def trainer_gives_way(cfg: RunConfig, rank: int) -> bool:
+    """Whether trainer `rank` shares its GPU with a rollout that sleeps while it steps, and
+    so must give its memory back before that rollout wakes (roles/trainer/role.py)."""
+    procs = placed_processes(cfg)
+    mine = {g for p in procs if p.role == "trainer" and p.rank == rank for g in p.gpus}
+    return any(p.role == "rollout" and p.gpus & mine and rollout_sleeps(cfg, p.rank) for p in procs)

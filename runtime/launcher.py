@@ -38,8 +38,10 @@ from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
 from runtime.logfollow import LogFollower, last_error
 from runtime.logs import get_logger, setup_logging
+from runtime.memory_model import ShapeError
+from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
 from runtime.paths import model_dir, reward_model_dir
-from runtime.placement import ProcSpec, check_devices, entries, plan_join, plan_processes, visible_gpus
+from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.process_groups import wait_gone
 from runtime.run_token import ensure_token
 from runtime.tiny_model import make_tiny_model
@@ -75,14 +77,17 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     """Run this node's share of the run; returns the process exit code. `quiet`: print
     errors only (to stderr)."""
     opts = opts or LaunchOptions()
-    wants_gpus = cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg))
-    num_gpus = visible_gpus() if wants_gpus else 0  # asks torch once, only when GPUs are asked for
-    if wants_gpus:
+    gpus = wants_gpus(cfg)
+    num_gpus = visible_gpus() if gpus else 0  # asks torch once, only when GPUs are asked for
+    if gpus:
         check_gpu_devices(cfg, num_gpus, opts.node_rank)  # before the model is made: a missing GPU fails at once
+    plan = _memory_plan(cfg, gpus)  # before any role starts: a run that cannot fit is refused here
     if quiet:
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' "Writing model shards" bars
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
+    if plan is not None:
+        log.info("memory_plan", rows=plan_rows(plan), table=format_plan(plan).splitlines())
     check_topology(cfg, opts)
     if opts.join:
         specs = plan_join(cfg, opts.node_rank)
@@ -97,9 +102,24 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
         env[checkpoint.RESUME_ENV] = _resume_from(cfg, console)
     log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
     console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
+    if plan is not None and plan.gpu_gb:
+        console.note(plan_summary(plan))
     follower = LogFollower(run_dir / "logs", from_end=True)
     procs = [_spawn(s, run_dir, env) for s in specs]
     return Supervisor(cfg, run_dir, procs, console, follower).watch()
+
+
+def _memory_plan(cfg: RunConfig, gpus: bool) -> Plan | None:
+    """The run's memory plan, checked unless `memory.check` is off (None: the model's shape
+    is unknown, so nothing is planned)."""
+    try:
+        plan = launch_plan(cfg, asks_gpus=gpus)
+    except ShapeError as exc:
+        print(f"tandem: warning: no memory plan: {exc}", file=sys.stderr)
+        return None
+    if cfg.memory.check:
+        check_plan(cfg, plan)
+    return plan
 
 
 class Supervisor:

@@ -151,6 +151,11 @@ def check_devices(specs: list[ProcSpec], num_gpus: int) -> None:
                 raise PlacementError(f"placement of {s.name}: GPU {d} does not exist (this node has {num_gpus})")
 
 
+def wants_gpus(cfg: RunConfig) -> bool:
+    """Whether the run asks for GPUs: a CUDA trainer, or any entry that names devices."""
+    return cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg))
+
+
 def visible_gpus() -> int:
     """GPUs torch sees in this process (0 without torch or CUDA)."""
     try:

@@ -10,7 +10,13 @@ import os
 
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
-from runtime.gpu_check import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
+from runtime.gpu_check import (
+    check_gpu_memory,
+    check_ipc_weight_sync,
+    check_nccl_weight_sync,
+    placed_processes,
+    rollout_sleeps,
+)
 from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
 from runtime.placement import role_counts
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
@@ -19,6 +25,7 @@ from runtime.user_functions import load_env_factory, load_function, load_reward_
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
     _check_lora(cfg)
+    _check_offload(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
@@ -138,6 +145,28 @@ def _check_reward_model(cfg: RunConfig, placed: int) -> None:
         raise ConfigError(
             f"reward.judge.max_tokens ({j.max_tokens}) must be below reward.judge.engine.max_model_len "
             f"({j.engine.max_model_len})"
+        )
+
+
+def _check_offload(cfg: RunConfig) -> None:
+    """`trainer.offload` acts only where it can: the FSDP2 actor, without FSDP2's own full
+    offload, and parameters only where vLLM uses their memory between steps."""
+    off = cfg.trainer.offload
+    if not (off.optimizer or off.params):
+        return
+    if cfg.trainer.backend != "fsdp":
+        raise ConfigError("trainer.offload is the FSDP2 actor's: set it off with trainer.backend=megatron")
+    if cfg.fsdp.cpu_offload:
+        raise ConfigError(
+            "trainer.offload with fsdp.cpu_offload=true: FSDP2 already keeps parameters, gradients and optimizer "
+            "state in host memory; set one of them off"
+        )
+    sleeping = [p for p in placed_processes(cfg) if p.role == "rollout" and rollout_sleeps(cfg, p.rank)]
+    if off.params and (not sleeping or cfg.trainer.device == "cpu"):
+        raise ConfigError(
+            "trainer.offload.params=true frees the trainer's GPU only while a sleeping vLLM generates beside it: "
+            "a synchronous colocated run (rollout.max_staleness=0, a rollout on the trainer's GPU in placement, "
+            "rollout.engine.sleep_when_idle=true, trainer.device cuda); set it false here"
         )
 
 

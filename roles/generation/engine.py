@@ -17,7 +17,8 @@ What a caller may rely on:
   on it, and requests in flight finish on the adapter they started with, so every token
   of a sample has the version its request started at. Versions are adapter ids - 1.
 * With `sleep_mode`, `sleep` frees the KV cache and moves the weights to host memory
-  (vLLM level 1); a generate request or an update wakes the engine first.
+  (vLLM level 1); an update wakes the weights, a generate request whatever still sleeps.
+* An engine call that runs out of GPU memory raises `OutOfGpuMemory` (an `EngineDead`).
 * Bad requests (prompt too long, bad sampling values) come back as samples with
   `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
   A dead engine raises `EngineDead` from every call.
@@ -36,11 +37,13 @@ from typing import Any
 
 from roles.weights.errors import StaleUpdate
 from runtime.config import EngineConfig
+from runtime.gpu_memory import is_out_of_memory
 from runtime.logs import get_logger
 from transport.wire import FinishReason, SamplingSpec
 
 log = get_logger("rollout")
 WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's memory tags, woken in this order
 # Worker calls that wait for the trainer (a broadcast, a rendezvous): bounded by the weight
 # sync's timeouts, not watched as engine stalls.
 PEER_WAITING_RPCS = frozenset({"tandem_receive_bucket", "tandem_init_weight_group"})
@@ -49,6 +52,15 @@ _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": Fi
 
 class EngineDead(RuntimeError):
     """vLLM's engine died; the message carries its error."""
+
+
+class OutOfGpuMemory(EngineDead):
+    """An engine call (`what`: "wake_up (kv_cache)", ...) ran out of GPU memory; vLLM is
+    left half-woken or half-loaded, so the rollout cannot go on with it."""
+
+    def __init__(self, what: str, cause: BaseException) -> None:
+        self.what = what
+        super().__init__(f"vLLM {what}: {_one_line(cause)}")
 
 
 @dataclass
@@ -108,8 +120,7 @@ class RolloutEngine:
         self._active: dict[str, _Active] = {}
         self._updating: int | None = None  # the version of the open update
         self._sleep_lock = asyncio.Lock()
-        self.sleeping = False
-        self._kv_asleep = False  # woken for an update with the KV cache still freed
+        self._asleep: set[str] = set()  # vLLM's sleeping memory tags: "weights", "kv_cache"
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
         self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
@@ -252,8 +263,8 @@ class RolloutEngine:
                 raise
             return time.perf_counter() - t0
         try:
-            if self.sleep_mode and await self._wake(["weights"], timeout_s):
-                self._kv_asleep = True
+            if self.sleep_mode:  # the KV cache stays asleep until a request needs it
+                await self._wake(["weights"], timeout_s)
             t1 = time.perf_counter()
             await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=False), timeout_s, "pause")
             t2 = time.perf_counter()
@@ -343,9 +354,6 @@ class RolloutEngine:
         if self.lora is not None:
             return  # an adapter update never paused generation
         await self._bounded(self.engine.resume_generation(), timeout_s, "resume")
-        if self._kv_asleep:
-            self._kv_asleep = False
-            await self._wake(["kv_cache"], timeout_s)
 
     @property
     def updating(self) -> int | None:
@@ -377,6 +385,10 @@ class RolloutEngine:
             return await asyncio.wait_for(call, timeout_s)
         except TimeoutError:
             raise TimeoutError(f"vLLM engine call {what} did not return in {timeout_s:g}s") from None
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise OutOfGpuMemory(what, exc) from exc
+            raise
         finally:
             self._calls.pop(key, None)
 
@@ -389,25 +401,32 @@ class RolloutEngine:
         return what, time.monotonic() - since
 
     # --- sleep mode (colocated synchronous runs) -----------------------------------------
+    @property
+    def sleeping(self) -> bool:
+        """Whether any of vLLM's memory (weights, KV cache) is asleep."""
+        return bool(self._asleep)
+
     async def sleep(self, timeout_s: float) -> None:
         """Free the KV cache and move the weights to host memory (vLLM sleep level 1)."""
         async with self._sleep_lock:
-            if not self.sleeping and self._updating is None:
+            if not self._asleep and self._updating is None:
                 await self._bounded(self.engine.sleep(level=1), timeout_s, "sleep")
-                self.sleeping = True
+                self._asleep = set(SLEEP_TAGS)
 
     async def wake(self, timeout_s: float) -> None:
-        """Undo `sleep` (no-op when awake)."""
+        """Undo `sleep` for whatever still sleeps (no-op when awake)."""
         await self._wake(None, timeout_s)
 
     async def _wake(self, tags: list[str] | None, timeout_s: float) -> bool:
-        """Wake `tags` (None: all) if asleep, after any sleep in progress; whether it did."""
+        """Wake `tags` (None: all) where asleep, after any sleep in progress; whether it did.
+        An update wakes the weights only: the KV cache wakes for the first request after it,
+        once the trainer has given its memory back (roles/trainer/role.py)."""
         async with self._sleep_lock:
-            if not self.sleeping:
+            waking = [t for t in (tags or SLEEP_TAGS) if t in self._asleep]
+            if not waking:
                 return False
-            await self._bounded(self.engine.wake_up(tags=tags), timeout_s, "wake_up")
-            if tags is None or "kv_cache" in tags:
-                self.sleeping = False
+            await self._bounded(self.engine.wake_up(tags=waking), timeout_s, f"wake_up ({', '.join(waking)})")
+            self._asleep -= set(waking)
             return True
 
     async def device(self) -> dict[str, str]:

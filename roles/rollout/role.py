@@ -12,7 +12,9 @@ Channels:
 With `rollout.engine.sleep_when_idle`, a synchronous run (`max_staleness: 0`) whose
 rollout shares a GPU with a trainer rank puts vLLM to sleep whenever no sample is in
 flight and no update is open (KV cache freed, weights in host memory), so the trainer
-steps with that memory; the next update or request wakes it.
+steps with that memory; the next update wakes its weights, the next request its KV cache.
+A dead engine, or one that ran out of GPU memory (waking, loading weights), ends the role
+with that cause (for memory: what it asked for, what the GPU holds and who holds it).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from typing import Any
 
 import torch
 
-from roles.generation.engine import EngineDead, LoraServing, RolloutEngine, Sample
+from roles.generation.engine import EngineDead, LoraServing, OutOfGpuMemory, RolloutEngine, Sample
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
-from runtime.gpu_check import rollout_shares_trainer_gpu
+from runtime.gpu_check import rollout_sleeps
+from runtime.gpu_memory import gpu_memory, gpu_processes, out_of_memory_cause
 from runtime.logs import get_logger, set_policy_version
 from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
 from runtime.paths import model_dir
@@ -57,7 +60,7 @@ class RolloutRole(Role):
             path, version = resume / "hf", int(read_manifest(resume)["version"])
         if resume is not None and lora is not None and (resume / "adapter").is_dir():
             version, lora.initial = int(read_manifest(resume)["version"]), resume / "adapter"
-        self.sleeps = self._may_sleep()
+        self.sleeps = rollout_sleeps(self.cfg, self.ctx.rank)
         self.episodes: EpisodeRunner | None = None
         if cfg.rollout.env:  # multi-turn: the environment speaks text, so the rollout needs the tokenizer
             from transformers import AutoTokenizer
@@ -85,6 +88,7 @@ class RolloutRole(Role):
             timeout_s=cfg.weight_sync.timeout_s,
             token=read_token(self.ctx.run_dir),
             on_applied=self._applied,
+            on_failure=self._update_failed,
         )
         self.weights.start(self._on_weights)
         self.samples: set[asyncio.Task[Any]] = set()
@@ -102,15 +106,6 @@ class RolloutRole(Role):
             max_rank=engine_lora_rank(cfg), max_loras=engine_max_loras(cfg),
             config=adapter_config(cfg.trainer.lora), adapters_dir=Path(cfg.run_dir) / "adapters" / self.ctx.name,
         )  # fmt: skip
-
-    def _may_sleep(self) -> bool:
-        """Sleep mode only where it helps: synchronous, on a GPU shared with a trainer rank."""
-        cfg = self.cfg
-        return (
-            cfg.rollout.engine.sleep_when_idle
-            and cfg.rollout.max_staleness == 0
-            and rollout_shares_trainer_gpu(cfg, self.ctx.rank)
-        )
 
     def peer_info(self) -> wire.PeerInfo:
         info = super().peer_info()
@@ -144,12 +139,33 @@ class RolloutRole(Role):
                 )
                 done = _completion(req, index, sample)
         except EngineDead as exc:
-            self.fail(str(exc))
+            await self._engine_failed(exc)
             return
         if done.error:
             log.warning("request_failed", request_id=req.request_id, sample=index, error=done.error)
         assert self.controller is not None
         await self.controller.send(done)
+
+    async def _engine_failed(self, exc: EngineDead) -> None:
+        """End the role with the engine's cause; out of GPU memory, with what the GPU holds."""
+        cause = str(exc)
+        if isinstance(exc, OutOfGpuMemory):
+            uuid = self.device.get("gpu_uuid", "")
+            cause = await asyncio.to_thread(
+                lambda: out_of_memory_cause(
+                    self.ctx.name, f"vLLM {exc.what}", exc.__cause__ or exc, gpu=gpu_memory(uuid) if uuid else None,
+                    processes=gpu_processes(uuid), config_path=str(self.ctx.run_dir / "config.yaml"),
+                )
+            )  # fmt: skip
+        self.fail(cause)
+
+    async def _update_failed(self, exc: BaseException) -> str | None:
+        """A weight update failed: a dead engine ends the role (its cause, returned, goes to
+        the trainer too); any other failure leaves the rollout on its old version."""
+        if not isinstance(exc, EngineDead):
+            return None
+        await self._engine_failed(exc)
+        return self._fatal
 
     async def _on_weights(self, env: Envelope) -> wire.Message | None:
         return await self.receiver.handle(env.msg)

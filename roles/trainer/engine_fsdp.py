@@ -69,7 +69,7 @@ class FSDPEngine(FSDPEngineBase):
         self.kl_ctl = (
             AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive else FixedKLController(kl.coef)
         )
-        self._setup_optimizer(cfg.trainer.optim)
+        self._setup_optimizer(cfg.trainer.optim, cfg.trainer.offload)
 
     def prepare(self, batch: TrainBatch) -> TrainBatch:
         """`batch` with `proximal_logprobs`: this rank's token logprobs under the weights
@@ -123,6 +123,7 @@ class FSDPEngine(FSDPEngineBase):
         """Full tensors by HF name in `dtype`, on the engine's device: gathered and cast
         there, never copied to the CPU (a collective: every rank iterates to the end).
         With LoRA, only the adapter tensors, by PEFT's saved names (roles/weights/lora.py)."""
+        self.restore_params()
         if not self.lora:
             for name, tensor in full_state_dict_items(self.model):
                 yield name, tensor.detach().to(dtype)

@@ -163,6 +163,9 @@ class MegatronEngine(MegatronEngineBase):
         return logits, collect
 
     # --- weights and checkpoints -----------------------------------------------------------
+    def offload_params(self) -> None:
+        """Parameters stay on the GPU: `trainer.offload` is the FSDP2 actor's (validate.py refuses it here)."""
+
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors by HF name, on CPU in `dtype`, complete on the first pipeline stage's
         ranks (global rank 0 among them). A collective: every rank iterates it to the end."""

@@ -30,6 +30,7 @@ from roles.weights.lora import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
 from runtime import addresses
+from runtime.gpu_check import trainer_gives_way
 from runtime.logs import get_logger, set_policy_version
 from runtime.lora import adapter_config
 from runtime.paths import model_dir
@@ -53,6 +54,10 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         self.sender: WeightSender | None = None  # rank 0, once the rollouts are known
         self.packer: BucketPacker | None = None
         self.step_lock = asyncio.Lock()
+        # A colocated synchronous run: vLLM sleeps while this rank steps and wakes for the
+        # update, so the rank gives its allocator cache (and, with offload.params, its
+        # parameters) back first. Only on CUDA, where there is a cache to give.
+        self.gives_way = self.engine.device.type == "cuda" and trainer_gives_way(self.cfg, self.ctx.rank)
 
     def _make_sender(self, rollouts: list[wire.PeerInfo]) -> WeightSender:
         """The backend `weight_sync.backend` names, or `auto`'s choice for these rollouts."""
@@ -124,26 +129,40 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
 
     async def _train(self, batch: wire.TrainBatch) -> wire.Message:
         started = time.perf_counter()
-        metrics = await self._in_thread(self.engine.train_step, batch)
+        metrics = await self._torch("train_step", self.engine.train_step, batch)
         if self.engine.device.type == "cuda":
             # What the trainer had to work with (with vLLM asleep, its KV cache is free).
             metrics["cuda_free_gb"] = torch.cuda.mem_get_info(self.engine.device)[0] / 1e9
             metrics["cuda_peak_gb"] = torch.cuda.max_memory_allocated(self.engine.device) / 1e9  # since start
+            metrics["cuda_reserved_gb"] = torch.cuda.max_memory_reserved(self.engine.device) / 1e9
+        if self.gives_way:  # before the update wakes vLLM: the step's cached blocks are its KV cache
+            await self._in_thread(torch.cuda.empty_cache)
         version = self.engine.version
         set_policy_version(version)
         sync_started = time.perf_counter()
-        result = await self._push(version)
+        try:
+            result = await self._push(version)
+        except torch.OutOfMemoryError as exc:
+            raise self.out_of_memory("the weight export", exc) from None
         failed: list[str] = []
         if result is not None:
             failed = self._check_push(result)
             metrics["weight_sync_gb"] = result.num_bytes / 1e9
             metrics.update({f"weight_sync_{k}": v for k, v in result.phases.items()})
         metrics["weight_sync_s"] = time.perf_counter() - sync_started
+        if self.gives_way:  # vLLM generates next: parameters (offload.params) and the export's cache go
+            released = time.perf_counter()
+            await self._in_thread(self._give_way)
+            metrics["release_s"] = time.perf_counter() - released
         metrics["busy_s"] = time.perf_counter() - started
         if self.engine.rank != 0:
             return wire.TrainResult(step=batch.step, version=version)
         log.info("train_step", step=batch.step, **{k: round(v, 5) for k, v in metrics.items()})
         return wire.TrainResult(step=batch.step, version=version, metrics=metrics, failed_rollouts=failed)
+
+    def _give_way(self) -> None:
+        self.engine.offload_params()
+        torch.cuda.empty_cache()
 
     async def _push(self, version: int, only: list[str] | None = None) -> PushResult | None:
         """Export the weights (a collective on every rank) and, on rank 0, send them to the

@@ -56,8 +56,9 @@ from roles.training.microbatch import (
     split_micro_batches,
 )
 from roles.training.minibatch import epoch_mini_batches
+from roles.training.offload import ParamOffload, StreamedAdamW
 from roles.training.rng import rng_state, set_rng_state
-from runtime.config import OptimConfig, RunConfig
+from runtime.config import OffloadConfig, OptimConfig, RunConfig
 from transport.wire import TrainBatch
 
 
@@ -81,12 +82,18 @@ class FSDPEngineBase(ABC):
         self.frozen_base = False  # a subclass training adapters only sets it: checkpoints skip frozen params
         self._input_tokens = [0.0, 0.0]  # (real, padded) model-input tokens of this step
 
-    def _setup_optimizer(self, o: OptimConfig) -> None:
+    def _setup_optimizer(self, o: OptimConfig, offload: OffloadConfig | None = None) -> None:
+        """AdamW over the model's trainable parameters; with `offload.optimizer` its moments
+        live in host memory (roles/training/offload.py), with `offload.params` the
+        parameters may move there between steps (`offload_params`)."""
         self.optim_cfg = o
-        self.optimizer = torch.optim.AdamW(
-            optimizer_param_groups(self.model), lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps,
-            weight_decay=o.weight_decay,
-        )  # fmt: skip
+        groups = optimizer_param_groups(self.model)
+        hyper: dict[str, Any] = dict(lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay)
+        if offload is not None and offload.optimizer:
+            self.optimizer: torch.optim.Optimizer = StreamedAdamW(groups, chunk_bytes=offload.chunk_mb << 20, **hyper)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, **hyper)
+        self.params_home = ParamOffload(self.model, self.device) if offload is not None and offload.params else None
         warmup = max(1, o.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
@@ -115,6 +122,8 @@ class FSDPEngineBase(ABC):
         the same on every rank), padding_fraction (padding tokens / model-input tokens over
         all ranks; 0 when packed), optimizer_steps."""
         start = time.perf_counter()
+        self.restore_params()
+        restore_s = time.perf_counter() - start
         self._input_tokens = [0.0, 0.0]
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -130,7 +139,22 @@ class FSDPEngineBase(ABC):
         metrics.update(padding_fraction=self._padding_fraction())
         metrics.update(train_s=time.perf_counter() - start, micro_batches=num_micro)
         metrics.setdefault("optimizer_steps", 1.0)
+        if isinstance(self.optimizer, StreamedAdamW):
+            metrics["optimizer_offload_s"] = self.optimizer.last_step_s
+        if self.params_home is not None:
+            metrics["params_restore_s"] = restore_s
         return metrics
+
+    def offload_params(self) -> None:
+        """Move the parameters to host memory until the next step, export or save needs them
+        (only with `offload.params`; a no-op otherwise). Not a collective."""
+        if self.params_home is not None:
+            self.params_home.offload()
+
+    def restore_params(self) -> None:
+        """Bring offloaded parameters back to the device (a no-op when they are there)."""
+        if self.params_home is not None:
+            self.params_home.restore()
 
     def _ppo_updates(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
         """Every epoch's mini-batch steps; (mean metrics over the steps, micro-batches run)."""
@@ -206,6 +230,7 @@ class FSDPEngineBase(ABC):
     # --- checkpoints -----------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """Write model + optimizer shards (DCP) and this rank's extra state into `directory`."""
+        self.restore_params()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
         extra = {
@@ -222,6 +247,7 @@ class FSDPEngineBase(ABC):
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote (the world size may differ; RNG only for known ranks)."""
+        self.restore_params()
         options = self._state_dict_options()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}

@@ -8,6 +8,8 @@ keeps serving heartbeats and requests during long steps.
 `setup` builds the engine (`build_engine`, on that thread) and, when the launcher chose a
 checkpoint to resume from, loads the engine's part of it (`checkpoint_part`, e.g.
 `actor` or `critic`). `close` drops the thread's queued work without waiting for it.
+Work submitted through `_torch` that runs out of GPU memory ends the role with a cause
+that names it, the phase and the memory (`out_of_memory`), never a hang or a success.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, TypeVarTuple
 import torch
 
 from runtime.checkpoint import resume_dir
+from runtime.gpu_memory import GB, out_of_memory_cause
 from runtime.logs import get_logger
-from runtime.role import Role
+from runtime.role import FatalError, Role
 
 
 class Engine(Protocol):
@@ -64,10 +67,10 @@ class TorchRole(Role, Generic[EngineT]):
         log = get_logger(self.kind)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
         started = time.perf_counter()
-        self.engine = await self._in_thread(self.build_engine)
+        self.engine = await self._torch("building the engine", self.build_engine)
         resume = resume_dir()
         if resume is not None:
-            await self._in_thread(self.engine.load, resume / self.checkpoint_part)
+            await self._torch("loading the checkpoint", self.engine.load, resume / self.checkpoint_part)
             self.resumed()
             log.info("resumed", checkpoint=str(resume), version=self.engine.version)
         log.info("engine_ready", **self.ready_fields(), seconds=round(time.perf_counter() - started, 2))
@@ -75,6 +78,26 @@ class TorchRole(Role, Generic[EngineT]):
     async def _in_thread(self, fn: Callable[[*Ts], R], *args: *Ts) -> R:
         """`fn(*args)` on the torch thread, after everything submitted before it."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def _torch(self, phase: str, fn: Callable[[*Ts], R], *args: *Ts) -> R:
+        """`_in_thread`, where running out of GPU memory ends the role (`out_of_memory`)."""
+        try:
+            return await self._in_thread(fn, *args)
+        except torch.OutOfMemoryError as exc:
+            raise self.out_of_memory(phase, exc) from None
+
+    def out_of_memory(self, phase: str, exc: BaseException) -> FatalError:
+        """End the role with a one-line cause naming it, `phase`, what it asked for and held
+        and what the GPU had (runtime/gpu_memory.py); returns the error to raise."""
+        gpu = None
+        device = getattr(getattr(self, "engine", None), "device", None)
+        if device is not None and device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            gpu = (device.index or 0, free / GB, total / GB)
+        config = str(self.ctx.run_dir / "config.yaml")
+        cause = out_of_memory_cause(self.ctx.name, phase, exc, gpu=gpu, config_path=config)
+        self.fail(cause)
+        return FatalError(cause)
 
     async def close(self) -> None:
         if hasattr(self, "pool"):

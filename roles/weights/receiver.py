@@ -84,9 +84,12 @@ class WeightReceiver:
         timeout_s: float,
         token: str,
         on_applied: Callable[[wire.WeightsApplied, float], Awaitable[None]],
+        on_failure: Callable[[BaseException], Awaitable[str | None]] | None = None,
     ) -> None:
         """`local_host`: the address the trainer reaches this host at (gloo's interface);
-        `token`: the run's secret, which every weight message must carry."""
+        `token`: the run's secret, which every weight message must carry; `on_failure`:
+        told of every failed update before the reply; a cause it returns (the rollout is
+        ending: a dead engine) is the reply's message."""
         self.engine = engine
         self.token = token
         self.refused = 0
@@ -94,6 +97,7 @@ class WeightReceiver:
         self.local_host = local_host
         self.timeout_s = timeout_s
         self.on_applied = on_applied
+        self.on_failure = on_failure
         self.stager = WeightStager(name)
         self.update: _Update | None = None
         self._lock = asyncio.Lock()
@@ -229,6 +233,10 @@ class WeightReceiver:
     async def _fail(self, version: int, exc: BaseException) -> wire.Message:
         cause = describe(exc)
         log.error("weight_update_failed", update=version, error=cause)
+        fatal = await self.on_failure(exc) if self.on_failure is not None else None
+        if fatal:  # the engine is gone: nothing to resume
+            self.update = None
+            return wire.Error(code=wire.ErrorCode.INTERNAL, message=f"loading version {version}: {fatal}")
         await self._abandon(cause)
         if isinstance(exc, StaleUpdate):
             return wire.Error(code=wire.ErrorCode.REFUSED, message=str(exc))

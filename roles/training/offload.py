@@ -1,0 +1,222 @@
+"""Host-memory offload for the FSDP2 actor (`trainer.offload`, docs/memory.md).
+
+`StreamedAdamW` is `torch.optim.AdamW` whose two moment tensors live in host memory
+(pinned when the parameters are on CUDA). Its `step` streams them through the GPU in
+chunks of at most `chunk_bytes` of state: chunk k+1 is copied in while chunk k is
+updated and chunk k-1 is copied back, on two copy streams beside the compute stream, in
+two GPU slots that exist only during the step. What a caller may rely on:
+
+* after `step()` the parameters and moments equal those `torch.optim.AdamW` gives for the
+  same gradients (the update is elementwise; it is run on slices of the flattened local
+  shards, with foreach kernels on CUDA and the single-tensor path on CPU, as AdamW picks);
+* the moments are back in host memory when `step` returns;
+* the state dict has AdamW's layout (moments as DTensors for DTensor parameters), so
+  torch.distributed.checkpoint saves and loads it as it does AdamW's; `load_state_dict`
+  puts the moments back into host memory.
+
+`ParamOffload` moves an FSDP2 model's parameters (their local shards) to host memory and
+back (`module.to`, which FSDP2 applies to its sharded parameters in place, so optimizer
+state keyed by parameter stays valid): the actor does it between a weight update and the
+next step of a synchronous colocated run, where vLLM needs that memory meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.adamw import adamw as adamw_update
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+_Slice = tuple[int, int, int]  # (parameter index in the group, start, end) of the flattened shard
+
+
+class StreamedAdamW(torch.optim.AdamW):
+    """AdamW with host-resident moments, streamed through the device at each step."""
+
+    def __init__(self, params: Iterable[Any], *, chunk_bytes: int, **adamw: Any) -> None:
+        super().__init__(params, **adamw)
+        if any(self.defaults.get(k) for k in ("amsgrad", "maximize", "fused", "capturable", "differentiable")):
+            raise ValueError("StreamedAdamW supports plain AdamW only (no amsgrad, maximize, fused, capturable)")
+        self.chunk_elems = max(1, chunk_bytes // (len(MOMENTS) * 4))
+        self._streams: tuple[Any, Any] | None = None
+        self.last_step_s = 0.0
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        started = time.perf_counter()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
+        self.last_step_s = time.perf_counter() - started
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # casts the moments to each parameter's device
+        for p, state in self.state.items():
+            for key in MOMENTS:
+                if key in state:
+                    state[key] = _to_host(state[key], p)
+
+    # --- one parameter group ---------------------------------------------------------
+    def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        for p in params:
+            if not self.state[p]:
+                self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
+                for key in MOMENTS:
+                    self.state[p][key] = _to_host(None, p)
+        flat = [_flat(p) for p in params]
+        grads = [_flat(p.grad) for p in params if p.grad is not None]
+        moments = [[_flat(self.state[p][k]) for k in MOMENTS] for p in params]
+        steps = [float(self.state[p]["step"]) for p in params]
+        device = flat[0].device
+        chunks = list(_chunks([t.numel() for t in flat], self.chunk_elems))
+        run = self._run_cuda if device.type == "cuda" else self._run_host
+        run(group, chunks, flat, grads, moments, steps, device)
+        for p in params:
+            self.state[p]["step"] += 1
+
+    def _update(self, group: dict[str, Any], chunk: list[_Slice], flat: list[torch.Tensor],
+                grads: list[torch.Tensor], slot: torch.Tensor, steps: list[float], foreach: bool) -> None:  # fmt: skip
+        """AdamW on the chunk's slices, the moments in `slot` ([2, n], in chunk order)."""
+        ps, gs, ms, vs, ss = [], [], [], [], []
+        offset = 0
+        for i, a, b in chunk:
+            n = b - a
+            ps.append(flat[i][a:b])
+            gs.append(grads[i][a:b])
+            ms.append(slot[0, offset : offset + n])
+            vs.append(slot[1, offset : offset + n])
+            ss.append(torch.tensor(steps[i], dtype=torch.float32))  # advanced by the update, then dropped
+            offset += n
+        beta1, beta2 = group["betas"]
+        adamw_update(
+            ps, gs, ms, vs, [], ss, foreach=foreach, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+        )  # fmt: skip
+
+    def _run_host(self, group: dict[str, Any], chunks: list[list[_Slice]], flat: list[torch.Tensor],
+                  grads: list[torch.Tensor], moments: list[list[torch.Tensor]], steps: list[float],
+                  device: torch.device) -> None:  # fmt: skip
+        """The same chunked update without streams (parameters in host memory: CPU, gloo)."""
+        slot = torch.empty(2, self.chunk_elems, dtype=torch.float32, device=device)
+        for chunk in chunks:
+            _copy_in(slot, chunk, moments, non_blocking=False)
+            self._update(group, chunk, flat, grads, slot, steps, foreach=False)
+            _copy_out(slot, chunk, moments, non_blocking=False)
+
+    def _run_cuda(self, group: dict[str, Any], chunks: list[list[_Slice]], flat: list[torch.Tensor],
+                  grads: list[torch.Tensor], moments: list[list[torch.Tensor]], steps: list[float],
+                  device: torch.device) -> None:  # fmt: skip
+        if self._streams is None:
+            self._streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        h2d, d2h = self._streams
+        compute = torch.cuda.current_stream(device)
+        slots = [torch.empty(2, self.chunk_elems, dtype=torch.float32, device=device) for _ in range(2)]
+        freed: list[torch.cuda.Event | None] = [None, None]
+        h2d.wait_stream(compute)  # the slots were just allocated on the compute stream
+        for k, chunk in enumerate(chunks):
+            slot = slots[k % 2]
+            with torch.cuda.stream(h2d):
+                if (done := freed[k % 2]) is not None:
+                    h2d.wait_event(done)  # its previous chunk is back in host memory
+                _copy_in(slot, chunk, moments, non_blocking=True)
+                loaded = h2d.record_event()
+            compute.wait_event(loaded)
+            self._update(group, chunk, flat, grads, slot, steps, foreach=True)
+            updated = compute.record_event()
+            with torch.cuda.stream(d2h):
+                d2h.wait_event(updated)
+                _copy_out(slot, chunk, moments, non_blocking=True)
+                freed[k % 2] = d2h.record_event()
+        d2h.synchronize()  # the host moments are final before step() returns
+        compute.wait_stream(d2h)  # the slots are freed on the compute stream
+
+
+def _chunks(sizes: list[int], limit: int) -> Iterable[list[_Slice]]:
+    """Consecutive slices of the flattened tensors, at most `limit` elements per chunk."""
+    chunk: list[_Slice] = []
+    room = limit
+    for i, n in enumerate(sizes):
+        start = 0
+        while start < n:
+            take = min(room, n - start)
+            chunk.append((i, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                yield chunk
+                chunk, room = [], limit
+    if chunk:
+        yield chunk
+
+
+def _copy_in(slot: torch.Tensor, chunk: list[_Slice], moments: list[list[torch.Tensor]], *, non_blocking: bool) -> None:
+    offset = 0
+    for i, a, b in chunk:
+        for j, host in enumerate(moments[i]):
+            slot[j, offset : offset + b - a].copy_(host[a:b], non_blocking=non_blocking)
+        offset += b - a
+
+
+def _copy_out(
+    slot: torch.Tensor, chunk: list[_Slice], moments: list[list[torch.Tensor]], *, non_blocking: bool
+) -> None:
+    offset = 0
+    for i, a, b in chunk:
+        for j, host in enumerate(moments[i]):
+            host[a:b].copy_(slot[j, offset : offset + b - a], non_blocking=non_blocking)
+        offset += b - a
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return _local(t).view(-1)
+
+
+def _to_host(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """`t` (None: zeros shaped like `like`'s local shard) in host memory, pinned when `like`
+    is on CUDA, a DTensor again if `like` is one."""
+    local = _local(like if t is None else t)
+    host = torch.empty(local.shape, dtype=local.dtype, pin_memory=_local(like).is_cuda)
+    if t is None:
+        host.zero_()
+    else:
+        host.copy_(local)
+    if isinstance(like, DTensor):
+        return DTensor.from_local(host, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                                  stride=like.stride())  # fmt: skip
+    return host
+
+
+class ParamOffload:
+    """Moves an FSDP2 model's parameters to host memory and back; `offloaded` says where they are."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.offloaded = False
+        self.last_s = 0.0
+
+    def offload(self) -> None:
+        if not self.offloaded:
+            started = time.perf_counter()
+            self.model.to("cpu")
+            self.offloaded = True
+            self.last_s = time.perf_counter() - started
+
+    def restore(self) -> None:
+        if self.offloaded:
+            started = time.perf_counter()
+            self.model.to(self.device)
+            self.offloaded = False
+            self.last_s = time.perf_counter() - started

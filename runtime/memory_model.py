@@ -1,0 +1,247 @@
+"""What one role process holds in GPU and host memory, estimated from the config alone.
+
+Pure arithmetic (no torch, no vLLM): `ModelShape` reads the policy's shape from
+`model.path`'s config.json or from `model.tiny`; `trainer_memory` and `rollout_memory`
+return a role's consumers as `Item`s, each in the phase it is held:
+
+* `always`: held from start to end (master weights, resident optimizer state);
+* `step`:   held only while the trainer steps (gradients, activations, the compute copy);
+* `update`: held only while weights go to the rollouts (the packed buckets);
+* `awake` / `asleep`: vLLM's share while it generates / while it sleeps (sync colocated).
+
+Amounts are bytes of the caching allocator (what `torch.cuda.max_memory_allocated`
+counts: a trainer's `cuda_peak_gb` is `trainer_peak`), plus `context` items outside it
+(CUDA context, NCCL), which the per-GPU plan adds. The activation model counts the tensors
+autograd keeps per token of a Qwen2/Llama decoder layer (`layer_activation_bytes`); its
+constants are calibrated against measured peaks (docs/memory.md says how close).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.config import RunConfig
+
+GB = 1e9
+MIB = 2**20
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTE_VOCAB = 259  # runtime/tiny_model.py's tokenizer
+CUDA_CONTEXT_GB = 0.6  # a process's CUDA context and kernels, outside the allocator
+NCCL_GB = 0.4  # a process's NCCL communicators (several ranks, or an nccl weight group)
+VLLM_ASLEEP_GB = 2.0  # what a sleeping vLLM (level 1) keeps: CUDA graphs' pools, its context
+VLLM_CONTEXT_GB = 1.8  # what a vLLM engine holds beyond gpu_memory_utilization x GPU (its context)
+VLLM_WORKSPACE_GB = 2.0  # vLLM's activation peak and sampler beside weights and KV cache
+ACTIVATION_SCALE = 1.0  # measured / counted activation bytes (calibrated; docs/memory.md)
+ALLOCATOR_SLACK = 0.05  # the caching allocator reserves this much beyond a trainer's allocated peak
+
+
+class ShapeError(ValueError):
+    """The model's shape cannot be read (no config.json, an unknown architecture)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden // self.heads * self.kv_heads
+
+    @property
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_dim
+        attention = h * h + h + 2 * (h * kv + kv) + h * h  # q (bias), k, v (bias), o
+        return attention + 3 * h * self.intermediate + 2 * h  # gate, up, down; two norms
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def num_params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params + self.hidden
+
+    @property
+    def largest_tensor(self) -> int:
+        """Elements of the largest weight (the embedding, as a rule)."""
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        """Adapter parameters of `rank` on the named projections of every layer."""
+        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        dims = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+        return self.layers * sum(rank * (a + b) for t, (a, b) in dims.items() if t in targets)
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv_dim * dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, c: dict) -> ModelShape:
+        try:
+            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            return cls(
+                hidden=hidden, layers=int(c["num_hidden_layers"]), heads=heads,
+                kv_heads=int(c.get("num_key_value_heads") or heads), intermediate=int(c["intermediate_size"]),
+                vocab=int(c["vocab_size"]), tied=bool(c.get("tie_word_embeddings", False)),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShapeError(f"config.json has no decoder shape ({exc})") from None
+
+
+def model_shape(cfg: RunConfig) -> ModelShape:
+    """The policy's shape: `model.path`'s config.json, or the tiny model's."""
+    if cfg.model.path:
+        path = Path(cfg.model.path) / "config.json"
+        try:
+            return ModelShape.from_hf_config(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ShapeError(f"cannot read {path}: {exc}") from None
+    t = cfg.model.tiny
+    return ModelShape(
+        hidden=t.hidden_size, layers=t.num_layers, heads=t.num_heads, kv_heads=t.num_kv_heads,
+        intermediate=t.intermediate_size, vocab=max(BYTE_VOCAB, t.vocab_size), tied=t.tie_word_embeddings,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Item:
+    what: str
+    gb: float
+    phase: str  # always | step | update | step,update | awake | asleep
+    host_gb: float = 0.0  # host memory this consumer takes instead (offload, sleep backups)
+
+    def held_in(self, phase: str) -> bool:
+        return self.phase == "always" or phase in self.phase.split(",")
+
+
+def layer_activation_bytes(s: ModelShape, compute_bytes: int) -> int:
+    """Bytes autograd keeps per token of one decoder layer: each RMSNorm its float32 input
+    and its output, q after RoPE, k and v, the attention output, and the MLP's gate, up,
+    activation and product."""
+    h, kv, i = s.hidden, s.kv_dim, s.intermediate
+    norms = 2 * (4 * h + compute_bytes * h)
+    attention = compute_bytes * (2 * h + 2 * kv)
+    mlp = compute_bytes * 4 * i
+    return norms + attention + mlp
+
+
+def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: bool = False) -> list[Item]:
+    """One FSDP2 rank's consumers (see the module docstring); `critic`: the value model."""
+    t, f = cfg.trainer, cfg.fsdp
+    n = shape.num_params - (shape.vocab * shape.hidden if critic and not shape.tied else 0)
+    master_b = BYTES[f.param_dtype]
+    compute_b = BYTES[f.mixed_precision.param_dtype] if f.mixed_precision else master_b
+    grad_b = BYTES[f.mixed_precision.reduce_dtype] if f.mixed_precision else master_b
+    shard = _shard_size(cfg, world)
+    lora = t.lora.rank > 0 and not critic
+    trained = shape.lora_params(t.lora.rank, t.lora.target_modules) if lora else n
+    offload = t.offload if not critic else type(t.offload)()
+    items = [
+        Item(f"master weights ({count_text(n)} x {master_b} B / {shard})", n * master_b / shard / GB,
+             "step,update" if offload.params else "always", n * master_b / shard / GB if offload.params else 0.0),
+        Item(f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
+             _gathered(cfg, shape, n, shard) * compute_b / GB, "step"),
+        Item(f"gradients ({count_text(trained)} x {grad_b} B)", trained * grad_b / shard / GB, "step"),
+    ]  # fmt: skip
+    adam = 2 * trained * master_b / shard / GB
+    if offload.optimizer:
+        items.append(Item("AdamW moments (host, streamed)", 2 * 2 * offload.chunk_mb * MIB / GB, "step", adam))
+    else:
+        items.append(Item("AdamW moments (2 x fp32)", adam, "always"))
+    mbt = cfg.critic.micro_batch_tokens if critic else t.micro_batch_tokens
+    acts = _activations(cfg, shape, mbt, compute_b) / GB
+    items.append(Item(f"activations ({mbt} tokens per micro-batch)", acts, "step"))
+    if not critic:
+        items.append(Item("LM head logits", _head(cfg, shape, mbt, compute_b) / GB, "step"))
+        kl = cfg.algorithm.kl
+        if kl.enabled and kl.use == "loss" and not lora:
+            items.append(Item("reference model", n * master_b / shard / GB, "always"))
+    return items
+
+
+def weight_sync_items(cfg: RunConfig, shape: ModelShape, backend: str) -> list[Item]:
+    """Trainer rank 0's GPU memory for weight updates over `backend` (ipc, nccl): the two
+    bucket buffers it keeps from the first update on (roles/weights/layout.py), and while
+    it packs, the cast tensors of the bucket being packed and of the next one, and the
+    largest tensor gathered and cast (a bucket of its own when it is larger)."""
+    if backend not in ("ipc", "nccl"):
+        return []
+    bucket = max(cfg.weight_sync.bucket_mb * MIB, shape.largest_tensor * BYTES[cfg.model.dtype])
+    largest = shape.largest_tensor * (BYTES[cfg.fsdp.param_dtype] + BYTES[cfg.model.dtype])
+    return [
+        Item(f"weight-sync buffers (2 x {cfg.weight_sync.bucket_mb} MiB, {backend})", 2 * bucket / GB, "always"),
+        Item("weight export (two buckets' tensors, the largest cast)", (2 * bucket + largest) / GB, "update"),
+    ]
+
+
+def rollout_memory(cfg: RunConfig, shape: ModelShape, gpu_gb: float, *, sleeps: bool) -> list[Item]:
+    """A vLLM rollout's share of its GPU: `gpu_memory_utilization` of the whole GPU while
+    awake; what a sleeping engine keeps, and its weights' backup in host memory, if `sleeps`."""
+    e = cfg.rollout.engine
+    share = e.gpu_memory_utilization * gpu_gb
+    weights = shape.num_params * BYTES[cfg.model.dtype] / e.tensor_parallel_size / GB
+    items = [Item(f"vLLM (gpu_memory_utilization {e.gpu_memory_utilization:g})", share, "awake")]
+    if sleeps:
+        items.append(Item("vLLM asleep (weights in host memory)", VLLM_ASLEEP_GB, "asleep", weights))
+    return items
+
+
+def vllm_kv_cache_gb(cfg: RunConfig, shape: ModelShape, gpu_gb: float) -> float:
+    """What vLLM's share leaves for its KV cache after its weights and workspace."""
+    e = cfg.rollout.engine
+    weights = shape.num_params * BYTES[cfg.model.dtype] / e.tensor_parallel_size / GB
+    return e.gpu_memory_utilization * gpu_gb - weights - VLLM_WORKSPACE_GB
+
+
+def count_text(n: float) -> str:
+    """1.54B, 0.3M: a parameter count for a table."""
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
+def _shard_size(cfg: RunConfig, world: int) -> int:
+    f = cfg.fsdp
+    if not f.use_fsdp or f.sharding_strategy == "NO_SHARD":
+        return 1
+    if f.sharding_strategy == "HYBRID_SHARD":
+        return f.hybrid_shard_size or world
+    return world
+
+
+def _gathered(cfg: RunConfig, shape: ModelShape, n: int, shard: int) -> int:
+    """Parameters held unsharded at once: all of them on one rank (roles/training/fsdp.py
+    keeps them over a step's micro-batches) or with SHARD_GRAD_OP; else the root's
+    (embeddings, head) and three blocks (the current and two prefetched)."""
+    if shard == 1 or cfg.fsdp.sharding_strategy == "SHARD_GRAD_OP":
+        return n
+    return min(n, shape.embedding_params + 3 * shape.layer_params)
+
+
+def _activations(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int) -> float:
+    """Bytes autograd holds at the start of backward for one micro-batch of `tokens`, plus
+    one layer's backward working set (its recomputed activations when checkpointing)."""
+    per_layer = layer_activation_bytes(shape, compute_b) * ACTIVATION_SCALE
+    working = tokens * per_layer
+    if cfg.trainer.gradient_checkpointing:
+        kept = tokens * shape.layers * shape.hidden * compute_b  # each block's input
+        return kept + working
+    return tokens * shape.layers * per_layer + working
+
+
+def _head(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int) -> float:
+    """Bytes of the LM head's logits at their peak (backward): one chunk's logits and
+    their float32 gradient, the head weight's float32 gradient (chunked), or the whole
+    micro-batch's logits with their float32 log-softmax."""
+    chunk = cfg.trainer.logprob_chunk_tokens
+    v, h = shape.vocab, shape.hidden
+    if chunk:
+        return min(chunk, tokens) * v * (compute_b + 4) + v * h * 4
+    return tokens * v * (compute_b + 4 + 4)

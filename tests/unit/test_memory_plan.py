@@ -1,0 +1,169 @@
+"""The launch-time memory plan's arithmetic (runtime/memory_model.py, runtime/memory_plan.py):
+parameter counts against real models, what each setting moves, the phases of a colocated
+GPU, and the one-line refusal with a fix that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config_load import ConfigError, load_config
+from runtime.memory_model import GB, MIB, ModelShape, model_shape, trainer_memory, weight_sync_items
+from runtime.memory_plan import build_plan, check_plan, format_plan, suggest_fix
+
+H200_GB = 150.1  # 140 GiB, as nvidia-smi reports an H200
+# Qwen2.5's published shapes and their Hugging Face parameter counts.
+QWEN = {
+    "1.5B": (ModelShape(1536, 28, 12, 2, 8960, 151936, True), 1_543_714_304),
+    "3B": (ModelShape(2048, 36, 16, 2, 11008, 151936, True), 3_085_938_688),
+    "7B": (ModelShape(3584, 28, 28, 4, 18944, 152064, False), 7_615_616_512),
+}
+
+
+@pytest.mark.parametrize("size", sorted(QWEN))
+def test_parameter_count_of_qwen_shapes(size: str) -> None:
+    shape, hf_count = QWEN[size]
+    assert shape.num_params == hf_count
+
+
+def test_parameter_count_equals_a_built_model(tmp_path) -> None:
+    """The shape read from a config counts exactly the parameters transformers builds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from runtime.tiny_model import make_tiny_model
+
+    over = ["model.tiny.hidden_size=64", "model.tiny.num_layers=3", "model.tiny.num_heads=4",
+            "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=96", "model.tiny.vocab_size=1000"]  # fmt: skip
+    for tied in (True, False):
+        cfg = load_config(None, [*over, f"model.tiny.tie_word_embeddings={str(tied).lower()}"])
+        import msgspec
+
+        path = make_tiny_model(tmp_path / f"m{tied}", **msgspec.structs.asdict(cfg.model.tiny))
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        built = sum(p.numel() for p in model.parameters())
+        assert model_shape(load_config(None, [f"model.path={path}"])).num_params == built
+        assert model_shape(cfg).num_params == built
+
+
+def _bench(*overrides: str):
+    return load_config("configs/bench_h200x1.yaml", list(overrides))
+
+
+def _items(cfg, world: int = 1) -> dict[str, float]:
+    shape = model_shape(cfg)
+    return {i.what.split(" (")[0]: i.gb for i in trainer_memory(cfg, shape, world)}
+
+
+def test_trainer_state_by_dtype_and_shard() -> None:
+    cfg = _bench()
+    n = model_shape(cfg).num_params
+    one = _items(cfg)
+    assert one["master weights"] == pytest.approx(4 * n / GB)  # fsdp.param_dtype float32
+    assert one["gradients"] == pytest.approx(4 * n / GB)  # reduce_dtype float32
+    assert one["AdamW moments"] == pytest.approx(8 * n / GB)
+    two = _items(cfg, world=2)
+    for key in ("master weights", "gradients", "AdamW moments"):
+        assert two[key] == pytest.approx(one[key] / 2)
+
+
+def test_offload_moves_optimizer_state_to_the_host() -> None:
+    cfg = _bench("trainer.offload.optimizer=true", "trainer.offload.chunk_mb=256")
+    shape = model_shape(cfg)
+    items = {i.what.split(" (")[0]: i for i in trainer_memory(cfg, shape, 1)}
+    moments = items["AdamW moments"]
+    assert moments.host_gb == pytest.approx(8 * shape.num_params / GB)
+    assert moments.gb == pytest.approx(2 * 2 * 256 * MIB / GB)  # two streamed slots of two moments
+    assert moments.phase == "step"
+
+
+def test_activation_estimate_scales_with_tokens_and_checkpointing() -> None:
+    small, big = _items(_bench("trainer.micro_batch_tokens=4096")), _items(_bench("trainer.micro_batch_tokens=8192"))
+    assert big["activations"] == pytest.approx(2 * small["activations"])
+    ckpt = _items(_bench("trainer.micro_batch_tokens=8192", "trainer.gradient_checkpointing=true"))
+    assert ckpt["activations"] < big["activations"] / 5
+    # The chunked head keeps one chunk's logits; the whole micro-batch's without it.
+    whole = _items(_bench("trainer.micro_batch_tokens=8192", "trainer.logprob_chunk_tokens=0"))
+    assert whole["LM head logits"] > 4 * big["LM head logits"]
+
+
+def test_weight_sync_buffers_hold_the_largest_tensor() -> None:
+    cfg = _bench("weight_sync.bucket_mb=64")
+    shape = model_shape(cfg)
+    buffers = weight_sync_items(cfg, shape, "ipc")[0]
+    assert buffers.gb == pytest.approx(2 * shape.vocab * shape.hidden * 2 / GB)  # the embedding outgrows 64 MiB
+    assert weight_sync_items(cfg, shape, "zmq") == []
+
+
+def test_async_colocated_gpu_holds_everything_at_once() -> None:
+    plan = build_plan(_bench(), H200_GB, 0.0)
+    (gpu,) = plan.gpus
+    assert [p.name for p in gpu.processes] == ["rollout-0", "trainer-0"]
+    (phase, need), = gpu.phases().items()  # fmt: skip
+    assert phase == "all at once"
+    trainer = gpu.processes[1]
+    vllm = 0.45 * H200_GB
+    assert need == pytest.approx(vllm + trainer.trainer_peak * 1.05 + sum(p.context_gb for p in gpu.processes))
+    assert not list(plan.problems())
+
+
+def test_sync_colocated_gpu_has_a_step_phase_and_an_update_phase() -> None:
+    plan = build_plan(_bench("rollout.max_staleness=0"), H200_GB, 0.0)
+    (gpu,) = plan.gpus
+    assert gpu.rollout_sleeps
+    phases = gpu.phases()
+    assert set(phases) == {"trainer steps, vLLM asleep", "weight update and generation"}
+    # vLLM's share is held only while it is awake, and then the trainer holds no step memory.
+    assert phases["weight update and generation"] > 0.45 * H200_GB
+    assert phases["trainer steps, vLLM asleep"] < phases["weight update and generation"] + 40
+    sync_total = max(phases.values())
+    async_total = build_plan(_bench(), H200_GB, 0.0).gpus[0].phases()["all at once"]
+    assert sync_total < async_total
+
+
+def test_a_run_that_cannot_fit_is_refused_in_one_line_with_a_fix_that_fits() -> None:
+    cfg = _bench("trainer.micro_batch_tokens=16384")  # the recipe that died at step 3
+    plan = build_plan(cfg, H200_GB, 0.0)
+    with pytest.raises(ConfigError) as info:
+        check_plan(cfg, plan)
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith("memory plan: GPU 0 of node 0 needs ")
+    assert "largest: rollout-0 vLLM (gpu_memory_utilization 0.45) 67.5 GB" in line
+    fix = line.split("it fits with ")[1].split(" (tandem launch --plan")[0]
+    fixed = load_config("configs/bench_h200x1.yaml", ["trainer.micro_batch_tokens=16384", *fix.split()])
+    assert not list(build_plan(fixed, H200_GB, 0.0).problems()), fix
+
+
+def test_no_fix_is_offered_when_none_fits() -> None:
+    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    assert suggest_fix(cfg, 20.0, 0.0).startswith("no single setting makes it fit")
+
+
+def test_host_memory_is_planned_and_checked() -> None:
+    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    plan = build_plan(cfg, H200_GB, 64.0)
+    problems = list(plan.problems())
+    assert problems and problems[0].startswith("host memory of node 0: needs ")
+    assert "AdamW moments (host, streamed)" in problems[0]  # 61 GB of moments, the largest
+    assert not list(build_plan(cfg, H200_GB, 256.0).problems())
+
+
+def test_the_table_names_every_consumer_and_the_verdict() -> None:
+    text = format_plan(build_plan(_bench("rollout.max_staleness=0"), H200_GB, 0.0))
+    assert text.startswith("memory plan: 1.54B-parameter policy (hidden 1536, 28 layers, vocabulary 151936)")
+    for what in ("master weights", "AdamW moments", "activations", "LM head logits", "weight-sync buffers",
+                 "vLLM (gpu_memory_utilization 0.45)", "vLLM asleep", "peak (cuda_peak_gb)"):  # fmt: skip
+        assert what in text, what
+    assert "= trainer steps, vLLM asleep: " in text and "fits" in text
+
+
+def test_unknown_gpu_size_is_planned_but_not_checked() -> None:
+    plan = build_plan(_bench("trainer.micro_batch_tokens=65536"), 0.0, 0.0, on_gpus=True)
+    assert not list(plan.problems())
+    assert "unchecked" in format_plan(plan)
+
+
+def test_kv_cache_smaller_than_one_sequence_is_a_problem() -> None:
+    cfg = load_config("configs/bench_h200x1_7b.yaml", ["rollout.engine.gpu_memory_utilization=0.1"])
+    problems = list(build_plan(cfg, H200_GB, 0.0).problems())
+    assert any(p.startswith("rollout: gpu_memory_utilization 0.1 ") for p in problems), problems
