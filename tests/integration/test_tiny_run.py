@@ -105,7 +105,11 @@ def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
 def test_sync_tiny_run_learns_with_bad_reward_functions(tmp_path: Path) -> None:
     """max_staleness=0 through the same code; hanging and raising rewards do not stall it;
     KL to the frozen reference policy as a loss term."""
-    overrides = ("rollout.max_staleness=0", "reward.timeout_s=0.5", BAD_REWARDS, "algorithm.kl.enabled=true")
+    # raises_sometimes fails a sample whose first token is 1 mod 8: as the copy task is learnt, a
+    # step's failures follow its prompts' first bytes (36 of 64 seen at step 38), so the failure
+    # bound is off here: this test is about bad rewards not stalling the run.
+    overrides = ("rollout.max_staleness=0", "reward.timeout_s=0.5", BAD_REWARDS, "algorithm.kl.enabled=true",
+                 "reward.max_failure_fraction=1.0")  # fmt: skip
     metrics, _ = run_tiny(tmp_path / "run", *overrides)
     assert len(metrics) == 40
     assert all(m["staleness_max"] == 0 and m["dropped_stale"] == 0 for m in metrics)
