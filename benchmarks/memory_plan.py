@@ -78,7 +78,13 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
     made = time.perf_counter()
     model_dir = make_tiny_model(model_root / cfg.name, **msgspec.structs.asdict(cfg.model.tiny))
     made = time.perf_counter() - made
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_trainer_benchmark()._free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
     built = time.perf_counter()
     engine = FSDPEngine(cfg, model_dir)
     built = time.perf_counter() - built
@@ -178,14 +184,6 @@ def _trainer_benchmark() -> Any:
 def _local(p: Any) -> Any:
     """A parameter's local shard (FSDP2 parameters are DTensors)."""
     return p.detach().to_local() if hasattr(p, "to_local") else p.detach()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

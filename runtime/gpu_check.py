@@ -221,13 +221,6 @@ def rollout_shares_trainer_gpu(cfg: RunConfig, rank: int) -> bool:
     return bool(mine & {g for p in procs if p.role == "trainer" for g in p.gpus})
 
 
-def trainer_shares_rollout_gpu(cfg: RunConfig, rank: int) -> bool:
-    """Whether trainer `rank` is placed on a GPU of some rollout (the mirror of the above)."""
-    procs = placed_processes(cfg)
-    mine = {g for p in procs if p.role == "trainer" and p.rank == rank for g in p.gpus}
-    return bool(mine & {g for p in procs if p.role == "rollout" for g in p.gpus})
-
-
 def rollout_sleeps(cfg: RunConfig, rank: int) -> bool:
     """Whether rollout `rank` puts vLLM to sleep while the trainer steps: a synchronous run
     (`max_staleness: 0`) with `sleep_when_idle`, on a GPU of a trainer rank."""

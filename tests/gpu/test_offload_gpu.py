@@ -13,19 +13,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.offload import StreamedAdamW
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import toy_batch
-from tests.helpers.ports import free_port
+from tests.helpers.one_rank import one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
 HYPER = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -36,10 +33,7 @@ ENGINE = ["trainer.device=cuda", "trainer.optim.lr=0.001", "trainer.optim.grad_c
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if torch.cuda.is_available() and not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    one_rank_cuda_world()
 
 
 @pytest.fixture(scope="module")

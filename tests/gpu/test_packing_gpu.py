@@ -18,12 +18,10 @@
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from roles.algo import entropy_from_logits, token_logprobs
@@ -31,7 +29,7 @@ from roles.training.token_stats import chunked_token_stats
 from roles.training.varlen import cuda_kernel, varlen_attention_forward
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.ports import free_port
+from tests.helpers.one_rank import one_rank_cuda_world
 
 pytestmark = pytest.mark.gpu
 VOCAB = 151936
@@ -40,10 +38,7 @@ MODELS = Path("/tmp/tandem_bench_trainer_model")
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank_world() -> None:
-    if torch.cuda.is_available() and not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    one_rank_cuda_world()
 
 
 def test_varlen_kernel_equals_sdpa_per_sequence() -> None:

@@ -28,6 +28,14 @@ def one_rank_world() -> None:
         dist.init_process_group("gloo")
 
 
+def one_rank_cuda_world() -> None:
+    """A world of one NCCL rank on GPU 0 (a no-op without CUDA or once initialised)."""
+    if torch.cuda.is_available() and not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+
+
 def toy_engine(model: Path, *overrides: str) -> FSDPEngine:
     base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
     return FSDPEngine(load_config(None, [*base, *overrides]), model)
