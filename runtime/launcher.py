@@ -44,6 +44,7 @@ from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.process_groups import wait_gone
 from runtime.run_token import ensure_token
+from runtime.start_order import clear_started
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -65,6 +66,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ensure_token(run_dir)
+    clear_started(run_dir)  # a colocated trainer waits for this launch's rollouts, not a mark left before
     t = msgspec.structs.asdict(cfg.model.tiny)
     if not cfg.model.path:
         make_tiny_model(model_dir(cfg), **t)

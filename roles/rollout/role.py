@@ -37,6 +37,7 @@ from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
 from runtime.paths import model_dir
 from runtime.role import Role
 from runtime.run_token import read_token
+from runtime.start_order import mark_started
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
@@ -70,6 +71,7 @@ class RolloutRole(Role):
         started = time.perf_counter()
         await self.engine.start()
         self.device = await self.engine.device()
+        mark_started(self.ctx.run_dir, self.ctx.name)  # a torch role on this GPU may build now
         log.info(
             "engine_started",
             seconds=round(time.perf_counter() - started, 2),

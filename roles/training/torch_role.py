@@ -5,7 +5,8 @@ every step, save and export) runs on one dedicated thread, in the order the even
 submits it. Every rank thus issues its collectives in the same order, and the event loop
 keeps serving heartbeats and requests during long steps.
 
-`setup` builds the engine (`build_engine`, on that thread) and, when the launcher chose a
+`setup` builds the engine (`build_engine`, on that thread) once every rollout that shares
+the role's GPU has started its vLLM engine (runtime/start_order.py) and, when the launcher chose a
 checkpoint to resume from, loads the engine's part of it (`checkpoint_part`, e.g.
 `actor` or `critic`). `close` drops the thread's queued work without waiting for it.
 Work submitted through `_torch` that runs out of GPU memory ends the role with a cause
@@ -27,6 +28,7 @@ from runtime.checkpoint import resume_dir
 from runtime.gpu_memory import GB, out_of_memory_cause
 from runtime.logs import get_logger
 from runtime.role import FatalError, Role
+from runtime.start_order import colocated_rollouts, wait_started
 
 
 class Engine(Protocol):
@@ -67,6 +69,7 @@ class TorchRole(Role, Generic[EngineT]):
         log = get_logger(self.kind)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
         started = time.perf_counter()
+        await self._after_colocated_rollouts()
         self.engine = await self._torch("building the engine", self.build_engine)
         resume = resume_dir()
         if resume is not None:
@@ -74,6 +77,18 @@ class TorchRole(Role, Generic[EngineT]):
             self.resumed()
             log.info("resumed", checkpoint=str(resume), version=self.engine.version)
         log.info("engine_ready", **self.ready_fields(), seconds=round(time.perf_counter() - started, 2))
+
+    async def _after_colocated_rollouts(self) -> None:
+        """Wait for the rollouts on this rank's GPU to start: vLLM sizes its KV cache from the
+        free memory it measures while starting, which a build beside it would shrink."""
+        names = colocated_rollouts(self.cfg, self.kind, self.ctx.rank)
+        if not names:
+            return
+        get_logger(self.kind).info("waiting_for_colocated_rollouts", rollouts=names)
+        try:
+            await wait_started(self.ctx.run_dir, names, self.cfg.startup_timeout_s)
+        except TimeoutError as exc:
+            raise FatalError(f"{self.ctx.name} shares its GPU with a rollout that never started: {exc}") from None
 
     async def _in_thread(self, fn: Callable[[*Ts], R], *args: *Ts) -> R:
         """`fn(*args)` on the torch thread, after everything submitted before it."""

@@ -1,0 +1,73 @@
+"""Start order on a shared GPU (runtime/start_order.py): a torch role waits for exactly the
+rollouts that placement puts on its GPU, the wait ends when their marks appear and fails
+naming the missing ones when they never do, and a new launch forgets old marks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.config import PlacementEntry, RunConfig
+from runtime.config_load import load_config
+from runtime.start_order import clear_started, colocated_rollouts, mark_started, wait_started
+
+
+def _cfg(*placement: PlacementEntry) -> RunConfig:
+    cfg = load_config(None, [])
+    cfg.placement = [PlacementEntry(role="controller"), *placement, PlacementEntry(role="reward")]
+    return cfg
+
+
+def test_the_bench_recipe_trainer_waits_for_its_rollout() -> None:
+    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    assert colocated_rollouts(cfg, "trainer", 0) == ["rollout-0"]
+
+
+def test_only_rollouts_on_the_same_gpu_count() -> None:
+    cfg = _cfg(
+        PlacementEntry(role="rollout", count=2, devices=[0, 1]),
+        PlacementEntry(role="trainer", count=2, devices=[1, 2]),
+        PlacementEntry(role="critic", count=1, devices=[0]),
+    )
+    assert colocated_rollouts(cfg, "trainer", 0) == ["rollout-1"]
+    assert colocated_rollouts(cfg, "trainer", 1) == []
+    assert colocated_rollouts(cfg, "critic", 0) == ["rollout-0"]
+
+
+def test_cpu_recipe_waits_for_nothing() -> None:
+    cfg = load_config("configs/tiny_cpu.yaml", [])
+    assert colocated_rollouts(cfg, "trainer", 0) == []
+
+
+def test_wait_ends_when_the_marks_appear(tmp_path: Path) -> None:
+    async def main() -> float:
+        async def later() -> None:
+            await asyncio.sleep(0.5)
+            mark_started(tmp_path, "rollout-0")
+            mark_started(tmp_path, "rollout-1")
+
+        t = time.monotonic()
+        marker = asyncio.create_task(later())
+        await wait_started(tmp_path, ["rollout-0", "rollout-1"], timeout_s=10)
+        await marker
+        return time.monotonic() - t
+
+    waited = asyncio.run(main())
+    assert 0.5 <= waited < 5
+
+
+def test_wait_names_the_rollout_that_never_started(tmp_path: Path) -> None:
+    mark_started(tmp_path, "rollout-0")
+    with pytest.raises(TimeoutError, match=r"^rollout-1 did not start its engine within 0.5 s$"):
+        asyncio.run(wait_started(tmp_path, ["rollout-0", "rollout-1"], timeout_s=0.5))
+
+
+def test_a_new_launch_forgets_old_marks(tmp_path: Path) -> None:
+    mark_started(tmp_path, "rollout-0")
+    clear_started(tmp_path)
+    with pytest.raises(TimeoutError, match="rollout-0"):
+        asyncio.run(wait_started(tmp_path, ["rollout-0"], timeout_s=0.3))
+    clear_started(tmp_path)  # nothing to clear: no error
