@@ -14,7 +14,9 @@ batch of the recipe's shape (`prompts_per_step * rollout.n` sequences of
 * `estimate_over_measured`: their ratio (the acceptance asks 0.85-1.15);
 * `resident_gb` / `plan_resident_gb`: allocated between steps (after `empty_cache`), the
   plan's `update` phase without the buckets;
-* per step: seconds, `mfu` (6 N tokens / time / `--peak-tflops`), `optimizer_offload_s`,
+* per step: `allocated_at_optimizer_gb` / `peak_before_optimizer_gb` (allocated when the
+  optimizer step begins, and the peak of forward and backward until then), seconds,
+  `mfu` (6 N tokens / time / `--peak-tflops`), `optimizer_offload_s`,
   and with `trainer.offload.params` the offload and restore seconds and whether the
   weights came back bit for bit.
 
@@ -93,6 +95,14 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
     batch = make_batch(lengths, plan.shape.vocab)
     n = plan.shape.num_params
     packer = BucketPacker(device, cfg.weight_sync.bucket_mb << 20)
+    at_optimizer: dict[str, float] = {}
+    step_optimizer = engine.optimizer.step
+
+    def probed_step(*args: Any, **kwargs: Any) -> Any:  # where in the step the peak falls
+        at_optimizer.update(enter_gb=allocated(), peak_before_gb=allocated(peak=True))
+        return step_optimizer(*args, **kwargs)
+
+    engine.optimizer.step = probed_step  # type: ignore[method-assign]
     out: dict[str, Any] = {"config": config, "overrides": overrides, "params": n, "gpu_gb": total_gb,
                            "model_make_s": made, "engine_build_s": built, "steps": []}  # fmt: skip
     for step in range(steps):
@@ -105,6 +115,8 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
             "step": step + 1, "seconds": seconds, "loss": m["loss"], "peak_gb": allocated(peak=True),
             "mfu": 6 * n * sum(lengths) / seconds / (peak_tflops * 1e12),
             "optimizer_offload_s": m.get("optimizer_offload_s"), "params_restore_s": m.get("params_restore_s"),
+            "allocated_at_optimizer_gb": at_optimizer.get("enter_gb"),
+            "peak_before_optimizer_gb": at_optimizer.get("peak_before_gb"),
         }  # fmt: skip
         release()
         t1 = time.perf_counter()

@@ -88,6 +88,10 @@ class TandemWorkerExtension:
             _repack_embeddings(model)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+            # The reload's per-layer staging tensors were ordinary allocations, outside the
+            # pools vLLM's sleep frees: give them back, or a sleeping rollout keeps holding
+            # them while a colocated trainer steps.
+            torch.cuda.empty_cache()
         return {}
 
     def tandem_load_staged(self, manifest: dict[str, Any]) -> dict[str, Any]:
