@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import msgspec
+
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
 from runtime.gpu_check import (
@@ -24,6 +26,7 @@ from runtime.user_functions import load_env_factory, load_function, load_reward_
 
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
+    check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
@@ -88,6 +91,49 @@ def check_config(cfg: RunConfig) -> None:
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
     check_ipc_weight_sync(cfg)
+
+
+def check_inert_options(cfg: RunConfig) -> None:
+    """Refuse an option set away from its default where the chosen mode ignores it, so that
+    setting it never silently changes nothing. "Set" means "differs from the field's
+    default": an option written with its default value passes."""
+    loss, rc, a = cfg.trainer.loss, cfg.trainer.loss.rollout_correction, cfg.algorithm
+    inert = [
+        ("trainer.loss.clip_ratio_c", loss, "clip_ratio_c", loss.mode != "dual-clip",
+         f"it acts only with trainer.loss.mode=dual-clip (mode is {loss.mode})"),
+        ("trainer.loss.importance_cap", loss, "importance_cap", rc.mode == "mask",
+         "it acts only with trainer.loss.rollout_correction.mode=truncate (mode is mask: see mask_low/mask_high)"),
+        ("trainer.loss.rollout_correction.mask_low", rc, "mask_low", rc.mode != "mask",
+         "it acts only with trainer.loss.rollout_correction.mode=mask (mode is truncate: see importance_cap)"),
+        ("trainer.loss.rollout_correction.mask_high", rc, "mask_high", rc.mode != "mask",
+         "it acts only with trainer.loss.rollout_correction.mode=mask (mode is truncate: see importance_cap)"),
+        ("trainer.loss.norm_tokens", loss, "norm_tokens", loss.agg != "seq-mean-token-sum-norm",
+         f"it acts only with trainer.loss.agg=seq-mean-token-sum-norm (agg is {loss.agg})"),
+        ("algorithm.std", a, "std", a.advantage != "grpo" or not a.norm_by_std,
+         f"it acts only with algorithm.advantage=grpo and algorithm.norm_by_std=true "
+         f"(advantage is {a.advantage}, norm_by_std {str(a.norm_by_std).lower()})"),
+        ("algorithm.norm_by_std", a, "norm_by_std", a.advantage != "grpo",
+         f"it acts only with algorithm.advantage=grpo (advantage is {a.advantage})"),
+        ("algorithm.gamma", a, "gamma", a.advantage not in ("gae", "reinforce_pp"),
+         f"it acts only with algorithm.advantage=gae or reinforce_pp (advantage is {a.advantage})"),
+        ("algorithm.lam", a, "lam", a.advantage != "gae",
+         f"it acts only with algorithm.advantage=gae (advantage is {a.advantage})"),
+        ("algorithm.whiten_advantages", a, "whiten_advantages", a.advantage != "gae",
+         f"it acts only with algorithm.advantage=gae (advantage is {a.advantage})"),
+    ]  # fmt: skip
+    for key, struct, field, ignored, why in inert:
+        if ignored and _differs_from_default(struct, field):
+            raise ConfigError(f"{key}={_fmt(getattr(struct, field))} has no effect: {why}; remove it")
+
+
+def _differs_from_default(struct: msgspec.Struct, name: str) -> bool:
+    field = next(f for f in msgspec.structs.fields(struct) if f.name == name)
+    default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+    return bool(getattr(struct, name) != default)
+
+
+def _fmt(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _check_env(cfg: RunConfig) -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from roles.algo.kl import kl_penalty
 from roles.algo.masked import aggregate, masked_max, masked_mean, masked_sum
 from roles.algo.rollout_correction import ISCorrection, importance_weights
 
 __all__ = [
     "aggregate",
+    "behaviour_proximal_kl",
     "entropy_from_logits",
     "explained_variance",
     "masked_mean",
@@ -114,7 +114,7 @@ def ppo_policy_loss(
     "gspo": vanilla with r the sequence's geometric-mean ratio (Zheng et al. 2025);
     "cispo": -sg(clip(r, 1-lo, 1+hi)) * A * logp (MiniMax-M1), every token keeps a gradient.
     Only `logp_BT` receives gradient. Metrics: clip_fraction, dual_clip_fraction (dual-clip
-    only), ratio_max, kl_behaviour_proximal (k3 of KL(prox || behav)) and the correction's
+    only), ratio_max, kl_behaviour_proximal (see `behaviour_proximal_kl`) and the correction's
     (importance_weight_mean / _max, truncated_fraction, masked_fraction, behaviour_proximal_abs_diff).
     """
     if mode not in POLICY_LOSS_MODES:
@@ -130,9 +130,23 @@ def ppo_policy_loss(
     )
     with torch.no_grad():
         metrics.update(mode_metrics, ratio_max=masked_max(ratio_BT, mask_BT))
-        kl_BT = kl_penalty(prox_logp_BT, behav_logp_BT, "k3")
-        metrics["kl_behaviour_proximal"] = float(masked_mean(kl_BT, mask_BT))
+        metrics["kl_behaviour_proximal"] = behaviour_proximal_kl(prox_logp_BT, behav_logp_BT, mask_BT)
     return loss, metrics
+
+
+def behaviour_proximal_kl(prox_logp_BT: Tensor, behav_logp_BT: Tensor, mask_BT: Tensor) -> float:
+    """KL(behav || prox) over the masked tokens, which the behaviour policy sampled: the mean
+    of k3 = r - 1 - log r with r = exp(prox_logp - behav_logp). Its expectation under the
+    behaviour policy is exactly KL(behav || prox) (E_behav[r] = 1), so the mean over sampled
+    tokens is an unbiased estimate of it; never negative. The log-ratio is clamped to
+    [-20, 20] against overflow, the result is not (a far token shows in full). This is
+    verl's `k3_kl` rollout-correction metric (`compute_offpolicy_metrics`, called by
+    `compute_rollout_corr_metrics_from_logprobs`), with the proximal policy as its training
+    policy. 0.0 for an empty mask."""
+    with torch.no_grad():
+        log_r_BT = (prox_logp_BT - behav_logp_BT).float().clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        # expm1 keeps precision when the ratio is close to 1, where k3 is tiny.
+        return float(masked_mean(torch.expm1(log_r_BT) - log_r_BT, mask_BT))
 
 
 def value_loss(

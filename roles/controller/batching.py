@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roles.algo import compute_advantages, reinforce_pp_advantages
+from roles.algo import compute_advantages
 from roles.controller.groups import Group, SampleRec
 from transport.wire import TrainBatch
 
@@ -34,29 +34,34 @@ class BatchStats:
 def sample_advantages(
     groups: list[Group], advantage: str, norm_by_std: bool, *, std: str = "unbiased", gamma: float = 1.0
 ) -> list[torch.Tensor]:
-    """Per-token advantages of every sample, in group then sample order."""
+    """Per-token advantages of every sample, in group then sample order, from
+    `compute_advantages` (GAE's were computed by it when the critic's values came, see
+    roles/controller/ppo.py, and are read from the samples). A per-sample estimator's
+    advantage lies on every response token, environment tokens included (the loss mask
+    drops those); "reinforce_pp" sees only the sampled tokens (see `_padded`)."""
     samples = [s for g in groups for s in g.ordered()]
     if advantage == "gae":
         return [_require(s.advantages, "advantages") for s in samples]
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
-    if advantage == "reinforce_pp":
-        return _token_level_reinforce_pp(samples, rewards, gamma)
     gids = torch.tensor([g.gid for g in groups for _ in g.ordered()], dtype=torch.int64)
-    adv_S = compute_advantages(advantage, rewards, gids, norm_by_std=norm_by_std, std=std)
-    return [adv_S[i].expand(s.length).clone() for i, s in enumerate(samples)]
-
-
-def _token_level_reinforce_pp(samples: list[SampleRec], rewards: torch.Tensor, gamma: float) -> list[torch.Tensor]:
-    """REINFORCE++ over the batch: each reward on its response's last token, padded rows."""
-    width = max((s.length for s in samples), default=0)
-    rewards_BT = torch.zeros(len(samples), width)
-    mask_BT = torch.zeros(len(samples), width)
-    for i, s in enumerate(samples):
-        mask_BT[i, : s.length] = 1.0
-        if s.length:
-            rewards_BT[i, s.length - 1] = rewards[i]
-    adv_BT, _ = reinforce_pp_advantages(rewards_BT, mask_BT, gamma=gamma)
+    mask_BT, span_BT = _padded(samples)
+    adv_BT = compute_advantages(
+        advantage, rewards, gids, mask_BT=mask_BT, span_BT=span_BT, norm_by_std=norm_by_std, std=std, gamma=gamma
+    )
     return [adv_BT[i, : s.length].clone() for i, s in enumerate(samples)]
+
+
+def _padded(samples: list[SampleRec]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss mask, response span) as padded [B, T] rows: the loss mask is 0 on environment
+    tokens, so REINFORCE++ carries each return across an observation and leaves its tokens
+    out of the whitening; the span is 1 on every response token."""
+    width = max((s.length for s in samples), default=0)
+    mask_BT = torch.zeros(len(samples), width)
+    span_BT = torch.zeros(len(samples), width)
+    for i, s in enumerate(samples):
+        mask_BT[i, : s.length] = s.mask()
+        span_BT[i, : s.length] = 1.0
+    return mask_BT, span_BT
 
 
 def build_train_batches(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from roles.algo import explained_variance, gae_advantages, kl_controller, kl_penalty, masked_mean, whiten
+from roles.algo import compute_advantages, explained_variance, kl_controller, kl_penalty, masked_mean, whiten
 from roles.controller.batching import assign_shards
 from roles.controller.groups import Group, SampleRec
 from runtime.config import KLConfig
@@ -70,8 +70,20 @@ def sample_gae(s: SampleRec, *, gamma: float, lam: float, kl_coef: float, estima
     if s.values is None:
         raise ValueError("GAE needs the sample's critic values")
     s.token_rewards = token_rewards(s, kl_coef, estimator)
-    adv, ret = gae_advantages(s.token_rewards[None], s.values[None], s.mask()[None], gamma=gamma, lam=lam)
-    s.advantages, s.returns = adv[0], ret[0]
+    mask = s.mask()
+    reward = torch.tensor([float(s.reward or 0.0)])
+    adv = compute_advantages(
+        "gae",
+        reward,
+        torch.zeros(1, dtype=torch.int64),
+        mask_BT=mask[None],
+        token_rewards_BT=s.token_rewards[None],
+        values_BT=s.values[None],
+        gamma=gamma,
+        lam=lam,
+    )[0]
+    s.advantages = adv
+    s.returns = torch.where(mask != 0, adv + s.values, torch.zeros_like(adv))  # GAE's returns: A + V
 
 
 def whiten_groups(groups: list[Group]) -> None:

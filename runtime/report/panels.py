@@ -131,7 +131,7 @@ def _weight_sync(runs: list[RunData]) -> go.Figure:
 
 def _logprob_gap(runs: list[RunData]) -> go.Figure:
     fig = _figure("Behaviour / proximal policy gap", "KL (k3)")
-    _lines(fig, runs, [("kl_behaviour_proximal", "KL(π_prox ‖ π_behav)"),
+    _lines(fig, runs, [("kl_behaviour_proximal", "KL(π_behav ‖ π_prox)"),
                        ("behaviour_proximal_abs_diff", "mean |Δ logprob|")])  # fmt: skip
     return fig
 
