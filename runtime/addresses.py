@@ -1,13 +1,16 @@
 """Where sockets live: ipc:// paths for one node, tcp:// for several, and socket policy.
 
 ipc paths are kept short (Unix socket paths are limited to ~107 bytes) by placing them
-in a per-run folder under the temp dir named by a hash of the run directory.
+in a per-run folder under the temp dir named by a hash of the run directory. That folder
+is this user's and mode 0700 (`sock_dir` fixes the mode, and refuses a path another user
+or a symlink holds), so no other user reaches a run's sockets through it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -21,6 +24,11 @@ def sock_dir(run_dir: str | Path) -> Path:
     digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"tandem-{digest}"
     path.mkdir(mode=0o700, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise RuntimeError(f"{path} (the run's socket directory) is not a directory of this user: refusing it")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
     return path
 
 

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.console import clock
+from runtime.records import skipped_warning
 from runtime.watch_state import RunState
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -97,6 +98,8 @@ def last_metrics(state: RunState) -> Table:
 def frame(state: RunState) -> Group:
     now = time.time()
     head = Text(f"tandem watch {state.run_dir}   (q or Ctrl-C quits)", style="bold")
+    if state.num_skipped():
+        head.append("\n" + skipped_warning(state.num_skipped(), "metrics.jsonl / schedule.jsonl"), style="yellow")
     return Group(head, roles_table(state, now), Panel(Group(progress(state), last_metrics(state)), title="training"))
 
 

@@ -4,18 +4,22 @@ rollout has in flight from schedule.jsonl.
 
 What a caller may rely on: `RunState(run_dir).poll()` reads only what was appended since
 the previous call (a half-written line waits for its newline; a schedule file that rotated
-is read again from its start), so it can be called every second on a long run."""
+is read again from its start), so it can be called every second on a long run. A metrics or
+schedule line that is not JSON or not a valid record (runtime/records.py) is skipped and
+counted in `num_skipped()`."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.logfollow import LogFollower, parse_line
+from runtime.logfollow import LogFollower
+from runtime.records import usable_metrics, usable_schedule
 
 FINAL_EVENTS = {"stop_requested": "stopping", "channel_closed": "stopping", "fatal": "failed", "role_died": "failed"}
 
@@ -43,11 +47,14 @@ class RoleStatus:
 
 
 class JsonlTail:
-    """The complete JSON lines appended to one file since the previous `read`."""
+    """The complete lines appended to one file since the previous `read` that are records
+    `usable` accepts; `skipped` counts the others."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, usable: Callable[[Any], bool]) -> None:
         self.path = path
+        self.usable = usable
         self.offset = 0
+        self.skipped = 0
 
     def read(self) -> Iterator[dict[str, Any]]:
         try:
@@ -64,17 +71,22 @@ class JsonlTail:
             return
         self.offset += end + 1
         for raw in chunk[: end + 1].splitlines():
-            rec = parse_line(raw.decode(errors="replace"), self.path)
-            if rec.get("event") != "raw":
+            try:
+                rec = json.loads(raw.decode(errors="replace"))
+            except ValueError:
+                rec = None
+            if self.usable(rec):
                 yield rec
+            elif raw.strip():
+                self.skipped += 1
 
 
 class RunState:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.logs = LogFollower(self.run_dir / "logs")
-        self.metrics = JsonlTail(self.run_dir / "metrics.jsonl")
-        self.schedule = JsonlTail(self.run_dir / "schedule.jsonl")
+        self.metrics = JsonlTail(self.run_dir / "metrics.jsonl", usable_metrics)
+        self.schedule = JsonlTail(self.run_dir / "schedule.jsonl", usable_schedule)
         self.roles: dict[str, RoleStatus] = {}
         self.steps: list[dict[str, Any]] = []
         self.validation: list[dict[str, Any]] = []
@@ -91,6 +103,9 @@ class RunState:
         for rec in self.schedule.read():
             self._schedule(rec)
         self.polled_at = time.time()
+
+    def num_skipped(self) -> int:
+        return self.metrics.skipped + self.schedule.skipped
 
     def has_schedule(self) -> bool:
         return self.schedule.path.exists()

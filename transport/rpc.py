@@ -35,6 +35,7 @@ import zmq.asyncio
 from transport import wire
 from transport.endpoint import ChannelOptions, Endpoint, Envelope, peer_name
 from transport.security import log_refused_handshakes
+from transport.throttle import Throttled
 
 log = structlog.get_logger("transport")
 
@@ -78,6 +79,7 @@ class RpcEndpoint(Endpoint):
         self._lost: set[bytes | None] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[None]] = set()
+        self.noisy = Throttled(log)
 
     def start(self, handler: Handler | None = None, *, on_peer_lost: PeerLost | None = None) -> None:
         """Receive and dispatch every message from now on, and send heartbeats. Replies
@@ -208,7 +210,7 @@ class RpcEndpoint(Endpoint):
                 if self.sock.closed:
                     return
                 # A socket error is no peer's message: the endpoint must outlive it.
-                log.warning("recv_failed", channel=self.name, error=repr(exc))
+                self.noisy.warning("recv_failed", channel=self.name, error=repr(exc))
                 await asyncio.sleep(RECV_RETRY_S)
                 continue
             env = self.admit(frames)
@@ -240,22 +242,22 @@ class RpcEndpoint(Endpoint):
         try:
             result = await handler(env)
         except Exception as exc:
-            log.warning("handler_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc))
+            self.noisy.warning("handler_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc))
             result = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
         if result is None or not env.header.corr:
             return
         try:
             await self.reply(env, result)
         except PeerUnreachable as exc:
-            log.warning("reply_unroutable", channel=self.name, error=str(exc))
+            self.noisy.warning("reply_unroutable", channel=self.name, error=str(exc))
         except Exception as exc:
             # An unencodable result must not leave the requester waiting for its timeout.
-            log.warning("reply_failed", channel=self.name, msg=type(result).__name__, error=repr(exc))
+            self.noisy.warning("reply_failed", channel=self.name, msg=type(result).__name__, error=repr(exc))
             error = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"reply not sent: {type(exc).__name__}: {exc}")
             try:
                 await self.reply(env, error)
             except Exception as exc2:
-                log.warning("reply_unroutable", channel=self.name, error=repr(exc2))
+                self.noisy.warning("reply_unroutable", channel=self.name, error=repr(exc2))
 
     # --- liveness -----------------------------------------------------------------------
 

@@ -19,7 +19,10 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
+from transport.throttle import Throttled
+
 log = structlog.get_logger("transport")
+_refusals = Throttled(log)  # a peer can retry a refused handshake at will
 
 PUBLIC_FILE = "tandem.key"
 SECRET_FILE = "tandem.key_secret"
@@ -82,7 +85,7 @@ class _LoggingAuthenticator(AsyncioAuthenticator):
         allowed, reason = await super()._authenticate_curve(domain, client_key)
         if not allowed:
             type(self).refused += 1
-            log.warning("peer_refused", mechanism="CURVE", reason=reason.decode(errors="replace"))
+            _refusals.warning("peer_refused", key="CURVE", mechanism="CURVE", reason=reason.decode(errors="replace"))
         return allowed, reason
 
 
@@ -121,8 +124,9 @@ async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             _handshakes_refused[0] += 1
-            log.warning(
+            _refusals.warning(
                 "peer_refused",
+                key="handshake",
                 channel=channel,
                 mechanism="handshake",
                 reason=_HANDSHAKE_REASONS.get(event["event"], str(event["event"])),

@@ -325,12 +325,15 @@ class WeightBucketMeta(msgspec.Struct, **_msg(MsgType.WEIGHT_BUCKET_META)):
 
 
 class WeightChecksums(msgspec.Struct, **_msg(MsgType.WEIGHT_CHECKSUMS)):
-    """Anyone → rollout (weights socket): the sum of every vLLM parameter (float64, by
-    vLLM's own parameter name) at `version`, which the rollout fills in on reply. A cheap
-    proof that an update wrote every tensor; empty `sums` in the request."""
+    """Token holder → rollout (weights socket): the sum of every vLLM parameter (float64,
+    by vLLM's own parameter name) at `version`, which the rollout fills in on reply. A
+    cheap proof that an update wrote every tensor; empty `sums` in the request, and the
+    run's secret in `token` (a trailing field with a default: no `SCHEMA_VERSION` bump;
+    the reply leaves it empty)."""
 
     version: int = -1
     sums: dict[str, float] = {}
+    token: str = ""
 
 
 # --- reward ----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from roles.controller.schedule import NoSchedule, ScheduleLog
 from runtime.logs import get_logger
 from transport import wire
 from transport.rpc import PeerUnreachable, RpcEndpoint
+from transport.throttle import Throttled
 
 log = get_logger("controller")
 
@@ -63,6 +64,7 @@ class Dispatcher:
         dispatches and finished sampling are recorded; `length_mix_min` > 0: each training
         group's max_tokens is `mixed_max_tokens(gid, length_mix_min, sampling.max_tokens)`."""
         self.length_mix_min = length_mix_min
+        self.noisy = Throttled(log)
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.dataset = dataset
@@ -158,7 +160,7 @@ class Dispatcher:
         side = msg.group_id < 0
         group = self.side_groups.get(msg.group_id) if side else self.ledger.group(msg.group_id)
         if group is None or group.rollout != identity or msg.sample_index in group.samples:
-            log.warning("completion_ignored", group=msg.group_id, sample=msg.sample_index, peer=_name(identity))
+            self.noisy.warning("completion_ignored", group=msg.group_id, sample=msg.sample_index, peer=_name(identity))
             return None
         rollout = self.registry.get(identity)
         if rollout is not None:

@@ -48,6 +48,7 @@ from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.sockets import bind_router
+from transport.throttle import Throttled
 
 log = get_logger("controller")
 
@@ -71,6 +72,7 @@ class Controller(Role):
         self.schedule = ScheduleLog(path, max_bytes=cap) if m.schedule else NoSchedule()
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()
+        self.noisy = Throttled(log)
         self.expected = role_counts(cfg)
         self.gatekeeper = Gatekeeper(
             self.registry, read_token(self.ctx.run_dir), self.expected, elastic=cfg.rollout.elastic
@@ -130,7 +132,7 @@ class Controller(Role):
             done=self.values.submit if self.values is not None else self.ledger.complete, shaping=self._shaping(),
             functions=len(r.functions), concurrency=r.concurrency,
             model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
-            weights=Weights(functions=r.function_weight, model=r.model_weight),
+            weights=Weights(functions=r.function_weight, model=r.model_weight), function_names=tuple(r.functions),
         )  # fmt: skip
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)
@@ -291,7 +293,7 @@ class Controller(Role):
             else:
                 self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
         else:
-            log.warning("unexpected_message", type=type(msg).__name__, peer=_name(env.peer))
+            self.noisy.warning("unexpected_message", type=type(msg).__name__, peer=_name(env.peer))
         return None
 
     def _sampled(self, group: Group) -> None:

@@ -83,14 +83,18 @@ class Scorer:
         concurrency: int = 1,
         model_timeout_s: float = 60.0,
         weights: Weights | None = None,
+        function_names: tuple[str, ...] = (),
     ) -> None:
         """`timeout_s`: the reward role's bound per call; it runs `concurrency` calls at once
         and a sample takes `functions` calls. `model_timeout_s`: the reward_model role's bound
         on one request. A request's deadline is what the calls queued at that role (this
         request's and those sent before it) can take at that bound, twice over, plus
         START_SLACK_S: only a wedged role misses it.
-        `shaping(length)`: added to each sample's reward (overlong punishment), if given."""
+        `shaping(length)`: added to each sample's reward (overlong punishment), if given;
+        `function_names`: the reward functions, named in the error of a reward request that
+        got no reply (they hang or the role is wedged), not the request's timeout alone."""
         self.shaping = shaping
+        self.function_names = function_names
         self.bounds = {
             "reward": Bound(timeout_s, concurrency=concurrency, per_sample=functions),
             "reward_model": Bound(model_timeout_s, per_request=1),
@@ -140,13 +144,16 @@ class Scorer:
         self._next[kind] += 1
         calls = self.bounds[kind].calls(len(items))
         self._outstanding[peer.identity] += calls
+        deadline = self.deadline(kind, peer.identity)
         try:
-            reply = await self.server.request(
-                wire.RewardRequest(items=items), peer=peer.identity, timeout=self.deadline(kind, peer.identity)
-            )
+            reply = await self.server.request(wire.RewardRequest(items=items), peer=peer.identity, timeout=deadline)
         except (RequestTimeout, RemoteError) as exc:
             log.warning("reward_failed", role=peer.name, group=gid, error=str(exc))
             error = f"{kind} request failed: {exc}"
+            if isinstance(exc, RequestTimeout) and kind == "reward" and self.function_names:
+                error = (f"reward function(s) {', '.join(self.function_names)} gave {peer.name} no scores for "
+                         f"{len(items)} samples in {deadline:g}s (each call bounded by reward.timeout_s="
+                         f"{self.bounds[kind].timeout_s:g}s: the functions hang, or the role is wedged)")  # fmt: skip
             return {it.sample_id: wire.RewardScore(sample_id=it.sample_id, reward=0.0, error=error) for it in items}
         finally:
             self._outstanding[peer.identity] -= calls

@@ -243,7 +243,7 @@ class RolloutEngine:
         """Abort every active sample; each returns with its tokens so far. Returns how many."""
         vids = list(self._active)
         if vids:
-            await self.engine.abort(vids)
+            await self._bounded(self.engine.abort(vids), self.cfg.call_timeout_s, "abort")
         return len(vids)
 
     # --- weight updates: begin (pause), load buckets, finish (switch version, resume) -----
@@ -431,7 +431,7 @@ class RolloutEngine:
 
     async def device(self) -> dict[str, str]:
         """Where the workers run: {"type": "cuda" | "cpu", "gpu_uuid": "GPU-..." or ""}."""
-        results = await self._rpc("tandem_device", None, 60.0)
+        results = await self._rpc("tandem_device", None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
     def _switch_version(self, version: int) -> None:
@@ -445,7 +445,7 @@ class RolloutEngine:
         return results[0]  # type: ignore[no-any-return]
 
     async def checksum(self) -> float:
-        results = await self.engine.collective_rpc("tandem_checksum")
+        results = await self._rpc("tandem_checksum", None, self.cfg.call_timeout_s)
         return float(results[0])
 
     def _check_alive(self, cause: BaseException | None = None) -> None:

@@ -91,6 +91,7 @@ class RolloutRole(Role):
             token=read_token(self.ctx.run_dir),
             on_applied=self._applied,
             on_failure=self._update_failed,
+            max_version=cfg.trainer.total_steps,
         )
         self.weights.start(self._on_weights)
         self.samples: set[asyncio.Task[Any]] = set()

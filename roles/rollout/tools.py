@@ -10,7 +10,7 @@ What a caller may rely on:
   JSON, or a call over `timeout_s` all come back as a `ToolResult` with `ok=False` and a
   one-line message for the model. A sync tool runs in a daemon thread of its own; one
   that hangs is abandoned at the timeout, not killed (untrusted code belongs in a
-  subprocess: the sandboxed executor is still to come).
+  subprocess: roles/rollout/sandbox.py).
 """
 
 from __future__ import annotations

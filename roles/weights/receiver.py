@@ -13,9 +13,12 @@
   does not come within `timeout_s` (a trainer that died mid-update) is abandoned:
   generation resumes on the old version (layers loaded before keep the new weights).
 
-Weight messages without the run's secret (runtime/run_token.py) are refused (`REFUSED`)
-and counted in `refused`, before anything else. Every update older than the rollout's
-version is refused (`Error(REFUSED)`) before any work; buckets out of order are refused
+Weight messages (checksum requests too) without the run's secret (runtime/run_token.py)
+are refused (`REFUSED`) and counted in `refused`, before anything else. Every update older
+than the rollout's version, or newer than the last version the run can make (`max_version`,
+the run's `trainer.total_steps`: a version is a step count, and a rollout that joins late
+or missed updates legitimately jumps up to it), is refused (`Error(REFUSED)`) before any
+work; buckets out of order are refused
 (`BAD_REQUEST`). One update is open at a time: a new bucket 0 abandons an open one.
 `on_applied(applied, pause_s)` runs after each loaded version (all backends).
 """
@@ -36,6 +39,7 @@ from roles.weights.staging import WeightStager
 from runtime.logs import get_logger
 from runtime.run_token import matches
 from transport import wire
+from transport.throttle import Throttled
 
 log = get_logger("rollout")
 SLACK_S = 1.0  # the workers' own bounded wait reports first
@@ -85,14 +89,18 @@ class WeightReceiver:
         token: str,
         on_applied: Callable[[wire.WeightsApplied, float], Awaitable[None]],
         on_failure: Callable[[BaseException], Awaitable[str | None]] | None = None,
+        max_version: int | None = None,
     ) -> None:
         """`local_host`: the address the trainer reaches this host at (gloo's interface);
         `token`: the run's secret, which every weight message must carry; `on_failure`:
         told of every failed update before the reply; a cause it returns (the rollout is
-        ending: a dead engine) is the reply's message."""
+        ending: a dead engine) is the reply's message; `max_version`: no update above it is
+        taken (None: no bound, for tests of the receiver alone)."""
         self.engine = engine
+        self.max_version = max_version
         self.token = token
         self.refused = 0
+        self.noisy = Throttled(log)
         self.name = name
         self.local_host = local_host
         self.timeout_s = timeout_s
@@ -104,14 +112,10 @@ class WeightReceiver:
         self._watchdog: asyncio.Task[None] | None = None
 
     async def handle(self, msg: wire.Message) -> wire.Message:
-        if isinstance(msg, wire.WeightBucket | wire.WeightBucketMeta | wire.WeightGroupInit) and not matches(
-            msg.token, self.token
-        ):
+        weights = wire.WeightBucket | wire.WeightBucketMeta | wire.WeightGroupInit | wire.WeightChecksums
+        if isinstance(msg, weights) and not matches(msg.token, self.token):
             self.refused += 1
-            if self.refused <= 5:
-                log.warning(
-                    "weights_refused", reason="no valid run token", refused=self.refused, update=msg_version(msg)
-                )
+            self.noisy.warning("weights_refused", reason="no valid run token", update=msg_version(msg))
             return wire.Error(code=wire.ErrorCode.REFUSED, message="weights refused: no valid run token")
         if isinstance(msg, wire.WeightGroupInit):
             return await self._join(msg)  # not under the lock: the join runs while updates may go on
@@ -126,7 +130,7 @@ class WeightReceiver:
 
     # --- zmq: stage, then load -------------------------------------------------------
     async def _staged(self, msg: wire.WeightBucket) -> wire.Message:
-        if msg.version < self.engine.version:
+        if self._out_of_range(msg.version):
             return self._refuse(msg.version)
         try:
             self.stager.add(msg)
@@ -159,7 +163,7 @@ class WeightReceiver:
         self._stop_watchdog()
         update = self.update
         if meta.index == 0:
-            if meta.version < self.engine.version:
+            if self._out_of_range(meta.version):
                 return self._refuse(meta.version)
             if update is not None:
                 await self._abandon(f"a new update to version {meta.version} began")
@@ -263,9 +267,14 @@ class WeightReceiver:
             self._watchdog.cancel()
         self._watchdog = None
 
+    def _out_of_range(self, version: int) -> bool:
+        return version < self.engine.version or (self.max_version is not None and version > self.max_version)
+
     def _refuse(self, version: int) -> wire.Message:
         reason = f"update to version {version} refused: rollout is at version {self.engine.version}"
-        log.warning("update_refused", reason=reason)
+        if self.max_version is not None and version > self.max_version:
+            reason += f", the run's last is {self.max_version}"
+        self.noisy.warning("update_refused", reason=reason)
         return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
 
     # --- nccl: the group -------------------------------------------------------------

@@ -8,11 +8,13 @@ also writes `report.png`, a screenshot of the page by headless Chromium."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runtime.records import skipped_warning
 from runtime.report.browser import screenshot
 from runtime.report.gantt import timeline_figure
 from runtime.report.load import RunData, load_run
@@ -27,6 +29,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, compare:
     runs = [load_run(run_dir)] + ([load_run(compare)] if compare else [])
     if compare and runs[0].name == runs[1].name:
         runs[1].name += " (2)"
+    for run in runs:
+        if run.skipped:
+            where = ", ".join(f"{run.run_dir / name} ({n})" for name, n in run.skipped.items())
+            print(skipped_warning(sum(run.skipped.values()), where), file=sys.stderr)
     timelines = {}
     heights = 0
     for i, run in enumerate(runs):

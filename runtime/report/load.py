@@ -1,5 +1,7 @@
 """Reading a run directory for the report: tolerant of a run that crashed or is still
-writing (a half-written last line, or a line that is not JSON, is skipped).
+writing, or a file that is damaged: a line that is not JSON (half-written, truncated,
+binary) or not a valid record (runtime/records.py: a field of the wrong type) is skipped
+and counted in `RunData.skipped`.
 
 What a caller may rely on:
 * `RunData.steps`: the step records of metrics.jsonl in file order (no `kind`), the last one
@@ -14,9 +16,12 @@ What a caller may rely on:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runtime.records import usable_metrics, usable_schedule
 
 
 @dataclass
@@ -26,6 +31,7 @@ class RunData:
     steps: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
     schedule: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # file name -> lines left out
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the step records that have `key` as a number."""
@@ -38,24 +44,38 @@ class RunData:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of `path` (none when it is missing); lines that do not parse are skipped."""
+    return read_records(path, lambda rec: isinstance(rec, dict))[0]
+
+
+def read_records(path: Path, usable: Callable[[Any], bool]) -> tuple[list[dict[str, Any]], int]:
+    """The records of `path` that pass `usable`, and how many non-empty lines did not."""
     if not path.exists():
-        return []
-    out = []
+        return [], 0
+    out, num_skipped = [], 0
     for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(rec, dict):
+            rec = None
+        if usable(rec):
             out.append(rec)
-    return out
+        elif line.strip():
+            num_skipped += 1
+    return out, num_skipped
 
 
 def load_run(run_dir: str | Path) -> RunData:
     """A run's metrics and schedule; raises FileNotFoundError when `run_dir` has neither."""
     root = Path(run_dir)
-    metrics = read_jsonl(root / "metrics.jsonl")
-    schedule = current_schedule(read_jsonl(root / "schedule.1.jsonl") + read_jsonl(root / "schedule.jsonl"))
+    skipped: dict[str, int] = {}
+    parts = {}
+    for name, usable in (("metrics.jsonl", usable_metrics), ("schedule.1.jsonl", usable_schedule),
+                         ("schedule.jsonl", usable_schedule)):  # fmt: skip
+        parts[name], num_skipped = read_records(root / name, usable)
+        if num_skipped:
+            skipped[name] = num_skipped
+    metrics = parts["metrics.jsonl"]
+    schedule = current_schedule(parts["schedule.1.jsonl"] + parts["schedule.jsonl"])
     if not metrics and not schedule and not (root / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{root} has no metrics.jsonl or schedule.jsonl (is it a run directory?)")
     by_step: dict[int, dict[str, Any]] = {}
@@ -65,7 +85,7 @@ def load_run(run_dir: str | Path) -> RunData:
     validation = [r for r in metrics if r.get("kind") == "validation"]
     return RunData(
         name=root.resolve().name, run_dir=root, steps=[by_step[s] for s in sorted(by_step)],
-        validation=validation, schedule=schedule,
+        validation=validation, schedule=schedule, skipped=skipped,
     )  # fmt: skip
 
 

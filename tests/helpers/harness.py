@@ -20,6 +20,7 @@ import zmq.asyncio
 from runtime import addresses
 from runtime.config import RunConfig
 from runtime.launcher import prepare_run_dir
+from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
@@ -162,7 +163,7 @@ async def weight_checksums(h: RoleHarness) -> wire.WeightChecksums:
     assert h.peer is not None
     ep = h.connect(h.peer.address, name="checker")
     try:
-        reply = await ep.request(wire.WeightChecksums(), timeout=60)
+        reply = await ep.request(wire.WeightChecksums(token=read_token(h.cfg.run_dir)), timeout=60)
     finally:
         await ep.aclose()
     assert isinstance(reply, wire.WeightChecksums)

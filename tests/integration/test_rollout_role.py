@@ -163,10 +163,10 @@ async def test_pipelined_small_buckets_load_the_same_weights_as_one_message_each
     assert result.num_bytes > 8 * (16 << 10)  # many buckets, so two were in flight
     ep = rollout.connect(rollout.peer.address if rollout.peer else "", name="checker")
     try:
-        pipelined = await ep.request(wire.WeightChecksums(version=0), timeout=60)
+        pipelined = await ep.request(wire.WeightChecksums(token=read_token(cfg.run_dir)), timeout=60)
         await push(ep, 3, tensors, read_token(cfg.run_dir))  # the same tensors, 8 a message
         assert (await rollout.next(wire.WeightsApplied)).version == 3
-        plain = await ep.request(wire.WeightChecksums(version=0), timeout=60)
+        plain = await ep.request(wire.WeightChecksums(token=read_token(cfg.run_dir)), timeout=60)
     finally:
         await ep.aclose()
     assert isinstance(pipelined, wire.WeightChecksums) and isinstance(plain, wire.WeightChecksums)

@@ -141,3 +141,35 @@ def test_a_resumed_run_counts_what_it_did_again_once() -> None:
     assert [r["t"] for r in kept if r["ev"] == "step"] == [2.0, 12.0]
     assert {r["g"] for r in kept if r["ev"] == "admit"} == {0, 1, 2, 3} and not any(r.get("g") == 4 for r in kept)
     assert not any(s.kind == "in_flight" for s in build_timeline(first + again).spans)
+
+
+def corrupt_copy(tmp_path: Path) -> Path:
+    """The recorded run with type-corrupted, truncated and binary lines in both files."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(RECORDED / "config.yaml", bad)
+    metrics = (RECORDED / "metrics.jsonl").read_text().splitlines(keepends=True)
+    step = json.loads(metrics[5])
+    metrics[5] = json.dumps({**step, "reward_mean": "high"}) + "\n"
+    metrics.insert(7, '{"step": 3, "reward_me\n')
+    (bad / "metrics.jsonl").write_bytes("".join(metrics).encode() + b"\x00\xff\xfe binary\n")
+    schedule = (RECORDED / "schedule.jsonl").read_text().splitlines(keepends=True)
+    first_sampled = next(i for i, line in enumerate(schedule) if '"sampled"' in line)
+    schedule[first_sampled] = json.dumps({**json.loads(schedule[first_sampled]), "t0": "yesterday"}) + "\n"
+    schedule.append(json.dumps({"ev": "step", "step": "x", "version": 1, "t0": 1, "t": 2, "groups": [1]}) + "\n")
+    (bad / "schedule.jsonl").write_text("".join(schedule))
+    return bad
+
+
+def test_type_corrupted_truncated_and_binary_lines_are_skipped_with_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = corrupt_copy(tmp_path)
+    run = load_run(bad)
+    assert run.skipped == {"metrics.jsonl": 3, "schedule.jsonl": 2}
+    assert len(run.steps) == 39  # the corrupted step is left out, the rest are read
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(bad), "-o", str(tmp_path / "bad.html")])
+    assert done.value.code == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tandem: warning: skipped 5 line(s) of ")

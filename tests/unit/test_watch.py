@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,3 +93,19 @@ def test_sparkline_scales_between_min_and_max() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([5.0, 5.0]) == "▁▁" and sparkline([]) == ""
     assert len(sparkline(list(range(100)), width=40)) == 40
+
+
+def test_type_corrupted_lines_are_skipped_and_counted_once(tmp_path: Path) -> None:
+    run = live_run(tmp_path, metrics_lines=6)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 6, "reward_mean": "high", "wall_s": 9.0}) + "\n")
+        f.write('{"step": 7, "rew\n')
+    (run / "schedule.jsonl").write_text(json.dumps({"ev": "dispatch", "g": "one", "to": "rollout-0", "t": 1}) + "\n")
+    state = RunState(run)
+    state.poll()
+    assert [s["step"] for s in state.steps] == [1, 2, 3, 4, 5] and state.num_skipped() == 3
+    buf = io.StringIO()
+    Console(file=buf, width=140, force_terminal=False).print(frame(state))
+    assert buf.getvalue().count("skipped 3 line(s)") == 1
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "watch", "--once", str(run)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
