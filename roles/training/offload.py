@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.optim.adamw import adamw as adamw_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -193,8 +194,10 @@ def _to_host(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     else:
         host.copy_(local)
     if isinstance(like, DTensor):
-        return DTensor.from_local(host, like.device_mesh, like.placements, run_check=False, shape=like.shape,
-                                  stride=like.stride())  # fmt: skip
+        # Not `DTensor.from_local`: it moves a local tensor to the mesh's device type, which
+        # put every moment back on the GPU (a 7B actor held 61 GB of them there).
+        meta = TensorMeta(like.shape, like.stride(), host.dtype)
+        return DTensor(host, DTensorSpec(like.device_mesh, like.placements, tensor_meta=meta), requires_grad=False)
     return host
 
 

@@ -5,8 +5,9 @@
 * `StreamedAdamW` on CUDA (pinned host moments, two copy streams) gives exactly
   `torch.optim.AdamW`'s parameters and moments, and holds only its two chunk slots on the
   GPU between steps (the moments are in pinned host memory);
-* the FSDP2 actor with `offload.optimizer` trains like one without (bf16 compute, same
-  batches: equal parameters), and with `offload.params` its parameters leave the GPU
+* the FSDP2 actor with `offload.optimizer` keeps its moments (DTensors) in pinned host
+  memory and trains like one without (bf16 compute, same batches: equal parameters), and
+  with `offload.params` its parameters leave the GPU
   after `offload_params` (allocated memory falls by their size) and come back bit for bit
   before the next step, which then equals the step of an actor that never offloaded.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.offload import StreamedAdamW
@@ -78,6 +80,9 @@ def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
         plain.train_step(batch)
         metrics = off.train_step(batch)
         torch.cuda.synchronize()
+        moments = [state[k] for state in off.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        assert moments and all(isinstance(m, DTensor) for m in moments)  # DCP saves them as AdamW's
+        assert all(m.to_local().device.type == "cpu" and m.to_local().is_pinned() for m in moments)
         before = _params(off)
         held = torch.cuda.memory_allocated()
         off.offload_params()
