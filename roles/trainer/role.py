@@ -23,12 +23,11 @@ from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.hf_export import export_hf
 from roles.training.models import DTYPES
 from roles.training.torch_role import TorchRole
-from roles.weights.backend import BackendError, choose_backend
+from roles.weights.backend import BackendError, choose_backend, make_transfer
 from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
 from roles.weights.lora import write_adapter_dir
-from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
-from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
+from roles.weights.sender import PushResult, ThreadSource, WeightSender
 from runtime import addresses
 from runtime.gpu_check import trainer_gives_way
 from runtime.logs import get_logger, set_policy_version
@@ -70,18 +69,13 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
             raise FatalError(str(exc)) from None
         timeout_s = cfg.weight_sync.timeout_s
         token = read_token(self.ctx.run_dir)
-        transfer: Transfer
-        if backend == "ipc":
-            transfer = IpcTransfer(timeout_s, token=token)
-        elif backend == "nccl":
-            # The host rollouts reach this process at, as for its sockets (127.0.0.1 on one node).
+        host = ""
+        if backend == "nccl":  # the host rollouts reach this process at, as for its sockets (127.0.0.1 on one node)
             host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
-            transfer = NcclTransfer(
-                timeout_s, token=token, host=host, device=device,
-                workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
-            )  # fmt: skip
-        else:
-            transfer = ZmqTransfer(timeout_s, token=token)
+        transfer = make_transfer(
+            backend, timeout_s=timeout_s, token=token, device=device, host=host,
+            workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
+        )  # fmt: skip
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
         self.packer = BucketPacker(pack_on, cfg.weight_sync.bucket_mb << 20)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)

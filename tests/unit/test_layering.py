@@ -10,7 +10,14 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"controller", "rollout", "trainer", "critic", "reward"}
+# A role package is one with a `role.py` (its Role subclass); the rest of `roles` are libraries.
+ROLES = {p.name for p in (ROOT / "roles").iterdir() if (p / "role.py").is_file()}
+LIBRARIES = {p.name for p in (ROOT / "roles").iterdir() if p.is_dir() and any(p.glob("*.py"))} - ROLES
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def imports() -> dict[str, set[str]]:
@@ -23,10 +30,23 @@ def imports() -> dict[str, set[str]]:
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module is not None:
                     base = parts[: -node.level] if node.level else []
-                    graph[name].add(".".join([*base, node.module]) if node.level else node.module)
+                    source = ".".join([*base, node.module]) if node.level else node.module
+                    graph[name].add(source)
+                    # `from roles.controller import state` imports the module roles.controller.state
+                    graph[name].update(f"{source}.{a.name}" for a in node.names if _is_module(f"{source}.{a.name}"))
                 elif isinstance(node, ast.Import):
                     graph[name].update(a.name for a in node.names)
     return {m: {d for d in deps if d.split(".")[0] in ("roles", "runtime", "transport")} for m, deps in graph.items()}
+
+
+def test_role_packages_are_found_from_the_code() -> None:
+    assert {"controller", "rollout", "trainer", "critic", "reward"} <= ROLES
+    assert {"algo", "training", "weights", "generation"} <= LIBRARIES
+
+
+def test_submodules_imported_by_name_are_edges() -> None:
+    deps = imports()["roles.controller.role"]
+    assert any(d.startswith("roles.controller.") for d in deps), deps
 
 
 def test_roles_import_only_libraries_and_libraries_import_no_role() -> None:

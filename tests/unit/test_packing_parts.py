@@ -12,7 +12,6 @@ import torch
 from benchmarks.trainer import case_lengths, make_batch, summary, train_flops
 from roles.algo import entropy_from_logits, token_logprobs
 from roles.training.balance import balanced_bins, min_bins
-from roles.training.logit_kernels import grad_of_logits, stats_of_logits
 from roles.training.microbatch import pack_micro_batches, split_micro_batches
 from roles.training.token_stats import TokenStatsHead, chunked_token_stats
 
@@ -59,27 +58,6 @@ def test_chunked_stats_gradient_when_one_output_is_unused(used: str) -> None:
     (ref * a).sum().backward()
     torch.testing.assert_close(got[0], h.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got[1], w.grad, atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("g_logp,g_entropy", [(True, True), (True, False), (False, True)])
-def test_logit_kernels_trace_whole_and_equal_eager(g_logp: bool, g_entropy: bool) -> None:
-    """What CUDA compiles (fullgraph, dynamic rows) traces without a graph break and equals
-    the eager math, for a full and a short last chunk (aot_eager: the trace, not inductor)."""
-    torch._dynamo.reset()
-    stats = torch.compile(stats_of_logits, backend="aot_eager", dynamic=True, fullgraph=True)
-    grad = torch.compile(grad_of_logits, backend="aot_eager", dynamic=True, fullgraph=True)
-    torch.manual_seed(2)
-    for rows in (16, 5):
-        logits, t = (torch.randn(rows, 300) * 4).bfloat16(), torch.randint(0, 300, (rows,))
-        want = stats_of_logits(logits, t)
-        for a, b in zip(stats(logits, t), want, strict=True):
-            torch.testing.assert_close(a, b)
-        _, entropy, lse = want
-        up = (torch.randn(rows) if g_logp else None, torch.randn(rows) if g_entropy else None)
-        torch.testing.assert_close(
-            grad(logits, t, lse, entropy, *up, torch.bfloat16),
-            grad_of_logits(logits, t, lse, entropy, *up, torch.bfloat16),
-        )
 
 
 def test_head_is_a_plain_linear_layer_outside_targets() -> None:

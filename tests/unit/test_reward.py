@@ -171,7 +171,9 @@ async def test_the_pool_starts_every_worker_up_front_and_light() -> None:
     alive = {c.pid for c in psutil.Process().children()}
     assert len(runner.pool.pids()) == 16 and set(runner.pool.pids()) <= alive
     assert await runner.score(_item()) == (0.0, ""), "a reward worker imported torch"
-    assert took < 30, f"16 workers took {took:.1f}s to start"
+    # The bound is the behaviour (workers start up front, in seconds, not per request): about
+    # 10 s on an idle 2-core box, 37 s seen on a loaded one; 3x slack over that.
+    assert took < 120, f"16 workers took {took:.1f}s to start"
     runner.close()
 
 
