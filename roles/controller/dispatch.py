@@ -114,7 +114,7 @@ class Dispatcher:
             await self._dispatch_ready()
 
     async def _dispatch_ready(self) -> None:
-        while self.ledger.redo and (rollout := self._pick_rollout()) is not None:
+        while self.ledger.has_redo and (rollout := self._pick_rollout()) is not None:
             group = self.ledger.next_redo()
             assert group is not None
             await self._send(rollout, group)
@@ -204,13 +204,9 @@ class Dispatcher:
         (the ledger's; its side groups are queued again, too)."""
         peer.alive = False
         for g in self._sent_side(peer):
-            g.samples.clear()
-            g.rollout = b""
-            g.gen_started = 0.0
+            g.forget_generation()
             self.side.appendleft(g)
-        moved = [g for g in list(self.ledger.in_flight.values()) if g.rollout == peer.identity and not g.complete]
-        for g in moved:
-            self.ledger.requeue(g)
+        moved = self.ledger.requeue_lost(peer.identity)
         peer.clock.done(peer.in_flight)
         peer.in_flight = 0
         self.wake()

@@ -83,6 +83,12 @@ class Group:
     def error(self) -> str:
         return next((s.error for s in self.samples.values() if s.error), "")
 
+    def forget_generation(self) -> None:
+        """Drop what a lost rollout generated for this group, so it can be sent again."""
+        self.samples.clear()
+        self.rollout = b""
+        self.gen_started = 0.0
+
     @property
     def token_versions(self) -> tuple[int, int] | None:
         """The oldest and newest policy version of any of its tokens; None without tokens."""

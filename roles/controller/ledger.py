@@ -128,13 +128,28 @@ class Ledger:
         self.in_flight[group.gid] = group
         return group
 
+    @property
+    def has_redo(self) -> bool:
+        """Whether a group waits to be generated again (`next_redo` returns it)."""
+        return bool(self.redo)
+
+    def requeue_lost(self, rollout: bytes) -> list[Group]:
+        """Every unfinished in-flight group of the lost rollout `rollout` (its identity) goes
+        back to `redo`, in dispatch order; returns them."""
+        lost = [g for g in list(self.in_flight.values()) if g.rollout == rollout and not g.complete]
+        for group in lost:
+            self.requeue(group)
+        return lost
+
+    def dropped(self, reason: str) -> int:
+        """Samples dropped for `reason` ("stale", "filtered", ...) over the whole run."""
+        return self.totals[f"dropped_{reason}"] * self.group_size
+
     def requeue(self, group: Group) -> None:
         """An in-flight group whose rollout was lost: its samples are discarded and it
         waits in `redo` to be generated again."""
         self._take_in_flight(group)
-        group.samples.clear()
-        group.rollout = b""
-        group.gen_started = 0.0
+        group.forget_generation()
         self.redo.append(group)
         self.schedule.requeue(group.gid)
         self._notify()

@@ -82,8 +82,8 @@ class StepRunner:
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
         extra.update(reward_metrics([s for g in groups for s in g.ordered()]))
         drops = self.ledger.take_step_drops()
-        drops["dropped_stale_total"] = self.ledger.totals["dropped_stale"] * self.ledger.group_size
-        drops["dropped_filtered_total"] = self.ledger.totals["dropped_filtered"] * self.ledger.group_size
+        drops["dropped_stale_total"] = self.ledger.dropped("stale")
+        drops["dropped_filtered_total"] = self.ledger.dropped("filtered")
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
 

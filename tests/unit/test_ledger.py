@@ -95,6 +95,24 @@ def test_error_drops_and_requeues() -> None:
         ledger.complete(a)
 
 
+def test_a_lost_rollouts_unfinished_groups_go_back_for_redo_and_drops_count_samples() -> None:
+    ledger = make(group_size=3, prompts_per_step=3)
+    a, b, c = (ledger.admit(prompt(i)) for i in range(3))
+    a.rollout = b.rollout = b"rollout-0"
+    c.rollout = b"rollout-1"
+    fill(b, 0)  # complete but not yet scored: it stays in flight
+    a.samples[0] = next(iter(b.samples.values()))
+    a.gen_started = 5.0
+    assert not ledger.has_redo
+    assert ledger.requeue_lost(b"rollout-0") == [a]
+    assert ledger.has_redo and list(ledger.redo) == [a]
+    assert (a.samples, a.rollout, a.gen_started) == ({}, b"", 0.0)  # forget_generation
+    assert c.gid in ledger.in_flight and b.gid in ledger.in_flight
+    assert ledger.requeue_lost(b"rollout-9") == []
+    ledger.drop(c, "error", "boom")
+    assert ledger.dropped("error") == 3 and ledger.dropped("stale") == 0  # samples: groups x group_size
+
+
 def test_admission_stops_once_pending_groups_fill_the_steps_left() -> None:
     ledger = make(total_steps=1, max_staleness=3)
     ledger.admit(prompt(0))
