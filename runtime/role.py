@@ -113,8 +113,17 @@ class Role:
         """Release engines and sockets (bounded by the caller)."""
 
     async def handle(self, env: Any) -> wire.Message | None:
-        """Messages from the controller; return a reply or None."""
-        return None
+        """Messages from the controller; return a reply or None. An override ends with
+        `return self.unserved(msg)` for whatever it does not serve."""
+        return self.unserved(env.msg)
+
+    def unserved(self, msg: object) -> wire.Message | None:
+        """The tail every role's `handle` shares: `Shutdown` stops the role (no reply), any
+        other message is answered with a BAD_REQUEST error naming the role kind and the message type."""
+        if isinstance(msg, wire.Shutdown):
+            self.request_stop(msg.reason or "controller shutdown")
+            return None
+        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"{self.kind} does not serve {type(msg).__name__}")
 
     def peer_info(self) -> wire.PeerInfo:
         """What this role tells the controller about itself."""

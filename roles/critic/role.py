@@ -62,7 +62,4 @@ class CriticRole(TorchRole["CriticEngine | MegatronCriticEngine"]):
             if isinstance(msg, wire.SaveCheckpoint):
                 await self._in_thread(self.engine.save, Path(msg.directory) / self.checkpoint_part)
                 return wire.CheckpointSaved(step=msg.step, directory=msg.directory)
-        if isinstance(msg, wire.Shutdown):
-            self.request_stop(msg.reason or "controller shutdown")
-            return None
-        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"critic does not serve {type(msg).__name__}")
+        return self.unserved(msg)

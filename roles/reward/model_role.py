@@ -56,10 +56,7 @@ class RewardModelRole(Role):
                 for it, (value, error) in zip(msg.items, results, strict=True)
             ]
             return wire.RewardResult(scores=scores)
-        if isinstance(msg, wire.Shutdown):
-            self.request_stop(msg.reason or "controller shutdown")
-            return None
-        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"reward_model does not serve {type(msg).__name__}")
+        return self.unserved(msg)
 
     async def close(self) -> None:
         scorer = getattr(self, "scorer", None)

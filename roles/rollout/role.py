@@ -126,10 +126,7 @@ class RolloutRole(Role):
                 self.samples.add(task)
                 task.add_done_callback(self.samples.discard)
             return None
-        if isinstance(msg, wire.Shutdown):
-            self.request_stop(msg.reason or "controller shutdown")
-            return wire.Ack()
-        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"rollout does not serve {type(msg).__name__}")
+        return self.unserved(msg)
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:

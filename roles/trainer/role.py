@@ -116,10 +116,7 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
                     new = await self.sender.set_targets(msg.peers)
                     log.info("rollout_targets", targets=sorted(self.sender.targets), new=new)
             return None
-        if isinstance(msg, wire.Shutdown):
-            self.request_stop(msg.reason or "controller shutdown")
-            return None
-        return wire.Error(code=wire.ErrorCode.BAD_REQUEST, message=f"trainer does not serve {type(msg).__name__}")
+        return self.unserved(msg)
 
     async def _train(self, batch: wire.TrainBatch) -> wire.Message:
         started = time.perf_counter()
