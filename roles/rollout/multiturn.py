@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 import msgspec
-import torch
 
 from roles.generation.engine import RolloutEngine, Sample
+from roles.rollout.completion import completion_message
 from roles.rollout.environment import EnvContext, EnvPrompt
 from roles.rollout.episode import Trajectory, run_episode
 from roles.rollout.tools import ToolRegistry
@@ -62,21 +62,11 @@ class EpisodeRunner:
 
 
 def completion(req: wire.Generate, index: int, t: Trajectory, gen_s: float) -> wire.Completion:
-    return wire.Completion(
-        request_id=req.request_id,
-        group_id=req.group_id,
-        sample_index=index,
-        token_ids=torch.tensor(t.token_ids, dtype=torch.int64),
-        logprobs=torch.tensor(t.logprobs, dtype=torch.float32),
-        versions=torch.tensor(t.versions, dtype=torch.int32),
-        finish_reason=t.finish_reason,
-        prompt_len=len(req.prompt_ids),
-        gen_s=gen_s,
-        error=t.error,
-        loss_mask=torch.tensor(t.loss_mask, dtype=torch.uint8),
-        env_reward=t.reward,
+    return completion_message(
+        req, index, token_ids=t.token_ids, logprobs=t.logprobs, versions=t.versions, finish_reason=t.finish_reason,
+        prompt_len=len(req.prompt_ids), gen_s=gen_s, error=t.error, loss_mask=t.loss_mask, env_reward=t.reward,
         num_turns=t.num_turns,
-    )
+    )  # fmt: skip
 
 
 def _line(exc: BaseException) -> str:

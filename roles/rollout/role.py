@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from roles.generation.engine import EngineDead, LoraServing, OutOfGpuMemory, RolloutEngine, Sample
+from roles.rollout.completion import completion_message
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
@@ -266,15 +265,7 @@ def _host(address: str) -> str:
 
 
 def _completion(req: wire.Generate, index: int, s: Sample) -> wire.Completion:
-    return wire.Completion(
-        request_id=req.request_id,
-        group_id=req.group_id,
-        sample_index=index,
-        token_ids=torch.tensor(s.token_ids, dtype=torch.int64),
-        logprobs=torch.tensor(s.logprobs, dtype=torch.float32),
-        versions=torch.tensor(s.versions, dtype=torch.int32),
-        finish_reason=s.finish_reason,
-        prompt_len=s.prompt_len,
-        gen_s=s.gen_s,
-        error=s.error,
-    )
+    return completion_message(
+        req, index, token_ids=s.token_ids, logprobs=s.logprobs, versions=s.versions, finish_reason=s.finish_reason,
+        prompt_len=s.prompt_len, gen_s=s.gen_s, error=s.error,
+    )  # fmt: skip
