@@ -15,6 +15,7 @@ from typing import Any
 
 from roles.reward.classifier import RewardClassifier
 from roles.reward.judge import Judge
+from roles.reward.role import reward_result
 from runtime.logs import get_logger
 from runtime.paths import reward_model_dir
 from runtime.role import FatalError, Role
@@ -50,12 +51,7 @@ class RewardModelRole(Role):
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
         if isinstance(msg, wire.RewardRequest):
-            results = await self.scorer.score(msg.items)
-            scores = [
-                wire.RewardScore(sample_id=it.sample_id, reward=value, error=error)
-                for it, (value, error) in zip(msg.items, results, strict=True)
-            ]
-            return wire.RewardResult(scores=scores)
+            return reward_result(msg.items, await self.scorer.score(msg.items))
         return self.unserved(msg)
 
     async def close(self) -> None:

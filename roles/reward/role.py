@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from roles.reward.runner import RewardRunner
 from runtime.logs import get_logger
@@ -26,16 +27,22 @@ class RewardRole(Role):
         msg = env.msg
         if isinstance(msg, wire.RewardRequest):
             results = await asyncio.gather(*[self.runner.score(_as_dict(it)) for it in msg.items])
-            scores = [
-                wire.RewardScore(sample_id=it.sample_id, reward=value, error=error)
-                for it, (value, error) in zip(msg.items, results, strict=True)
-            ]
-            return wire.RewardResult(scores=scores)
+            return reward_result(msg.items, results)
         return self.unserved(msg)
 
     async def close(self) -> None:
         if hasattr(self, "runner"):
             self.runner.close()
+
+
+def reward_result(items: Sequence[wire.RewardItem], results: Sequence[tuple[float, str]]) -> wire.RewardResult:
+    """The reply to a `RewardRequest`: one score per item, in order, from its (reward, error)."""
+    return wire.RewardResult(
+        scores=[
+            wire.RewardScore(sample_id=it.sample_id, reward=value, error=error)
+            for it, (value, error) in zip(items, results, strict=True)
+        ]
+    )
 
 
 def _as_dict(item: wire.RewardItem) -> dict[str, object]:
