@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from roles.weights.errors import StaleUpdate
+from roles.weights.worker_calls import BUCKET_LOADS, PEER_WAITING_CALLS, WorkerCall
 from runtime.config import EngineConfig
 from runtime.gpu_memory import is_out_of_memory
 from runtime.logs import get_logger
@@ -46,7 +47,6 @@ WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's memory tags, woken in this order
 # Worker calls that wait for the trainer (a broadcast, a rendezvous): bounded by the weight
 # sync's timeouts, not watched as engine stalls.
-PEER_WAITING_RPCS = frozenset({"tandem_receive_bucket", "tandem_init_weight_group"})
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
 
 
@@ -257,7 +257,7 @@ class RolloutEngine:
         self._updating = version  # from here on, abandon_update resumes the engine
         if self.lora is not None:  # an adapter: requests go on, nothing they use changes
             try:
-                await self._rpc("tandem_begin_update", {"lora": True}, timeout_s)
+                await self._rpc(WorkerCall.BEGIN_UPDATE, {"lora": True}, timeout_s)
             except BaseException:
                 await self.abandon_update(timeout_s)
                 raise
@@ -268,7 +268,7 @@ class RolloutEngine:
             t1 = time.perf_counter()
             await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=False), timeout_s, "pause")
             t2 = time.perf_counter()
-            await self._rpc("tandem_begin_update", None, timeout_s)
+            await self._rpc(WorkerCall.BEGIN_UPDATE, None, timeout_s)
         except BaseException:
             await self.abandon_update(timeout_s)
             raise
@@ -283,16 +283,18 @@ class RolloutEngine:
         t0 = time.perf_counter()
         pause_s = await self.begin_update(version, timeout_s)
         try:
-            times = await self.load_bucket("tandem_load_staged", manifest, timeout_s)
+            times = await self.load_bucket(WorkerCall.LOAD_STAGED, manifest, timeout_s)
         except BaseException:
             await self.abandon_update(timeout_s)
             raise
         await self.finish_update(timeout_s)
         return {"pause_s": pause_s, "load_s": times["load_s"], "total_s": time.perf_counter() - t0}
 
-    async def load_bucket(self, method: str, spec: Any, timeout_s: float) -> dict[str, float]:
-        """Run worker load `method` (`tandem_load_staged`, `tandem_load_ipc`,
-        `tandem_receive_bucket`) on `spec` inside the open update; its slowest worker's times."""
+    async def load_bucket(self, method: WorkerCall, spec: Any, timeout_s: float) -> dict[str, float]:
+        """Run worker load `method` (one of BUCKET_LOADS) on `spec` inside the open update;
+        its slowest worker's times."""
+        if method not in BUCKET_LOADS:
+            raise ValueError(f"{method} does not load a bucket")
         if self._updating is None:
             raise RuntimeError(f"{method}: no update is open")
         results = await self._rpc(method, spec, timeout_s)
@@ -307,7 +309,7 @@ class RolloutEngine:
             await self._finish_adapter(version, self.lora, timeout_s)
             return
         try:
-            await self._rpc("tandem_finish_update", None, timeout_s)
+            await self._rpc(WorkerCall.FINISH_UPDATE, None, timeout_s)
             self._switch_version(version)
             if self.native_versions:
                 await self._bounded(self.engine.engine_core.set_weight_version_async(str(version)), timeout_s, "label")
@@ -324,7 +326,7 @@ class RolloutEngine:
         keep = {v + 1 for v in in_flight} | {version + 1}
         spec = {"lora": {"id": version + 1, "path": str(path), "config": lora.config, "keep": sorted(keep)}}
         try:
-            results = await self._rpc("tandem_finish_update", spec, timeout_s)
+            results = await self._rpc(WorkerCall.FINISH_UPDATE, spec, timeout_s)
         finally:
             await self._end_update(timeout_s)
         first = results[0] if results else {}
@@ -343,7 +345,7 @@ class RolloutEngine:
         if self._updating is None:
             return
         try:
-            await self._rpc("tandem_finish_update", None, timeout_s)
+            await self._rpc(WorkerCall.FINISH_UPDATE, None, timeout_s)
         except Exception as exc:  # the engine stalled or died; resuming still matters
             log.warning("update_close_failed", error=_one_line(exc))
         finally:
@@ -363,15 +365,15 @@ class RolloutEngine:
     async def init_weight_group(self, spec: dict[str, Any], timeout_s: float) -> list[Any]:
         """Every worker joins the trainer's weight group (generation goes on meanwhile)."""
         self._check_alive()
-        return await self._rpc("tandem_init_weight_group", spec, timeout_s)
+        return await self._rpc(WorkerCall.INIT_WEIGHT_GROUP, spec, timeout_s)
 
     async def close_weight_group(self, timeout_s: float) -> None:
         """Every worker leaves its weight group, so a trainer still sending fails at once."""
-        await self._rpc("tandem_close_weight_group", None, timeout_s)
+        await self._rpc(WorkerCall.CLOSE_WEIGHT_GROUP, None, timeout_s)
 
-    async def _rpc(self, method: str, arg: Any, timeout_s: float) -> list[Any]:
+    async def _rpc(self, method: WorkerCall, arg: Any, timeout_s: float) -> list[Any]:
         args = () if arg is None else (arg,)
-        waits_on_peer = method in PEER_WAITING_RPCS
+        waits_on_peer = method in PEER_WAITING_CALLS
         call = self.engine.collective_rpc(method, args=args)
         return await self._bounded(call, timeout_s, method, watched=not waits_on_peer)  # type: ignore[no-any-return]
 
@@ -431,7 +433,7 @@ class RolloutEngine:
 
     async def device(self) -> dict[str, str]:
         """Where the workers run: {"type": "cuda" | "cpu", "gpu_uuid": "GPU-..." or ""}."""
-        results = await self._rpc("tandem_device", None, self.cfg.call_timeout_s)
+        results = await self._rpc(WorkerCall.DEVICE, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
     def _switch_version(self, version: int) -> None:
@@ -441,11 +443,11 @@ class RolloutEngine:
 
     async def checksums(self) -> dict[str, float]:
         """Sum (float64) of every vLLM parameter, by name, in the first worker."""
-        results = await self._rpc("tandem_checksums", None, self.cfg.call_timeout_s)
+        results = await self._rpc(WorkerCall.CHECKSUMS, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
     async def checksum(self) -> float:
-        results = await self._rpc("tandem_checksum", None, self.cfg.call_timeout_s)
+        results = await self._rpc(WorkerCall.CHECKSUM, None, self.cfg.call_timeout_s)
         return float(results[0])
 
     def _check_alive(self, cause: BaseException | None = None) -> None:

@@ -36,6 +36,7 @@ import msgspec
 from roles.weights.errors import StaleUpdate
 from roles.weights.group import describe
 from roles.weights.staging import WeightStager
+from roles.weights.worker_calls import WorkerCall
 from runtime.logs import get_logger
 from runtime.run_token import matches
 from transport import wire
@@ -53,7 +54,7 @@ class UpdatableEngine(Protocol):
     @property
     def updating(self) -> int | None: ...
     async def begin_update(self, version: int, timeout_s: float) -> float: ...
-    async def load_bucket(self, method: str, spec: Any, timeout_s: float) -> dict[str, float]: ...
+    async def load_bucket(self, method: WorkerCall, spec: Any, timeout_s: float) -> dict[str, float]: ...
     async def finish_update(self, timeout_s: float) -> None: ...
     async def abandon_update(self, timeout_s: float) -> None: ...
     async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]: ...
@@ -182,7 +183,7 @@ class WeightReceiver:
         spec = {"slots": msgspec.to_builtins(meta.slots), "nbytes": meta.nbytes}
         if meta.ipc is not None:
             spec["ipc"] = msgspec.to_builtins(meta.ipc)
-        method = "tandem_receive_bucket" if meta.ipc is None else "tandem_load_ipc"
+        method = WorkerCall.RECEIVE_BUCKET if meta.ipc is None else WorkerCall.LOAD_IPC
         if meta.index > 0:
             update.gaps_s.append(arrived - update.replied)
         called = time.perf_counter()
