@@ -19,6 +19,7 @@ from typing import Any
 from roles.controller.batching import build_train_batches
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
+from roles.controller.mismatch import MismatchGuard
 from roles.controller.ppo import RewardKL, value_metrics, whiten_groups
 from roles.controller.ranks import RankGroup
 from roles.controller.schedule import NoSchedule, ScheduleLog
@@ -60,6 +61,7 @@ class StepRunner:
         self.reward_kl = reward_kl
         self.on_rollout_failed = on_rollout_failed
         self.max_reward_failures = max_reward_failures
+        self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop)
 
     async def step(self) -> None:
         groups = await self.ledger.wait_batch()
@@ -85,6 +87,7 @@ class StepRunner:
         drops["dropped_stale_total"] = self.ledger.dropped("stale")
         drops["dropped_filtered_total"] = self.ledger.dropped("filtered")
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
+        self.mismatch.check(self.ledger.step, actor.metrics.get("kl_behaviour_proximal"), max(staleness, default=0))
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
 
     def _check_rewards(self, groups: list[Group]) -> None:
