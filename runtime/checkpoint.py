@@ -123,10 +123,10 @@ def validate(path: Path, required: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def find_latest(
-    run_dir: str | Path, step: int | None = None, required: Sequence[str] = ()
+    run_dir: str | Path, step: int | None = None, required: Sequence[str] = (), *, quiet: bool = False
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest intact checkpoint (or exactly `step`) holding every `required` part,
-    warning about each one skipped."""
+    warning about each one skipped (`quiet`: in the log only)."""
     for path in reversed(complete_dirs(checkpoints_root(run_dir))):
         if step is not None and path.name != step_name(step):
             continue
@@ -134,8 +134,14 @@ def find_latest(
             return path, validate(path, required)
         except ValueError as exc:
             log.warning("checkpoint_skipped", checkpoint=str(path), reason=str(exc))
-            print(f"tandem: warning: skipping checkpoint {path}: {exc}", flush=True)
+            if not quiet:
+                print(f"tandem: warning: skipping checkpoint {path}: {exc}", flush=True)
     return None
+
+
+def steps(run_dir: str | Path) -> list[int]:
+    """The steps of the checkpoint folders under `run_dir` (intact or not), oldest first."""
+    return [int(p.name.removeprefix("step-")) for p in complete_dirs(checkpoints_root(run_dir))]
 
 
 def resume_dir() -> Path | None:

@@ -61,3 +61,38 @@ def check_resume_layout(checkpoint: Path, cfg: RunConfig) -> None:
         problem = layout_mismatch(json.loads(path.read_text()), want)
         if problem:
             raise ValueError(f"resume: {checkpoint / part} {problem}")
+
+
+# What makes a checkpoint part appear or not, for the one-line refusal of a resume.
+PART_KEYS = {
+    "adapter/": "trainer.lora.rank (the checkpoint has no LoRA adapter: it was saved without trainer.lora)",
+    "hf/": "trainer.lora.rank or checkpoint.export_hf (the checkpoint has no full HF export: LoRA or export_hf=false)",
+    "critic/": "algorithm.advantage / placement (the checkpoint has no critic: it was saved without one)",
+    "actor/": "placement (the checkpoint has no actor shards)",
+    "controller.json": "placement (the checkpoint has no controller state)",
+}
+
+
+def cannot_serve(checkpoint: Path, cfg: RunConfig) -> str:
+    """One line: why the newest intact `checkpoint` cannot serve this run's config, naming
+    the key that changed."""
+    from runtime.checkpoint import read_manifest, required_parts
+
+    files = read_manifest(checkpoint).get("files", {})
+    for part in required_parts(cfg):
+        present = any(rel.startswith(part) for rel in files) if part.endswith("/") else part in files
+        if not present:
+            name = part.rstrip("/")
+            return f"checkpoint {checkpoint} cannot serve this config: no {name} part; see {PART_KEYS[part]}"
+    return f"checkpoint {checkpoint} cannot serve this config"
+
+
+def check_adapter_rank(checkpoint: Path, cfg: RunConfig) -> str:
+    """ "" unless `checkpoint`'s LoRA adapter has another rank than trainer.lora.rank."""
+    path = checkpoint / "adapter" / "adapter_config.json"
+    if not cfg.trainer.lora.rank or not path.is_file():
+        return ""
+    saved = json.loads(path.read_text()).get("r")
+    if saved in (None, cfg.trainer.lora.rank):
+        return ""
+    return f"checkpoint {checkpoint} holds a LoRA adapter of rank {saved}, trainer.lora.rank is {cfg.trainer.lora.rank}"

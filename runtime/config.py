@@ -513,6 +513,14 @@ class AlgorithmConfig(msgspec.Struct, **_STRUCT):
     gamma: Annotated[float, Doc(description="Discount of GAE and reinforce_pp.", ge=0, le=1)] = 1.0
     lam: Annotated[float, Doc(description="GAE lambda.", ge=0, le=1)] = 0.95
     whiten_advantages: Annotated[bool, Doc(description="GAE: whiten advantages over the batch.")] = True
+    mismatch_warn: Annotated[
+        float,
+        Doc(description="Warn once when a staleness-0 step's kl_behaviour_proximal exceeds this (0: never).", ge=0),
+    ] = 0.02
+    mismatch_stop: Annotated[
+        float,
+        Doc(description="End the run when a staleness-0 step's kl_behaviour_proximal exceeds this (0: never).", ge=0),
+    ] = 0.0
     kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)
     filter_groups: Annotated[
         bool,
@@ -655,7 +663,13 @@ class WeightSyncConfig(msgspec.Struct, **_STRUCT):
 
 
 class CheckpointConfig(msgspec.Struct, **_STRUCT):
-    every: Annotated[int, Doc(description="Checkpoint every this many steps; 0 = never.", ge=0)] = 0
+    every: Annotated[
+        int, Doc(description="Checkpoint every this many steps; 0 = none during the run (see `final`).", ge=0)
+    ] = 0
+    final: Annotated[
+        bool,
+        Doc(description="Also checkpoint after the last step: the model `tandem export` writes and the summary names."),
+    ] = True
     keep: Annotated[int, Doc(description="Keep this many newest checkpoints; 0 = all.", ge=0)] = 3
     export_hf: Annotated[bool, Doc(description="Also write an HF safetensors directory of the policy.")] = True
     timeout_s: Annotated[float, Doc(description="Bound on every rank's save of one checkpoint.", gt=0)] = 600.0
@@ -760,7 +774,13 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     run_dir: Annotated[str, Doc(description="Run directory; empty = runs/<name>.")] = ""
     seed: Annotated[int, Doc(description="Global seed.")] = 0
     resume: Annotated[
-        Literal["never", "auto"], Doc(description="`auto`: continue from the newest complete checkpoint.")
+        Literal["never", "auto", "fresh"],
+        Doc(
+            description="What to do with a run directory holding an earlier run (metrics.jsonl or checkpoints): "
+            "`never` refuses to launch into it; `auto` continues from the newest complete checkpoint; `fresh` "
+            "starts over at step 0 there, after moving the earlier run's outputs (metrics, schedule, checkpoints, "
+            "logs, tb, report, config.yaml) to RUN_DIR/earlier/<UTC time>/ (printed)."
+        ),
     ] = "never"
     startup_timeout_s: Annotated[float, Doc(description="Every role must be ready within this time.", gt=0)] = 300.0
     shutdown_timeout_s: Annotated[

@@ -14,8 +14,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from runtime import checkpoint
+from runtime.base_model import mismatch
 from runtime.config_load import load_config
 from runtime.paths import model_dir
 
@@ -23,9 +25,8 @@ from runtime.paths import model_dir
 def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path, *, merge: bool = False) -> Path:
     found = checkpoint.find_latest(run_dir, step)
     if found is None:
-        which = f"step {step}" if step is not None else "any step"
-        raise FileNotFoundError(f"no intact checkpoint for {which} under {checkpoint.checkpoints_root(run_dir)}")
-    path, _ = found
+        raise FileNotFoundError(_not_found(run_dir, step))
+    path, manifest = found
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"output directory {out} is not empty")
@@ -33,13 +34,31 @@ def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path
         if not merge:
             shutil.copytree(path / "adapter", out, dirs_exist_ok=True)
             return out
-        return merge_adapter(path / "adapter", model_dir(load_config(Path(run_dir) / "config.yaml")), out)
+        return merge_adapter(path / "adapter", _base(run_dir, path, manifest), out)
     if merge:
         raise ValueError(f"--merge: {path} is not a LoRA checkpoint (no adapter/); export it without --merge")
     if (path / "hf").is_dir():
         shutil.copytree(path / "hf", out, dirs_exist_ok=True)
         return out
-    return consolidate(path / "actor", model_dir(load_config(Path(run_dir) / "config.yaml")), out)
+    return consolidate(path / "actor", _base(run_dir, path, manifest), out)
+
+
+def _not_found(run_dir: str | Path, step: int | None) -> str:
+    root = checkpoint.checkpoints_root(run_dir)
+    which = f"step {step}" if step is not None else "any step"
+    there = checkpoint.steps(run_dir)
+    listed = f"steps there: {', '.join(map(str, there))}" if there else "it holds no checkpoint"
+    return f"no intact checkpoint for {which} under {root} ({listed})"
+
+
+def _base(run_dir: str | Path, path: Path, manifest: dict[str, Any]) -> Path:
+    """The run's base model, refused (ValueError naming both) when it is not the one the
+    checkpoint was trained on."""
+    base = model_dir(load_config(Path(run_dir) / "config.yaml"))
+    problem = mismatch(path, manifest, base)
+    if problem:
+        raise ValueError(f"{problem}; export needs the base model the checkpoint was trained on")
+    return base
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

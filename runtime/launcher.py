@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from runtime import addresses, checkpoint, last_words
-from runtime.checkpoint_layout import check_resume_layout
+from runtime import addresses, base_model, checkpoint, last_words
+from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console, clock
@@ -43,8 +46,10 @@ from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan
 from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.process_groups import wait_gone
+from runtime.run_dir import check_run_dir, lock_run_dir
 from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
+from runtime.summary import end_summary
 from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
@@ -86,6 +91,17 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     plan = _memory_plan(cfg, gpus)  # before any role starts: a run that cannot fit is refused here
     if quiet:
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' "Writing model shards" bars
+    console = Console(Path(cfg.run_dir), cfg, quiet=quiet)
+    resume = ""
+    if opts.node_rank == 0 and not opts.join:  # other nodes join node 0's run (the directory may be shared)
+        lock_run_dir(Path(cfg.run_dir))
+        for line in check_run_dir(cfg):
+            console.note(f"resume=fresh: moved {line}")
+    if cfg.resume == "auto":
+        found = _resume_from(cfg, console)  # before the run dir is prepared: a refusal changes nothing there
+        if found is None:
+            return 0
+        resume = found
     run_dir = prepare_run_dir(cfg)
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     if plan is not None:
@@ -99,9 +115,8 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     if any(s.devices for s in specs):
         check_devices(specs, num_gpus)  # the processes actually planned (a --join launcher's too)
     env = _base_env(cfg, run_dir, opts)
-    console = Console(run_dir, cfg, quiet=quiet)
     if cfg.resume == "auto":
-        env[checkpoint.RESUME_ENV] = _resume_from(cfg, console)
+        env[checkpoint.RESUME_ENV] = resume
     log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
     console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
     if plan is not None and plan.gpu_gb:
@@ -186,7 +201,8 @@ class Supervisor:
                 self.teardown(self.cfg.shutdown_timeout_s)
                 self._pump_logs()
                 self.console.finish()
-                self.console.note(f"finished in {clock(time.monotonic() - self.console.started)}")
+                for line in end_summary(self.run_dir, clock(time.monotonic() - self.console.started)):
+                    self.console.note(line)
                 log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
                 return 0
             self._pump_logs()
@@ -251,10 +267,15 @@ def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
         )
 
 
-def _resume_from(cfg: RunConfig, console: Console) -> str:
-    """The newest intact checkpoint of the run ("" for a fresh start), chosen once per node."""
+def _resume_from(cfg: RunConfig, console: Console) -> str | None:
+    """The newest intact checkpoint of the run ("" for a fresh start), chosen once per node;
+    None when the run is already finished (nothing to train: the launcher exits 0). A
+    ConfigError when no intact checkpoint can serve this config, or when the base model changed."""
     found = checkpoint.find_latest(cfg.run_dir, required=checkpoint.required_parts(cfg))
     if found is None:
+        intact = checkpoint.find_latest(cfg.run_dir, quiet=True)
+        if intact is not None:
+            raise ConfigError(f"resume=auto: {cannot_serve(intact[0], cfg)}; or start over with resume=fresh")
         console.note("resume=auto: no complete checkpoint, starting fresh")
         return ""
     path, manifest = found
@@ -262,9 +283,33 @@ def _resume_from(cfg: RunConfig, console: Console) -> str:
         check_resume_layout(path, cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    problem = check_adapter_rank(path, cfg) or _base_changed(cfg, path, manifest)
+    if problem:
+        raise ConfigError(f"resume=auto: {problem}; or start over with resume=fresh")
+    if manifest["step"] >= cfg.trainer.total_steps:
+        console.note(
+            f"resume=auto: the run is finished: {path} is step {manifest['step']}, trainer.total_steps is "
+            f"{cfg.trainer.total_steps}; nothing to train (raise trainer.total_steps to train on)"
+        )
+        return None
     console.note(f"resuming from {path} (step {manifest['step']}, version {manifest['version']})")
     log.info("resuming", checkpoint=str(path), step=manifest["step"])
     return str(path.resolve())
+
+
+def _base_changed(cfg: RunConfig, path: Path, manifest: dict[str, Any]) -> str:
+    """ "" when this launch trains the base model `path` was trained on. The tiny model is
+    judged as it will be made: made in a scratch copy first, since its arguments may differ
+    from the one in the run dir (which a resume must not replace)."""
+    if cfg.model.path or not manifest.get(base_model.MANIFEST_KEY):
+        return base_model.mismatch(path, manifest, model_dir(cfg))
+    with tempfile.TemporaryDirectory(prefix="tandem-model-") as tmp:
+        scratch = Path(tmp) / "model"
+        if model_dir(cfg).is_dir():
+            shutil.copytree(model_dir(cfg), scratch)
+        make_tiny_model(scratch, **msgspec.structs.asdict(cfg.model.tiny))  # a no-op when the arguments match
+        problem = base_model.mismatch(path, manifest, scratch)
+    return problem.replace(str(scratch.resolve()), str(model_dir(cfg).resolve()) + " (as model.tiny makes it)")
 
 
 def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:

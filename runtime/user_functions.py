@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 REWARD_ARGUMENTS = ("prompt", "completion", "answer", "metadata", "prompt_ids", "completion_ids")
@@ -19,12 +20,27 @@ def load_function(spec: str, what: str = "reward function") -> Callable[..., Any
         raise ValueError(f"{what} '{spec}' must be module:function")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{what} '{spec}': cannot import '{module_name}' ({exc})") from None
+    except ModuleNotFoundError as exc:
+        hint = _path_hint(module_name, exc.name)
+        raise ValueError(f"{what} '{spec}': cannot import '{module_name}' ({exc}){hint}") from None
+    except Exception as exc:  # the module itself raised: the traceback's last line is the cause
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        raise ValueError(f"{what} '{spec}': importing '{module_name}' failed: {type(exc).__name__}: {last}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"{what} '{spec}': '{attr}' is not a callable in {module_name}")
     return fn  # type: ignore[no-any-return]
+
+
+def _path_hint(module_name: str, missing: str | None) -> str:
+    """How to make `module_name` importable when it is the missing module (not one it imports)."""
+    top = module_name.split(".")[0]
+    if missing is not None and missing.split(".")[0] != top:
+        return ""
+    here = Path.cwd()
+    if (here / f"{top}.py").is_file() or (here / top).is_dir():
+        return f"; '{top}' is in the current directory, which is not on the import path: run with PYTHONPATH=."
+    return "; put its directory on PYTHONPATH (or pip install it)"
 
 
 def check_reward_signature(spec: str, fn: Callable[..., Any]) -> None:

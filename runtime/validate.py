@@ -5,6 +5,7 @@ Each failed check is a `ConfigError` with one line naming the keys involved.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 
@@ -33,6 +34,17 @@ def check_config(cfg: RunConfig) -> None:
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
         raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
+    if cfg.data.path and cfg.data.source != "file":
+        raise ConfigError(
+            f"data.path is set but data.source is {cfg.data.source} (it would be ignored): add data.source=file"
+        )
+    if not counts.get("reward", 0) and _differs_from_default(cfg.reward, "functions") and cfg.reward.functions:
+        raise ConfigError(
+            "reward.functions is set but placement has no reward role (they would never run): "
+            "add {role: reward} to placement"
+        )
+    _check_needs_gpu(cfg)
+    _check_loggers(cfg)
     v = cfg.validation
     if v.every and not v.data:
         raise ConfigError("validation.every needs validation.data (a JSONL or Parquet file, or synthetic)")
@@ -76,8 +88,11 @@ def check_config(cfg: RunConfig) -> None:
             "algorithm.kl.use=reward needs algorithm.advantage=gae (the critic holds the reference policy); "
             "use algorithm.kl.use=loss with grpo/rloo/reinforce_pp"
         )
-    if cfg.checkpoint.every and not cfg.checkpoint.export_hf:
-        raise ConfigError("checkpoint.export_hf=false: rollouts resume from the HF export; keep it true to checkpoint")
+    if (cfg.checkpoint.every or cfg.checkpoint.final) and not cfg.checkpoint.export_hf:
+        raise ConfigError(
+            "checkpoint.export_hf=false: rollouts resume from the HF export; keep it true to checkpoint "
+            "(or checkpoint nothing: checkpoint.every=0 checkpoint.final=false)"
+        )
     for fn in cfg.reward.functions:
         if ":" not in fn:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
@@ -134,6 +149,41 @@ def _differs_from_default(struct: msgspec.Struct, name: str) -> bool:
 
 def _fmt(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def gpus_present() -> bool:
+    """Whether this machine shows a GPU to its processes, asked without importing torch
+    (a device node, and CUDA_VISIBLE_DEVICES not emptied)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
+
+
+def _check_needs_gpu(cfg: RunConfig) -> None:
+    """Options that work only on a GPU, refused at once on a machine without one (else the
+    run hangs or fails only once every role has started)."""
+    if cfg.trainer.device == "cpu" or any(p.devices for p in placed_processes(cfg)) or gpus_present():
+        return  # named GPUs are checked against the machine's by the launcher, before the model is made
+    if cfg.weight_sync.backend == "ipc":
+        raise ConfigError(
+            "weight_sync.backend=ipc needs a GPU (CUDA IPC) and this machine has none: "
+            "use weight_sync.backend=zmq or auto"
+        )
+    if cfg.fsdp.cpu_offload:
+        raise ConfigError(
+            "fsdp.cpu_offload=true needs a GPU (it offloads from one) and this machine has none: set it false"
+        )
+
+
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def _check_loggers(cfg: RunConfig) -> None:
+    """An enabled metrics sink whose package is not installed, refused with the install command."""
+    for key, package in LOGGER_PACKAGES.items():
+        if getattr(cfg.metrics, key) and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"metrics.{key}=true needs the {package} package, not installed: pip install {package}")
 
 
 def _check_env(cfg: RunConfig) -> None:

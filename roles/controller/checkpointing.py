@@ -13,6 +13,7 @@ from pathlib import Path
 from roles.controller import state as cstate
 from roles.controller.ranks import RankGroup
 from runtime import checkpoint
+from runtime.base_model import MANIFEST_KEY as BASE_MODEL_KEY
 from runtime.logs import get_logger
 from transport import wire
 
@@ -28,14 +29,17 @@ class Checkpointer:
         *,
         keep: int,
         timeout_s: float,
+        base_model: dict[str, str] | None = None,
     ) -> None:
         """`ranks`: the groups whose ranks save shards (trainer, critic); `snapshot()`:
-        the controller's state now."""
+        the controller's state now; `base_model`: the run's model identity
+        (runtime/base_model.py), recorded in every manifest."""
         self.run_dir = run_dir
         self.ranks = ranks
         self.snapshot = snapshot
         self.keep = keep
         self.timeout_s = timeout_s
+        self.base_model = base_model
 
     async def save(self) -> Path:
         started = time.perf_counter()
@@ -46,7 +50,10 @@ class Checkpointer:
         await asyncio.gather(*[group.call(save, self.timeout_s) for group in self.ranks if len(group)])
         (tmp / "controller.json").write_bytes(cstate.encode(state))
         version = state.ledger.gate["version"]
-        final = checkpoint.commit(tmp, step, {"version": version}, keep=self.keep)
+        meta: dict[str, object] = {"version": version}
+        if self.base_model is not None:
+            meta[BASE_MODEL_KEY] = self.base_model
+        final = checkpoint.commit(tmp, step, meta, keep=self.keep)
         log.info("checkpoint_saved", step=step, path=str(final), seconds=round(time.perf_counter() - started, 3))
         return final
 

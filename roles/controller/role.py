@@ -39,7 +39,7 @@ from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
-from runtime import addresses, checkpoint
+from runtime import addresses, base_model, checkpoint
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
@@ -150,8 +150,9 @@ class Controller(Role):
             )  # fmt: skip
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(
-            self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s
-        )
+            self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s,
+            base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
+        )  # fmt: skip
 
     def _shaping(self) -> Callable[[int], float] | None:
         o = self.cfg.reward.overlong
@@ -215,6 +216,8 @@ class Controller(Role):
             self._validate()
             if every and self.ledger.step % every == 0:
                 await self.checkpointer.save()
+        if self.cfg.checkpoint.final and self.ledger.step and not (every and self.ledger.step % every == 0):
+            await self.checkpointer.save()  # the model at the end: what `tandem export` writes
         if self.validator is not None:
             await self.validator.drain()
         served = {p.name: p.served for p in self.registry.peers.values() if p.info.role == "rollout"}

@@ -5,6 +5,7 @@ exit 2, one line naming the key and the file, no role spawned."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,24 @@ CASES = {
         "",
     ),
     "max_tokens over the context": (lambda t: ["rollout.max_tokens=512"], "rollout.max_tokens (512) must be below", ""),
+    "reward module raises at import": (
+        lambda t: ["reward.functions=[tests.helpers.raises_at_import:score]"],
+        "importing 'tests.helpers.raises_at_import' failed: RuntimeError: reward table missing",
+        "",
+    ),
+    "data.path without data.source=file": (
+        lambda t: [f"data.path={data_file(t, ['{}'])}"],
+        "data.path is set but data.source is synthetic",
+        "",
+    ),
+    "reward.functions without a reward role": (
+        lambda t: [
+            "reward.functions=[tests.helpers.rewards:slow_zero]",
+            "placement=[{role: controller}, {role: rollout}, {role: trainer, count: 2}]",
+        ],
+        "placement has no reward role",
+        "",
+    ),
 }
 
 
@@ -69,3 +88,21 @@ def test_a_bad_input_fails_at_once_in_one_line(tmp_path: Path, case: str) -> Non
     assert not (run / "logs").exists(), "a role was started"
     # 2 s on an idle machine (python's start and the config's imports); a margin for CI's.
     assert took < 6.0, took
+
+
+def test_ipc_weight_sync_without_a_gpu_is_refused_within_two_seconds(tmp_path: Path) -> None:
+    """The issue's case: accepted, the run hung at step 2."""
+    run = tmp_path / "run"
+    started = time.monotonic()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine with one
+    out = subprocess.run(
+        [*LAUNCH, f"run_dir={run}", "weight_sync.backend=ipc"], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    took = time.monotonic() - started
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        "tandem: error: weight_sync.backend=ipc needs a GPU (CUDA IPC) and this machine has none: "
+        "use weight_sync.backend=zmq or auto"
+    )
+    assert not (run / "logs").exists()
+    assert took < 2.0, took

@@ -1,0 +1,52 @@
+"""The launcher's end-of-run summary: the last step's key metrics, where the run and its
+model are, and the commands that read them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from runtime import checkpoint
+
+SHOWN = ("reward_mean", "response_len_mean", "staleness_mean")
+
+
+def last_step(run_dir: Path) -> dict[str, object]:
+    """The last training record of `RUN_DIR/metrics.jsonl` ({} when there is none)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "kind" not in rec and "step" in rec:
+            return rec
+    return {}
+
+
+def model_path(run_dir: Path) -> Path | None:
+    """The policy of the newest intact checkpoint: its `hf/` or `adapter/` folder, else
+    the checkpoint folder (export consolidates its shards); None without a checkpoint."""
+    found = checkpoint.find_latest(run_dir, quiet=True)
+    if found is None:
+        return None
+    path = found[0]
+    return next((path / part for part in ("hf", "adapter") if (path / part).is_dir()), path)
+
+
+def end_summary(run_dir: Path, elapsed: str) -> list[str]:
+    rec = last_step(run_dir)
+    head = f"finished in {elapsed}"
+    if rec:
+        shown = [f"{k} {rec[k]:.3f}" for k in SHOWN if isinstance(rec.get(k), int | float)]
+        head += f": step {rec['step']}" + "".join(f", {s}" for s in shown)
+    lines = [head, f"  run directory  {run_dir}"]
+    model = model_path(run_dir)
+    lines.append(f"  model          {model}" if model else "  model          none (checkpoint.final=false)")
+    lines.append(f"  report         tandem report {run_dir}")
+    if model:
+        merge = " [--merge]" if model.name == "adapter" else ""
+        lines.append(f"  export         tandem export {run_dir} OUT_DIR{merge}")
+    return lines
