@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +50,7 @@ from runtime.run_dir import check_run_dir, lock_run_dir
 from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
 from runtime.summary import end_summary
-from runtime.tiny_model import make_tiny_model, tiny_model_is_current
+from runtime.tiny_model import make_tiny_model
 
 log = get_logger("launcher")
 FAILURE_GRACE_S = 2.0
@@ -296,18 +298,18 @@ def _resume_from(cfg: RunConfig, console: Console) -> str | None:
 
 
 def _base_changed(cfg: RunConfig, path: Path, manifest: dict[str, Any]) -> str:
-    """ "" when this launch trains the base model `path` was trained on. A tiny model whose
-    arguments changed will be rebuilt by this launch (another model) and is judged without
-    building it; the one in the run dir must not be replaced before the resume is allowed."""
-    saved = manifest.get(base_model.MANIFEST_KEY)
-    tiny = msgspec.structs.asdict(cfg.model.tiny)
-    if saved and not cfg.model.path and not tiny_model_is_current(model_dir(cfg), **tiny):
-        return (
-            f"checkpoint {path} was trained on base model {saved['path']} (digest {saved['digest']}), "
-            f"but the run's model is now {model_dir(cfg).resolve()} as model.tiny makes it with these settings: "
-            "another model"
-        )
-    return base_model.mismatch(path, manifest, model_dir(cfg))
+    """ "" when this launch trains the base model `path` was trained on. The tiny model is
+    judged as it will be made: made in a scratch copy first, since its arguments may differ
+    from the one in the run dir (which a resume must not replace)."""
+    if cfg.model.path or not manifest.get(base_model.MANIFEST_KEY):
+        return base_model.mismatch(path, manifest, model_dir(cfg))
+    with tempfile.TemporaryDirectory(prefix="tandem-model-") as tmp:
+        scratch = Path(tmp) / "model"
+        if model_dir(cfg).is_dir():
+            shutil.copytree(model_dir(cfg), scratch)
+        make_tiny_model(scratch, **msgspec.structs.asdict(cfg.model.tiny))  # a no-op when the arguments match
+        problem = base_model.mismatch(path, manifest, scratch)
+    return problem.replace(str(scratch.resolve()), str(model_dir(cfg).resolve()) + " (as model.tiny makes it)")
 
 
 def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:

@@ -13,7 +13,6 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -94,14 +93,24 @@ def make_tiny_model(
     directory does nothing; different arguments rebuild it. Writes go to a temporary
     sibling that is renamed into place, so a reader never sees half a model.
     """
-    spec = _spec(
-        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, seed=seed, classifier=classifier, vocab_size=vocab_size,
-        initializer_range=initializer_range,
-    )  # fmt: skip
+    spec: dict[str, float] = dict(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        seed=seed,
+    )
+    if classifier:  # only then: the policy's digest (and a reused directory) stay as they were
+        spec["classifier"] = True
+    if vocab_size:  # absent by default, so models made before the option keep their digest
+        spec["vocab_size"] = vocab_size
+    if initializer_range != 0.02:  # the same
+        spec["initializer_range"] = initializer_range
     out = Path(path)
-    digest = _digest(spec)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
     if _same(stamp, digest):
         return out
@@ -120,42 +129,6 @@ def make_tiny_model(
         if not _same(stamp, digest):
             raise
     return out
-
-
-def tiny_model_is_current(path: str | os.PathLike[str], **kwargs: Any) -> bool:
-    """Whether `make_tiny_model(path, **kwargs)` would leave `path` as it is (it holds the
-    model of these arguments); reads only the stamp."""
-    return _same(Path(path) / _STAMP, _digest(_spec(**kwargs)))
-
-
-def _spec(
-    *, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-    intermediate_size: int = 256, max_position_embeddings: int = 1024, tie_word_embeddings: bool = True,
-    seed: int = 0, classifier: bool = False, vocab_size: int = 0, initializer_range: float = 0.02,
-) -> dict[str, float]:  # fmt: skip
-    """What identifies a tiny model (its stamp's `spec`): the arguments, defaults left out
-    where a later option was added, so older models keep their digest."""
-    spec: dict[str, float] = dict(
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        seed=seed,
-    )
-    if classifier:  # only then: the policy's digest (and a reused directory) stay as they were
-        spec["classifier"] = True
-    if vocab_size:  # absent by default, so models made before the option keep their digest
-        spec["vocab_size"] = vocab_size
-    if initializer_range != 0.02:  # the same
-        spec["initializer_range"] = initializer_range
-    return spec
-
-
-def _digest(spec: dict[str, float]) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _same(stamp: Path, digest: str) -> bool:
