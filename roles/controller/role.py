@@ -7,13 +7,12 @@ messages; every other role only serves its requests.
 
 The ledger (ledger.py) is the one owner of the accounting invariant: every admitted group
 is trained or dropped exactly once. The stages get only what they use and hand groups on
-through the ledger and their queues.
+through the ledger and their queues. Who is in the run (registration, rollouts that join
+or are lost in an elastic run, the shutdown at the end) is membership.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -23,12 +22,13 @@ import msgspec
 
 from roles.algo.shaping import overlong_penalty
 from roles.controller import state as cstate
+from roles.controller.budgets import response_budget
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
 from roles.controller.dataset import Prompt, PromptDataset
 from roles.controller.dispatch import Dispatcher
-from roles.controller.gatekeeper import Gatekeeper
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
+from roles.controller.membership import Membership, MembershipRules
 from roles.controller.metrics import MetricsSink
 from roles.controller.peers import Peer, Registry
 from roles.controller.ppo import RewardKL
@@ -73,17 +73,11 @@ class Controller(Role):
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()
         self.noisy = Throttled(log)
-        self.expected = role_counts(cfg)
-        self.gatekeeper = Gatekeeper(
-            self.registry, read_token(self.ctx.run_dir), self.expected, elastic=cfg.rollout.elastic
-        )
-        self.registered_event = asyncio.Event()
-        self.started = False
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
         bind = addresses.controller_bind_address(cfg, self.ctx.run_dir)
         self.server = bind_router(self.zmq, bind, name="controller", options=opts)
         self._build_stages(gae, wall_offset)
-        self.server.start(self._on_message, on_peer_lost=self._peer_lost)
+        self.server.start(self._on_message, on_peer_lost=self.membership.peer_lost)
         log.info("controller_listening", address=self.server.address, batch_size=self.ledger.gate.batch_size)
 
     def _ledger(self) -> tuple[Ledger, float]:
@@ -117,7 +111,11 @@ class Controller(Role):
         self.dispatcher = Dispatcher(
             self.ledger, self.dataset, self.registry, self.server, self._sampling_spec(),
             max_num_seqs=cfg.rollout.engine.max_num_seqs, on_unreachable=self._unreachable, schedule=self.schedule,
-            length_mix_min=cfg.rollout.length_mix_min,
+            budget=response_budget(cfg.rollout, cfg.seed),
+        )  # fmt: skip
+        self.membership = Membership(
+            self.registry, self.server, self.trainers, self.dispatcher, self._membership_rules(), run_id=self.run_id,
+            version=lambda: self.ledger.version, host=self,
         )  # fmt: skip
         self.values: ValueStage | None = None
         if self.critics is not None:
@@ -139,7 +137,7 @@ class Controller(Role):
         self.steps = StepRunner(
             self.ledger, self.trainers, self.critics, cfg.algorithm, self.recorder,
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
-            on_rollout_failed=self.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
+            on_rollout_failed=self.membership.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
             schedule=self.schedule,
         )  # fmt: skip
         self.validator: Validator | None = None
@@ -152,6 +150,14 @@ class Controller(Role):
         self.checkpointer = Checkpointer(
             self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s,
             base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
+        )  # fmt: skip
+
+    def _membership_rules(self) -> MembershipRules:
+        cfg = self.cfg
+        return MembershipRules(
+            expected=role_counts(cfg), token=read_token(self.ctx.run_dir), elastic=cfg.rollout.elastic,
+            elastic_grace_s=cfg.rollout.elastic_grace_s, peer_timeout_s=cfg.transport.peer_timeout_s,
+            sync_timeout_s=cfg.weight_sync.timeout_s * 3,
         )  # fmt: skip
 
     def _shaping(self) -> Callable[[int], float] | None:
@@ -197,16 +203,16 @@ class Controller(Role):
 
     # --- main loop -------------------------------------------------------------------
     async def run(self) -> None:
-        await self._wait_registered()
+        await self.membership.wait_all(self.cfg.startup_timeout_s)
         self.recorder.start_clock()
         self.schedule.run(self.ledger.step, self.ledger.version, self.ledger.next_gid)
-        self.started = True
+        self.membership.open()
         self.spawn("dispatcher", self.dispatcher.run())
         self.spawn("scorer", self.scorer.run())
         if self.values is not None:
             self.spawn("values", self.values.run())
         if self.cfg.rollout.elastic:
-            self.spawn("rollout-watch", self._watch_rollouts())
+            self.spawn("rollout-watch", self.membership.watch_rollouts())
         self.dispatcher.wake()
         every = self.cfg.checkpoint.every
         if self.ledger.step == 0:
@@ -222,7 +228,7 @@ class Controller(Role):
             await self.validator.drain()
         served = {p.name: p.served for p in self.registry.peers.values() if p.info.role == "rollout"}
         log.info("training_done", steps=self.ledger.step, served=served, **self.ledger.accounting())
-        await self._shutdown_peers("training finished")
+        await self.membership.shutdown_all("training finished")
         self.metrics.close()
         self.schedule.close()
 
@@ -238,45 +244,11 @@ class Controller(Role):
         kl_coef = self.reward_kl.coef if self.reward_kl is not None else 0.0
         return cstate.ControllerState(ledger=self.ledger.state(), dataset=self.dataset.state(), kl_coef=kl_coef)
 
-    async def _wait_registered(self) -> None:
-        deadline = time.monotonic() + self.cfg.startup_timeout_s
-        while not self._all_registered():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                have = {k: self.registry.count(k) for k in self.expected}
-                raise FatalError(
-                    f"roles did not register in {self.cfg.startup_timeout_s:g}s: have {have}, need {self.expected}"
-                )
-            self.registered_event.clear()
-            try:
-                await asyncio.wait_for(self.registered_event.wait(), remaining)
-            except TimeoutError:
-                continue
-        await self._send_rollout_peers()
-        await self._sync_lagging_rollouts()
-        log.info("all_registered", peers=[p.name for p in self.registry.peers.values()])
-
-    def _all_registered(self) -> bool:
-        return all(self.registry.count(k) >= n for k, n in self.expected.items() if k != "controller")
-
-    async def _send_rollout_peers(self) -> None:
-        msg = wire.Peers(role="rollout", peers=[p.info for p in self.registry.of("rollout")])
-        for t in self.registry.of("trainer"):
-            await self.server.send(msg, peer=t.identity)
-
-    async def _sync_lagging_rollouts(self) -> None:
-        """Rollouts behind the trainer (resumed without weights, or new) get the current ones."""
-        lagging = [p.info for p in self.registry.of("rollout") if p.version < self.ledger.version]
-        if not lagging:
-            return
-        log.info("syncing_rollouts", rollouts=[f"{i.role}-{i.rank}" for i in lagging], version=self.ledger.version)
-        await self.trainers.call(wire.SyncWeights(rollouts=lagging), self.cfg.weight_sync.timeout_s * 3)
-
     # --- messages --------------------------------------------------------------------
     async def _on_message(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
         if isinstance(msg, wire.Register):
-            return self._accept_registration(env.peer, msg)
+            return self.membership.register(env.peer, msg)
         if isinstance(msg, wire.Completion):
             group = self.dispatcher.on_completion(env.peer, msg)
             if group is not None:
@@ -288,13 +260,7 @@ class Controller(Role):
                 self.schedule.sync(peer.name, msg.version, msg.total_s, msg.receive_s, msg.load_s)
                 self.dispatcher.wake()
         elif isinstance(msg, wire.Dead):
-            if not self.gatekeeper.believe_dead(env.peer, msg):
-                return None
-            peer = self.registry.get(env.peer)
-            if msg.role == "rollout" and self.cfg.rollout.elastic and peer is not None:
-                self.lose_rollout(peer, f"died: {msg.cause}")
-            else:
-                self.fail(f"role {msg.role}-{msg.rank} died: {msg.cause}")
+            self.membership.dead(env.peer, msg)
         else:
             self.noisy.warning("unexpected_message", type=type(msg).__name__, peer=_name(env.peer))
         return None
@@ -306,77 +272,9 @@ class Controller(Role):
         else:
             self.scorer.submit(group)
 
-    def _accept_registration(self, identity: bytes | None, msg: wire.Register) -> wire.Message:
-        assert identity is not None
-        why = self.gatekeeper.refuse_registration(identity, msg)
-        if why is not None:
-            return wire.Error(code=wire.ErrorCode.REFUSED, message=f"registration refused: {why}")
-        peer = self.registry.add(identity, msg.peer)
-        log.info("registered", peer=peer.name, address=msg.peer.address, version=msg.peer.version, pid=msg.pid)
-        self.registered_event.set()
-        if self.started and peer.info.role == "rollout":
-            log.info("worker_joined", peer=peer.name, version=peer.version, trainer_version=self.ledger.version)
-            self.spawn(f"join-{peer.name}", self._welcome())
-        self.dispatcher.wake()
-        peers = [p.info for p in self.registry.peers.values()]
-        return wire.Registered(run_id=self.run_id, peers=peers, policy_version=self.ledger.version)
-
-    def _peer_lost(self, identity: bytes | None) -> None:
-        peer = self.registry.get(identity)
-        if peer is None or self.stopping or not peer.alive:
-            return
-        why = f"silent for {self.cfg.transport.peer_timeout_s:g}s"
-        if peer.info.role == "rollout" and self.cfg.rollout.elastic:
-            self.lose_rollout(peer, why)
-        else:
-            self.fail(f"role {peer.name} went {why}")
-
-    # --- elastic rollouts ------------------------------------------------------------
-    async def _welcome(self) -> None:
-        """A rollout that joined mid-run: tell the trainers, then give it the current weights."""
-        await self._send_rollout_peers()
-        await self._sync_lagging_rollouts()
-
     def _unreachable(self, peer: Peer, why: str) -> None:
-        self.rollout_failed(peer.name, why)
-
-    def rollout_failed(self, name: str, why: str) -> None:
-        peer = next((p for p in self.registry.of("rollout") if p.name == name), None)
-        if peer is None:
-            return
-        if self.cfg.rollout.elastic:
-            self.lose_rollout(peer, why)
-        else:
-            self.fail(f"rollout {name}: {why}")
-
-    def lose_rollout(self, peer: Peer, why: str) -> None:
-        """Forget a rollout worker and hand its unfinished groups to the survivors."""
-        moved = self.dispatcher.lose(peer)
-        self.server.forget(peer.identity)
-        log.warning(
-            "worker_lost", peer=peer.name, reason=why, redispatch=len(moved), uids=[g.prompt.uid for g in moved]
-        )
-        self.spawn(f"lost-{peer.name}-{time.monotonic():.3f}", self._send_rollout_peers())
-
-    async def _watch_rollouts(self) -> None:
-        """Elastic runs fail when no rollout worker is left for `elastic_grace_s`."""
-        empty_since: float | None = None
-        while True:
-            await asyncio.sleep(1.0)
-            if self.registry.of("rollout"):
-                empty_since = None
-                continue
-            empty_since = empty_since or time.monotonic()
-            if time.monotonic() - empty_since > self.cfg.rollout.elastic_grace_s:
-                raise FatalError(f"no rollout worker for {self.cfg.rollout.elastic_grace_s:g}s")
-
-    async def _shutdown_peers(self, reason: str) -> None:
-        for p in list(self.registry.peers.values()):
-            try:
-                await self.server.send(wire.Shutdown(reason=reason), peer=p.identity)
-            except Exception:  # a peer that is gone needs no shutdown
-                pass
-        await asyncio.sleep(0.1)
+        """The dispatcher's report (it is built before the membership it reports to)."""
+        self.membership.unreachable(peer, why)
 
     async def close(self) -> None:
         if hasattr(self, "schedule"):

@@ -13,11 +13,7 @@ the config check (`critic.megatron.pipeline_model_parallel_size` must be 1).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -40,13 +36,19 @@ from transport.wire import TrainBatch, ValueRequest
 
 
 class MegatronCriticEngine(MegatronEngineBase):
-    """`train_step` takes `critic.epochs × critic.mini_batches` optimizer steps per batch;
-    `values` scores packed sequences. `version` counts trained batches."""
+    """`train_step` (the base's) takes `critic.epochs × critic.mini_batches` optimizer steps
+    per batch: the clipped value loss against the returns, metrics as the FSDP critic's
+    (value_loss, value_clip_fraction, value_mean, grad_norm, lr, ...). `values` scores
+    packed sequences. `version` counts trained batches."""
+
+    metric_names = CRITIC_METRICS
 
     def __init__(self, cfg: RunConfig, actor_path: Path) -> None:
         from transformers import AutoConfig
 
-        super().__init__(cfg, cfg.critic.megatron)
+        c = cfg.critic
+        super().__init__(cfg, c.megatron, micro_batch_tokens=c.micro_batch_tokens, epochs=c.epochs,
+                         mini_batches=c.mini_batches)  # fmt: skip
         path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
         self.dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(str(path)))
         check_divisible(self.dims, self.tp, "critic.megatron")
@@ -76,8 +78,8 @@ class MegatronCriticEngine(MegatronEngineBase):
         ref = torch.zeros_like(values) if self.ref_model is not None else None
         spans = _spans(batch.cu_seqlens)
         row = 0
-        for mb in self._micro_batches(batch, self.cfg.critic.micro_batch_tokens):
-            v = self._values(self.model, mb).cpu()
+        for mb in self._micro_batches(batch, self.micro_batch_tokens):
+            v = self.forward(self.model, mb).cpu()
             if ref is not None:
                 unpad_rows(self._ref_logprobs(mb), spans, row, ref)
             row = unpad_rows(v, spans, row, values)
@@ -97,8 +99,8 @@ class MegatronCriticEngine(MegatronEngineBase):
         me = dist.get_rank(self.replica_group)
         return int(sum(int(c) for c in counts[:me]))
 
-    @staticmethod
-    def _values(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Per-token values, position j holding the head's output at j-1 (0 at the first)."""
         out = model(mb.input_ids_BT, mb.attention_mask_BT)["values"]
         return torch.nn.functional.pad(out[:, :-1], (1, 0))  # position j <- output at j-1
 
@@ -108,38 +110,12 @@ class MegatronCriticEngine(MegatronEngineBase):
         return torch.nn.functional.pad(next_token_logprobs(logits, mb.input_ids_BT), (1, 0)).cpu()
 
     # --- training ----------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """The clipped value loss against the returns, `epochs × mini_batches` steps; metrics
-        as the FSDP critic's (value_loss, value_clip_fraction, value_mean, grad_norm, lr, ...)."""
-        start = time.perf_counter()
-        batch = gather_shards(batch, self.replica_group, self.device)
-        c = self.cfg.critic
-        if c.epochs == 1 and c.mini_batches == 1:
-            metrics = self._update(batch, self._forward_step, CRITIC_METRICS, c.micro_batch_tokens)
-        else:
-            metrics = self._ppo_updates(
-                batch, self._forward_step, CRITIC_METRICS, epochs=c.epochs, mini_batches=c.mini_batches,
-                budget=c.micro_batch_tokens,
-            )  # fmt: skip
-        self.version += 1
-        metrics.update(train_s=time.perf_counter() - start)
-        metrics.setdefault("optimizer_steps", 1.0)
-        return metrics
-
-    def _forward_step(
-        self, data: Iterator[MicroBatch], model: torch.nn.Module, *, batch: TrainBatch, num_microbatches: int
-    ) -> tuple[torch.Tensor, Any]:
-        mb = next(data)
-        return self._values(model, mb), partial(self._loss, mb, batch, num_microbatches)
-
-    def _loss(
-        self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, values: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, mb: MicroBatch, batch: TrainBatch, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss against the returns."""
         f = mb.fields
         loss, m = value_loss(
             values, f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
             num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
         )  # fmt: skip
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
-        # The schedule divides by num_microbatches and DDP averages over data-parallel ranks.
-        return loss * (num_microbatches * self.dp), m
+        return loss, m

@@ -32,9 +32,7 @@ methods are blocking collectives, called from one thread, in the same order on e
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +62,19 @@ METRICS = ACTOR_METRICS.without("kl_ref")
 
 
 class MegatronEngine(MegatronEngineBase):
+    """`train_step` (the base's) takes `trainer.ppo_epochs × trainer.mini_batches` optimizer
+    steps per batch, the ratio against this forward when both are 1 (as the FSDP engine)."""
+
+    metric_names = METRICS
+
     def __init__(self, cfg: RunConfig, model_path: Path) -> None:
         from transformers import AutoConfig
 
-        m = cfg.trainer.megatron
-        super().__init__(cfg, m)
+        t = cfg.trainer
+        m = t.megatron
+        super().__init__(
+            cfg, m, micro_batch_tokens=t.micro_batch_tokens, epochs=t.ppo_epochs, mini_batches=t.mini_batches
+        )
         hf_config = AutoConfig.from_pretrained(str(model_path))
         self.dims = ModelDims.from_hf_config(hf_config)
         check_divisible(self.dims, self.tp, "trainer.megatron")
@@ -80,26 +86,7 @@ class MegatronEngine(MegatronEngineBase):
         self._wrap(self.actor, config, cfg.trainer.optim)
 
     # --- training ----------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`ppo_epochs × mini_batches` optimizer steps on this replica's sequences (one when
-        both are 1, with the ratio against this forward, as the FSDP engine); their metrics
-        reduced over ranks and averaged over the steps. `version` counts one more batch."""
-        start = time.perf_counter()
-        batch = gather_shards(batch, self.replica_group, self.device)
-        t = self.cfg.trainer
-        if t.ppo_epochs == 1 and t.mini_batches == 1:
-            metrics = self._update(batch, self._forward_step, METRICS, t.micro_batch_tokens)
-        else:
-            metrics = self._ppo_updates(
-                self._with_proximal(batch), self._forward_step, METRICS, epochs=t.ppo_epochs,
-                mini_batches=t.mini_batches, budget=t.micro_batch_tokens,
-            )  # fmt: skip
-        self.version += 1
-        metrics.update(train_s=time.perf_counter() - start)
-        metrics.setdefault("optimizer_steps", 1.0)
-        return metrics
-
-    def _with_proximal(self, batch: TrainBatch) -> TrainBatch:
+    def prepare(self, batch: TrainBatch) -> TrainBatch:
         """`batch` with `proximal_logprobs` from one forward-only pass before the first
         update. Only the last pipeline stage computes the loss, so only it fills them in;
         the other stages carry zeros they never read."""
@@ -109,16 +96,13 @@ class MegatronEngine(MegatronEngineBase):
             prox[cu[i] + 1 : cu[i + 1]] = row
         return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
-    def _forward_step(
-        self, data: Iterator[MicroBatch], model: torch.nn.Module, *, batch: TrainBatch, num_microbatches: int
-    ) -> tuple[torch.Tensor, Any]:
-        mb = next(data)
-        logits = model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
-        return logits, partial(self._loss, mb, batch, num_microbatches)
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """The stage's output; on the last stage the vocabulary-parallel logits."""
+        return model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]  # type: ignore[no-any-return]
 
-    def _loss(
-        self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, mb: MicroBatch, batch: TrainBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Decoupled PPO (proximal = `prepare`'s logprobs, or this forward detached when
+        there is one update per batch); entropy is reported, not in the loss."""
         with torch.no_grad():
             entropy = vocab_parallel_entropy(logits[:, :-1])
         logp = next_token_logprobs(logits, mb.input_ids_BT)
@@ -131,8 +115,7 @@ class MegatronEngine(MegatronEngineBase):
         )  # fmt: skip
         tokens = float(mask.sum())
         m.update(loss=float(loss.detach()), entropy=float((entropy * mask).sum()) / max(tokens, 1.0), tokens=tokens)
-        # The schedule divides by num_microbatches and DDP averages over data-parallel ranks.
-        return loss * (num_microbatches * self.dp), m
+        return loss, m
 
     @torch.no_grad()
     def forward_logprobs(self, batch: TrainBatch) -> list[torch.Tensor] | None:
@@ -145,14 +128,14 @@ class MegatronEngine(MegatronEngineBase):
     @torch.no_grad()
     def _sequence_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Per-sequence token logprobs of `batch` on every last-stage rank; [] elsewhere."""
-        mbs = self._micro_batches(batch, self.cfg.trainer.micro_batch_tokens)
+        mbs = self._micro_batches(batch, self.micro_batch_tokens)
         self.model.eval()
         outputs = self._run_schedule(mbs, self._logprobs_step, forward_only=True)
         return [row for out in outputs for row in out["logprobs"]][: batch.cu_seqlens.numel() - 1]
 
     def _logprobs_step(self, data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         mb = next(data)
-        logits = model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]
+        logits = self.forward(model, mb)
 
         def collect(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
             logp = next_token_logprobs(logits, mb.input_ids_BT)

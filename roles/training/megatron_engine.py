@@ -4,8 +4,16 @@ It owns the process group and megatron's parallel state (TP x PP per replica, da
 parallel across replicas), the seeds (torch and megatron's CUDA RNG tracker), the DDP
 wrapper and megatron's optimizer with the FSDP engines' warm-up schedule, the pipeline
 schedule, and checkpoints (`roles/training/megatron_checkpoint.py`). A subclass builds its
-model stage, hands it to `_wrap`, and runs `_update(batch, forward_step, ...)` with a
-forward step that returns megatron's `(output, loss_func)` pair.
+model stage and hands it to `_wrap`, names its metrics (`metric_names`) and implements
+`forward` (the model's output for one micro-batch) and `loss` (that micro-batch's loss);
+it may implement `prepare`. The base runs the one `train_step` both engines run, as
+`FSDPEngineBase` does for the FSDP engines (roles/training/engine.py).
+
+A step, on every rank: gather the replica's shards; with `epochs` = `mini_batches` = 1,
+one optimizer step on them; otherwise `prepare` first (the actor's proximal logprobs),
+then `epochs × mini_batches` steps on seeded mini-batches. The step's metrics are
+reduced over ranks (the mean over the optimizer steps), with train_s and
+optimizer_steps; `version` then counts one more published policy.
 
 Data: the members of one model replica (its TP x PP ranks) must see the same sequences,
 so a subclass first gathers its replica's shards (`gather_shards`). Losses are scaled so
@@ -16,10 +24,12 @@ methods are blocking collectives, called from one thread, in the same order on e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -33,13 +43,15 @@ from roles.training.models import DTYPES
 from runtime.config import MegatronConfig, OptimConfig, RunConfig
 from transport.wire import TrainBatch
 
-ForwardStep = Callable[..., tuple[torch.Tensor, Any]]
 
-
-class MegatronEngineBase:
+class MegatronEngineBase(ABC):
     """Subclasses build their model stage and call `_wrap`; `version` counts trained batches."""
 
-    def __init__(self, cfg: RunConfig, m: MegatronConfig) -> None:
+    metric_names: ClassVar[MetricNames]
+
+    def __init__(
+        self, cfg: RunConfig, m: MegatronConfig, *, micro_batch_tokens: int, epochs: int = 1, mini_batches: int = 1
+    ) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -58,6 +70,9 @@ class MegatronEngineBase:
         self.reports_metrics = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
         self.version = 0  # batches trained (published versions)
         self.optimizer_steps = 0  # what the learning-rate warm-up counts
+        self.micro_batch_tokens = micro_batch_tokens
+        self.epochs = epochs
+        self.num_mini_batches = mini_batches
 
     def _wrap(self, module: torch.nn.Module, config: Any, o: OptimConfig) -> None:
         """Wrap `module` (this rank's stage, weights loaded) in megatron's DDP and build its
@@ -87,17 +102,64 @@ class MegatronEngineBase:
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
 
-    # --- steps -------------------------------------------------------------------------
-    def _update(self, batch: TrainBatch, step: ForwardStep, names: MetricNames, budget: int) -> dict[str, float]:
+    # --- the step ----------------------------------------------------------------------
+    @abstractmethod
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """This stage's output for `mb` (on the device), what the last stage's `loss` takes."""
+
+    @abstractmethod
+    def loss(self, mb: MicroBatch, batch: TrainBatch, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's loss and metrics from the last stage's `output`; `batch` is the
+        replica's whole batch (for the step's global counts). The loss is normalised by the
+        step's global token (or sequence) count and not scaled for the schedule or DDP. The
+        metrics are python floats named in `metric_names`, plus "tokens" (the weight of
+        `weighted` names)."""
+
+    def prepare(self, batch: TrainBatch) -> TrainBatch:
+        """Before several updates on `batch` (the replica's): the batch with what must come
+        from the weights before the first update (a collective). Returns `batch` unless overridden."""
+        return batch
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """`epochs × mini_batches` optimizer steps on this replica's sequences (one when both
+        are 1); their metrics reduced over ranks and averaged over the steps, with grad_norm,
+        lr, update_skipped, micro_batches, train_s, optimizer_steps. `version` counts one more batch."""
+        start = time.perf_counter()
+        batch = gather_shards(batch, self.replica_group, self.device)
+        if self.epochs == 1 and self.num_mini_batches == 1:
+            metrics = self._update(batch)
+        else:
+            metrics = self._ppo_updates(self.prepare(batch))
+        self.version += 1
+        metrics.update(train_s=time.perf_counter() - start)
+        metrics.setdefault("optimizer_steps", 1.0)
+        return metrics
+
+    def _forward_step(
+        self, data: Iterator[MicroBatch], model: torch.nn.Module, *, batch: TrainBatch, num_microbatches: int
+    ) -> tuple[torch.Tensor, Any]:
+        """megatron's forward step: the stage's output and the loss function the last stage applies to it."""
+        mb = next(data)
+        return self.forward(model, mb), partial(self._scaled_loss, mb, batch, num_microbatches)
+
+    def _scaled_loss(
+        self, mb: MicroBatch, batch: TrainBatch, num_microbatches: int, output: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, m = self.loss(mb, batch, output)
+        # The schedule divides by num_microbatches and DDP averages over data-parallel ranks.
+        return loss * (num_microbatches * self.dp), m
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on `batch` (this replica's sequences, normalised by its global
-        counts): `step(data, model, batch=, num_microbatches=)` is the schedule's forward
-        step. Its metrics reduced over ranks, with grad_norm, lr, update_skipped, micro_batches."""
-        mbs = self._micro_batches(batch, budget)
+        counts). Its metrics reduced over ranks, with grad_norm, lr, update_skipped, micro_batches."""
+        names = self.metric_names
+        mbs = self._micro_batches(batch, self.micro_batch_tokens)
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self._set_lr()
-        outputs = self._run_schedule(mbs, partial(step, batch=batch, num_microbatches=len(mbs)), forward_only=False)
+        step = partial(self._forward_step, batch=batch, num_microbatches=len(mbs))
+        outputs = self._run_schedule(mbs, step, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         self.optimizer_steps += 1
         acc = dict.fromkeys(names.all(), 0.0)
@@ -109,24 +171,22 @@ class MegatronEngineBase:
                        micro_batches=len(mbs))  # fmt: skip
         return metrics
 
-    def _ppo_updates(
-        self, batch: TrainBatch, step: ForwardStep, names: MetricNames, *, epochs: int, mini_batches: int, budget: int
-    ) -> dict[str, float]:
+    def _ppo_updates(self, batch: TrainBatch) -> dict[str, float]:
         """Every epoch's mini-batch steps. The members of a replica hold the same sequences,
         so the shuffle is seeded by the data-parallel rank and the counts summed over the
         data-parallel group."""
         from megatron.core import parallel_state as ps
 
         steps, num_micro = [], 0.0
-        for epoch in range(epochs):
+        for epoch in range(self.epochs):
             minis = epoch_mini_batches(
-                batch, mini_batches, seed=self.cfg.trainer.seed, epoch=epoch, rank=ps.get_data_parallel_rank(),
+                batch, self.num_mini_batches, seed=self.cfg.trainer.seed, epoch=epoch, rank=ps.get_data_parallel_rank(),
                 device=self.device, group=ps.get_data_parallel_group(),
             )  # fmt: skip
             for mini in minis:
-                steps.append(self._update(mini, step, names, budget))
+                steps.append(self._update(mini))
                 num_micro += steps[-1]["micro_batches"]
-        metrics = mean_over_steps(steps, names)
+        metrics = mean_over_steps(steps, self.metric_names)
         metrics["micro_batches"] = num_micro
         return metrics
 

@@ -43,7 +43,35 @@ def causal_inputs(input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return positions, causal
 
 
-class MegatronActor(nn.Module):
+class GPTStage(nn.Module):
+    """One pipeline stage of a megatron-core `GPTModel` behind the engines' plain forward.
+
+    `forward(input_ids, attention_mask=None)` runs the stage on right-padded `[B, T]` ids
+    with positions `0..T-1` and causal attention (`attention_mask` is accepted for
+    interface compatibility: causal attention over right padding needs no padding mask)
+    and returns `outputs(out, last)`: a subclass names what the last stage's output means.
+    The stage is `module` (its state-dict prefix) and its `config` megatron's schedule reads.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.module = model
+        self.config = model.config
+
+    def set_input_tensor(self, tensor: Any) -> None:
+        self.module.set_input_tensor(tensor)  # type: ignore[operator]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        del attention_mask
+        out = self.module(input_ids, *causal_inputs(input_ids))
+        return self.outputs(out, last=getattr(self.module, "post_process", True))
+
+    def outputs(self, out: torch.Tensor, *, last: bool) -> dict[str, Any]:
+        """What `forward` returns for the stage's output `out` (`last`: the last stage's)."""
+        raise NotImplementedError
+
+
+class MegatronActor(GPTStage):
     """A megatron-core `GPTModel` (one pipeline stage of it) behind a plain interface.
 
     `forward(input_ids, attention_mask=None)` takes right-padded `[B, T]` token ids and
@@ -59,20 +87,11 @@ class MegatronActor(nn.Module):
     """
 
     def __init__(self, model: nn.Module, vocab_size: int) -> None:
-        super().__init__()
-        self.module = model
-        self.config = model.config
+        super().__init__(model)
         self.vocab_size = vocab_size
 
-    def set_input_tensor(self, tensor: Any) -> None:
-        self.module.set_input_tensor(tensor)  # type: ignore[operator]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        del attention_mask  # causal attention over right padding needs no padding mask
-        out = self.module(input_ids, *causal_inputs(input_ids))
-        if getattr(self.module, "post_process", True):
-            out = self._mask_padded_vocab(out.float())
-        return {"logits": out, "values": None}
+    def outputs(self, out: torch.Tensor, *, last: bool) -> dict[str, Any]:
+        return {"logits": self._mask_padded_vocab(out.float()) if last else out, "values": None}
 
     def _mask_padded_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
@@ -172,26 +191,14 @@ class ValueHead(nn.Module):
         return self.score(hidden), None
 
 
-class MegatronValueModel(nn.Module):
+class MegatronValueModel(GPTStage):
     """A GPTModel stage whose output layer is a `ValueHead`: `forward(input_ids)` takes
     right-padded `[B, T]` ids and returns `{"values": [B, T] float32}` on the last stage
     (the head's output at each position; padded positions are meaningless), the stage's
     hidden states elsewhere (under "values", what the pipeline schedule sends on)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.module = model
-        self.config = model.config
-
-    def set_input_tensor(self, tensor: Any) -> None:
-        self.module.set_input_tensor(tensor)  # type: ignore[operator]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        del attention_mask  # causal attention over right padding needs no padding mask
-        out = self.module(input_ids, *causal_inputs(input_ids))
-        if getattr(self.module, "post_process", True):
-            out = out[..., 0].float()
-        return {"values": out}
+    def outputs(self, out: torch.Tensor, *, last: bool) -> dict[str, Any]:
+        return {"values": out[..., 0].float() if last else out}
 
 
 def build_value_model(dims: ModelDims, config: Any, device: torch.device) -> MegatronValueModel:
