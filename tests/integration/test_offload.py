@@ -130,3 +130,39 @@ def test_fsdp2_actor_with_streamed_optimizer_equals_adamw_and_resumes(model_dir:
             assert torch.equal(a, b) and torch.equal(b, c)
         assert r["moments_on_host_after_load"]
         assert r["offload_s"] > 0
+
+
+def test_moments_live_in_one_host_buffer_of_exactly_their_size() -> None:
+    """One buffer, not one allocation per moment: on CUDA it is page-locked once, exactly its
+    size (torch's pinned allocator would round each moment up to a power of two)."""
+    shapes = [(300, 7), (11,), (64, 64)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = StreamedAdamW(params, chunk_bytes=8 * 1000, **HYPER)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    numel = sum(p.numel() for p in params)
+    assert opt.host_bytes == 2 * 4 * numel
+    moments = [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+    storages = {m.untyped_storage().data_ptr() for m in moments}
+    assert len(storages) == 1 and moments[0].untyped_storage().nbytes() == opt.host_bytes
+    # A loaded state dict goes into that buffer too, and the step after it equals AdamW's.
+    saved = copy.deepcopy(opt.state_dict())
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    adamw = torch.optim.AdamW(ref, **HYPER)  # type: ignore[arg-type]
+    adamw.load_state_dict(copy.deepcopy(saved))
+    again = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    loaded = StreamedAdamW(again, chunk_bytes=8 * 1000, **HYPER)
+    loaded.load_state_dict(saved)
+    assert {loaded.state[p][k].untyped_storage().data_ptr() for p in again for k in ("exp_avg", "exp_avg_sq")} == {
+        loaded.state[again[0]]["exp_avg"].untyped_storage().data_ptr()
+    }
+    grads = [torch.randn_like(p) for p in params]
+    for p, q, g in zip(ref, again, grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    adamw.step()
+    loaded.step()
+    for p, q in zip(ref, again, strict=True):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(adamw.state[p][key], loaded.state[q][key]), key
