@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from runtime.config import RunConfig
+from runtime.run_token import read_token, token_path
 from transport.endpoint import ChannelOptions
 
 CONTROLLER_ENV = "TANDEM_CONTROLLER"
@@ -76,13 +77,19 @@ def advertised(address: str) -> str:
 
 
 def channel_options(cfg: RunConfig, run_dir: str | Path) -> ChannelOptions:
+    """The run's socket policy. Its servers admit only peers holding the run's Curve key
+    (`transport.curve`) or else presenting the run token at the handshake; the token is
+    left out only where `RUN_DIR/keys/run_token` does not exist (the launcher makes it
+    before any role starts, and registration refuses a role without it)."""
     t = cfg.transport
     curve = None
     if t.curve:
         from transport.security import load_keys
 
         curve = load_keys(t.keys_dir or Path(run_dir) / "keys")
+    token = token_path(run_dir)
     return ChannelOptions(
+        password=read_token(run_dir) if token.exists() else None,
         hwm=t.hwm,
         max_message_bytes=t.max_message_mb << 20,
         heartbeat_s=t.heartbeat_s,

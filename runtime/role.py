@@ -206,14 +206,12 @@ class Role:
         return 1 if self._fatal is not None else 0
 
     def _start_auth(self) -> None:
-        """With CurveZMQ on, this process's servers accept only peers holding the run's key."""
-        if not self.cfg.transport.curve:
-            return
+        """This process's servers accept only peers holding the run's Curve key (with
+        CurveZMQ on) or else presenting the run token at the handshake."""
         from transport.security import start_authenticator
 
-        keys = addresses.channel_options(self.cfg, self.ctx.run_dir).curve
-        assert keys is not None
-        self._auth = start_authenticator(self.zmq, keys)
+        opts = addresses.channel_options(self.cfg, self.ctx.run_dir)
+        self._auth = start_authenticator(self.zmq, opts.curve, password=opts.password)
 
     async def _register(self) -> None:
         opts = addresses.channel_options(self.cfg, self.ctx.run_dir)

@@ -42,6 +42,9 @@ class ChannelOptions:
     peer_timeout_s: float = 10.0
     inline_threshold: int = 256
     curve: CurveKeys | None = None
+    # The run token: with `curve` off, servers admit only peers presenting it at the ZMQ
+    # handshake (PLAIN + ZAP), so a stranger never gets a frame into their memory.
+    password: str | None = None
     send_timeout_s: float = 60.0  # a send waits this long for room in a full queue
 
 

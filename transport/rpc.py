@@ -15,7 +15,8 @@ Guarantees a caller may rely on:
   `transport.endpoint`), and so is a late reply (`stats.dropped["late_reply"]`).
 * Heartbeats: every `heartbeat_s` an endpoint greets each peer it has not sent to
   recently; a peer silent for `peer_timeout_s` is reported once to `on_peer_lost`, and
-  once more after each time it is heard from again (`peer_back`).
+  once more after each time it is heard from again (`peer_back`). Its `peer_silent` log is
+  a warning when the peer had been heard from, info when never (it may not be up yet).
 * `aclose` returns within about a second: it cancels the endpoint's tasks, fails its
   pending requests with `ConnectionError` and closes the socket with its linger bound.
 """
@@ -77,6 +78,7 @@ class RpcEndpoint(Endpoint):
         self._corr = itertools.count(1)
         self._pending: dict[int, tuple[bytes | None, asyncio.Future[wire.Message]]] = {}
         self._lost: set[bytes | None] = set()
+        self._heard: set[bytes | None] = set()  # peers anything arrived from: only their silence is a fault
         self._loops: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[None]] = set()
         self.noisy = Throttled(log)
@@ -89,7 +91,7 @@ class RpcEndpoint(Endpoint):
         if not self.is_router:
             self.last_seen.setdefault(None, time.monotonic())
         loops: dict[str, Coroutine[Any, Any, None]] = {"receive": self._receive(), "heartbeat": self._heartbeat()}
-        if self.options.curve is not None and self.sock.curve_server:
+        if self.sock.curve_server or self.sock.plain_server:
             loops["handshakes"] = log_refused_handshakes(self.sock, self.name)
         for what, coro in loops.items():
             task = asyncio.create_task(coro, name=f"{self.name}.{what}")
@@ -137,6 +139,7 @@ class RpcEndpoint(Endpoint):
         """Stop tracking `peer` (it left); its pending requests fail as unreachable."""
         self.known_peers.discard(peer)
         self.last_seen.pop(peer, None)
+        self._heard.discard(peer)
         for p, reply in self._pending.values():
             if p == peer and not reply.done():
                 reply.set_exception(PeerUnreachable(f"{self.name}: peer {peer_name(peer)} was lost"))
@@ -218,6 +221,7 @@ class RpcEndpoint(Endpoint):
                 self._dispatch(env)
 
     def _dispatch(self, env: Envelope) -> None:
+        self._heard.add(env.peer)
         if env.peer is not None:
             self.known_peers.add(env.peer)
         if env.peer in self._lost:
@@ -273,7 +277,12 @@ class RpcEndpoint(Endpoint):
             seen = self.last_seen.get(peer, now)
             if now - seen > opts.peer_timeout_s and peer not in self._lost:
                 self._lost.add(peer)
-                log.warning("peer_silent", channel=self.name, peer=peer_name(peer), silent_s=round(now - seen, 2))
+                # A server never heard from may not be up yet (a role registering while the
+                # controller starts): reported to on_peer_lost all the same, but no warning.
+                heard = peer in self._heard
+                (log.warning if heard else log.info)(
+                    "peer_silent", channel=self.name, peer=peer_name(peer), silent_s=round(now - seen, 2), heard=heard
+                )
                 await self._report_lost(peer)
             if now - self.last_sent.get(peer, 0.0) >= opts.heartbeat_s:
                 await self._greet(peer)

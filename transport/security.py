@@ -1,4 +1,4 @@
-"""CurveZMQ authentication for cross-host runs.
+"""Handshake authentication: CurveZMQ for cross-host runs, PLAIN with the run token locally.
 
 A run has one key pair shared by its roles (`generate_keys` writes it, `tandem keys
 RUN_DIR` calls that). Servers accept only clients whose public key is listed in
@@ -6,10 +6,18 @@ RUN_DIR` calls that). Servers accept only clients whose public key is listed in
 everyone else and logs each refusal with the peer's address and reason. A plaintext
 peer cannot complete the handshake with a Curve socket at all; `log_refused_handshakes`
 logs and counts those failures as they happen (a socket monitor on the server).
+
+Local runs (no Curve) authenticate with ZMQ's PLAIN mechanism instead: a client presents
+the run token (runtime/run_token.py) as its password, the same ZAP handler compares it in
+constant time and refuses (logs, counts) any other. PLAIN sends the token in clear over
+the connection, which is why it is for ipc:// in a 0700 folder and loopback only; data
+frames are not encrypted, so it costs the data path nothing.
 """
 
 from __future__ import annotations
 
+import hmac
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +35,7 @@ _refusals = Throttled(log)  # a peer can retry a refused handshake at will
 PUBLIC_FILE = "tandem.key"
 SECRET_FILE = "tandem.key_secret"
 ZAP_DOMAIN = "tandem"
+PLAIN_USER = b"tandem"
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,16 @@ class _LoggingAuthenticator(AsyncioAuthenticator):
     """ZAP handler that logs every refused peer and counts refusals."""
 
     refused = 0
+    password: str | None = None
+
+    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
+        # pyzmq compares with ==; the run token is compared in constant time.
+        expected = self.password
+        allowed = expected is not None and bool(password) and hmac.compare_digest(password.encode(), expected.encode())
+        if not allowed:
+            type(self).refused += 1
+            _refusals.warning("peer_refused", key="PLAIN", mechanism="PLAIN", reason="wrong or missing run token")
+        return allowed, b"OK" if allowed else b"wrong or missing run token"
 
     async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
         allowed, reason = await super()._authenticate_curve(domain, client_key)
@@ -89,12 +108,33 @@ class _LoggingAuthenticator(AsyncioAuthenticator):
         return allowed, reason
 
 
-def start_authenticator(ctx: zmq.asyncio.Context, keys: CurveKeys) -> AsyncioAuthenticator:
-    """Start the ZAP handler of `ctx`: only `keys.allowed_clients` may connect."""
+_running: weakref.WeakKeyDictionary[zmq.Context, _LoggingAuthenticator] = weakref.WeakKeyDictionary()
+
+
+def start_authenticator(
+    ctx: zmq.asyncio.Context, keys: CurveKeys | None = None, *, password: str | None = None
+) -> AsyncioAuthenticator:
+    """Start the ZAP handler of `ctx` (one per context, needs a running event loop): a
+    Curve client must hold one of `keys.allowed_clients`, a PLAIN client must present
+    `password`; every other peer is refused, logged (throttled) and counted."""
     auth = _LoggingAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Allowed(keys.allowed_clients))
+    if keys is not None:
+        auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Allowed(keys.allowed_clients))
+    auth.password = password
+    _running[ctx] = auth
     return auth
+
+
+def ensure_authenticator(ctx: zmq.asyncio.Context, *, password: str) -> None:
+    """Make sure `ctx` has a ZAP handler that admits PLAIN clients presenting `password`
+    (`bind_router` calls this, so no PLAIN server runs without one; a handler started
+    here lives as long as the context)."""
+    auth = _running.get(ctx)
+    if auth is None or auth.zap_socket is None:
+        start_authenticator(ctx, password=password)
+    elif auth.password != password:
+        raise ValueError("transport: a context's servers must all check the same run token")
 
 
 class _Allowed:
@@ -126,7 +166,7 @@ async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None
             _handshakes_refused[0] += 1
             _refusals.warning(
                 "peer_refused",
-                key="handshake",
+                key=f"handshake {channel}",  # per socket: one noisy peer mutes no other
                 channel=channel,
                 mechanism="handshake",
                 reason=_HANDSHAKE_REASONS.get(event["event"], str(event["event"])),
@@ -142,5 +182,5 @@ async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None
 
 _HANDSHAKE_REASONS: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch (a peer without the run's Curve key?)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch (a peer without the run's Curve key or token?)",
 }

@@ -5,6 +5,10 @@ limit of `max_message_bytes` (ZMQ_MAXMSGSIZE): libzmq reads a frame's length fir
 drops the connection of a peer that sends a larger one, so such a frame never costs the
 receiver its size in memory (a message of several frames, each under the cap, still can:
 libzmq has no limit on the number of frames; `Endpoint.admit` then drops and counts it).
+Only a peer that passed the handshake can send a frame at all: with `options.curve` the
+peer needs the run's Curve key, otherwise, with `options.password` (the run token), it
+must present that token (ZMQ PLAIN, checked by the context's ZAP handler, which
+`bind_router` starts when none runs yet), so a stranger's frames never reach memory.
 A ROUTER routes mandatorily, so a send to an unknown peer is an error (`PeerUnreachable`)
 rather than a silent loss, and it refuses a newcomer with a live peer's identity.
 """
@@ -16,7 +20,7 @@ import zmq.asyncio
 
 from transport.endpoint import ChannelOptions
 from transport.rpc import RpcEndpoint
-from transport.security import apply_curve
+from transport.security import PLAIN_USER, ZAP_DOMAIN, apply_curve, ensure_authenticator
 
 
 def bind_router(
@@ -30,6 +34,10 @@ def bind_router(
     sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
     if options.curve is not None:
         apply_curve(sock, options.curve, server=True)
+    elif options.password is not None:
+        ensure_authenticator(ctx, password=options.password)
+        sock.plain_server = True
+        sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
     ep = RpcEndpoint(sock, name, options)
     ep.address = _bind(sock, address)
     return ep
@@ -49,6 +57,9 @@ def connect_dealer(
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     if options.curve is not None:
         apply_curve(sock, options.curve, server=False)
+    elif options.password is not None:
+        sock.plain_username = PLAIN_USER
+        sock.plain_password = options.password.encode()
     sock.connect(address)
     ep = RpcEndpoint(sock, name, options)
     ep.address = address

@@ -122,6 +122,7 @@ async def test_weights_without_the_run_token_are_refused(rollout: RoleHarness, w
 async def test_malformed_input_is_dropped_and_role_keeps_serving(rollout: RoleHarness) -> None:
     assert rollout.peer is not None
     raw = rollout.zmq.socket(zmq.DEALER)
+    raw.plain_username, raw.plain_password = b"tandem", read_token(rollout.cfg.run_dir).encode()  # a run member
     raw.connect(rollout.peer.address)
     await raw.send_multipart([b"garbage"])
     await raw.send_multipart([b"bad", b"\x90"])
