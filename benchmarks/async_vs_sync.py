@@ -28,8 +28,18 @@ done. `weight_sync_gbps` is the policy's size in bf16 (from the model's config.j
 the median weight-sync time, in 10^9 bytes per second. `rollout_vs_bare_vllm` is
 `role_over_bare` of a benchmarks/rollout.py result (`--rollout-bench FILE`), else null.
 
+`--repeats N` (N > 1) runs the variants N times, alternating (sync, async, sync, async, ...),
+each run into `RUN_ROOT/NAME-R`, and every run gets `trainer.total_steps` = warm-up +
+`--measured-steps` (default 20 with repeats) + its own max_staleness, so each keeps at least
+that many measured steps. The JSON then holds every repeat (`repeats`: one object per repeat
+with its variants' summaries and its `speedup`), `spread` (median, min, max and the samples of
+each variant's samples_per_s and of the per-repeat async/sync ratio), `speedup` = the median
+ratio, and `variants` = each variant's median-samples/s run. With one repeat the output is
+as before (no `repeats`, no `spread`).
+
     .venv/bin/python benchmarks/async_vs_sync.py [--config configs/bench_h200x2.yaml] [key=value ...]
         [--colocated] [--rollout-bench FILE] [--out benchmarks/results/async_vs_sync_h200x2.json]
+        [--repeats 3 [--measured-steps 20]]
 """
 
 from __future__ import annotations
@@ -131,6 +141,35 @@ def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] |
         out[key] = a[key]
     out["rollout_vs_bare_vllm"] = rollout_bench.get("role_over_bare") if rollout_bench else None
     return out
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of `values`, and the values themselves."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
+
+
+def aggregate_repeats(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Over repeats (each: variant name -> its summary): the spread of each variant's
+    samples/s and of the per-repeat async/sync ratio; `median_runs`: each variant's run with
+    the median samples/s (the lower middle one of an even count)."""
+    names = list(repeats[0])
+    out: dict[str, Any] = {name: {"samples_per_s": spread([r[name]["samples_per_s"] for r in repeats])}
+                           for name in names}  # fmt: skip
+    if "sync" in names and "async" in names:
+        out["speedup"] = spread([r["async"]["samples_per_s"] / r["sync"]["samples_per_s"] for r in repeats])
+    median_runs = {}
+    for name in names:
+        rate = statistics.median_low(r[name]["samples_per_s"] for r in repeats)
+        median_runs[name] = next(r[name] for r in repeats if r[name]["samples_per_s"] == rate)
+    return {"spread": out, "median_runs": median_runs}
+
+
+def steps_override(cfg: RunConfig, warmup: int, measured: int | None) -> list[str]:
+    """`trainer.total_steps` that leaves `measured` steps after the warm-up and the last
+    max_staleness steps (none: the config's own)."""
+    if measured is None:
+        return []
+    return [f"trainer.total_steps={warmup + measured + cfg.rollout.max_staleness}"]
 
 
 def decoder_param_count(hf: dict[str, Any]) -> int:
@@ -245,9 +284,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-root", type=Path, help="default: runs/async_vs_sync/<config>-<time>")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per variant")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating runs of every variant")
+    parser.add_argument("--measured-steps", type=int,
+                        help="steps kept per run (sets total_steps); default 20 with --repeats > 1")  # fmt: skip
     parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
                         help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (got {args.repeats})")
+    if args.measured_steps is None and args.repeats > 1:
+        args.measured_steps = 20
+    if args.measured_steps is not None and args.measured_steps < 1:
+        parser.error(f"--measured-steps must be at least 1 (got {args.measured_steps})")
+    return args
 
 
 @dataclass
@@ -311,17 +360,18 @@ def main(argv: list[str] | None = None) -> None:
     run_root = (args.run_root or ROOT / "runs" / "async_vs_sync" / stamp).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
     policy = setup_policy(base, run_root)
-    runs: dict[str, list[str]] = {}
-    for name, extra in variant_overrides(
-        base, args.staleness, args.colocated_gpu_util if args.colocated else None
-    ).items():
-        if args.only and name not in args.only:
-            continue
-        common = [*args.overrides, *policy.overrides, f"name={config.stem}-{name}", f"run_dir={run_root / name}"]
-        runs[name] = [*common, *extra]
-        check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts
-    variants = {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
+    repeats = [
+        {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
+        for runs in plan_runs(config, base, args, policy, run_root)
+    ]  # alternating: every repeat runs each variant once, in order
     rollout_bench = json.loads(args.rollout_bench.read_text()) if args.rollout_bench else None
+    variants = repeats[0]
+    extra: dict[str, Any] = {}
+    if args.repeats > 1:
+        agg = aggregate_repeats(repeats)
+        variants = agg["median_runs"]
+        extra = {"repeats": [{"repeat": i, **compare(r, None), "variants": r} for i, r in enumerate(repeats)],
+                 "spread": agg["spread"], "measured_steps": args.measured_steps}  # fmt: skip
     result = {
         "benchmark": "async_vs_sync",
         "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
@@ -335,8 +385,33 @@ def main(argv: list[str] | None = None) -> None:
         "run_root": str(run_root),
         **compare(variants, rollout_bench),
         "variants": variants,
+        **extra,
     }
+    if "speedup" in extra.get("spread", {}):
+        result["speedup"] = extra["spread"]["speedup"]["median"]
     emit(result, args.out)
+
+
+def plan_runs(
+    config: Path, base: RunConfig, args: argparse.Namespace, policy: Policy, run_root: Path
+) -> list[dict[str, list[str]]]:
+    """Each repeat's overrides per variant, checked before any run starts (a bad variant
+    fails at once). One repeat: run directories `RUN_ROOT/NAME`; more: `RUN_ROOT/NAME-R`."""
+    colocated = args.colocated_gpu_util if args.colocated else None
+    out = []
+    for rep in range(args.repeats):
+        runs: dict[str, list[str]] = {}
+        for name, extra in variant_overrides(base, args.staleness, colocated).items():
+            if args.only and name not in args.only:
+                continue
+            tag = name if args.repeats == 1 else f"{name}-{rep}"
+            common = [*args.overrides, *policy.overrides, f"name={config.stem}-{tag}", f"run_dir={run_root / tag}"]
+            steps = steps_override(load_config(config, [*args.overrides, *extra]), args.warmup_steps,
+                                   args.measured_steps)  # fmt: skip
+            runs[name] = [*common, *extra, *steps]
+            check_config(load_config(config, runs[name]))
+        out.append(runs)
+    return out
 
 
 def emit(result: dict[str, Any], out: Path | None) -> None:

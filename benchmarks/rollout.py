@@ -1,11 +1,20 @@
 """Rollout role vs bare vLLM, and in-place weight-update time. Prints one JSON object.
 
-In one run, on the same machine and with the same engine options and requests:
+In one run, on the same machine, like for like:
 
 * baseline: `AsyncLLM` driven directly in this process (`generate()` for every request
-  at once, final outputs only, per-token logprobs on) — the fastest way to call vLLM;
+  at once, per-token logprobs on) — the fastest way to call vLLM;
 * role: the rollout role as its own process, driven over its ZeroMQ channel exactly as
   the controller drives it (`Generate` in, one `Completion` per sample out).
+
+Both engines get the same `AsyncEngineArgs` (roles/generation/engine.py `engine_kwargs`; the
+role's are read back from its `engine_args` log line, and the benchmark refuses to report
+when the two sets differ: both are in the JSON, `engine_args`), the same process
+environment (the launcher's role defaults, runtime/launcher_env.py, set here before either
+engine starts), the same prompts and the same vLLM `SamplingParams` (the role's, built by
+the role's own function; the JSON's `sampling`), with the role's prefix-cache salt.
+`--update-every S` adds a run of the role with a whole-model weight update pushed every S
+seconds while it generates (`role_updating_tokens_per_s`, `role_updating_over_bare`).
 
 Throughput is output tokens per second over the whole batch; the figure is the median
 of `--reps` repetitions after one warm-up. The update figure is the median time of a
@@ -15,13 +24,14 @@ beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket pac
 the `WeightsApplied` reply, with the phase split and the role's own receive / load /
 total times.
 
-    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3]
+    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -30,6 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # vLLM logs to stdout by default; stdout is for this benchmark's one JSON object.
@@ -39,7 +52,11 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from runtime.config import RunConfig
 from runtime.config_load import load_config
+from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
+
+for _key, _value in ROLE_ENV_DEFAULTS.items():  # the role's environment, for the bare engine too
+    os.environ.setdefault(_key, _value)
 
 
 def requests(num: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
@@ -47,30 +64,62 @@ def requests(num: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(0, 256) for _ in range(prompt_len)] for _ in range(num)]
 
 
-async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int) -> list[float]:
-    from vllm import SamplingParams
+def bare_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """The engine arguments the rollout role (rank 0) starts vLLM with under `cfg`."""
+    from roles.generation.engine import engine_kwargs
+    from runtime.gpu_check import rollout_sleeps
+    from runtime.paths import model_dir
+
+    return engine_kwargs(cfg.rollout.engine, str(model_dir(cfg)), sleep_mode=rollout_sleeps(cfg, 0))
+
+
+def role_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """The engine arguments the rollout role logged (`engine_args`, its last start)."""
+    lines = (Path(cfg.run_dir) / "logs" / "rollout-0.jsonl").read_text().splitlines()
+    found = [r["args"] for r in map(json.loads, lines) if r.get("event") == "engine_args"]
+    if not found:
+        raise SystemExit("rollout benchmark: the role logged no engine_args")
+    return found[-1]
+
+
+def check_same_args(bare: dict[str, Any], role: dict[str, Any]) -> None:
+    """Refuse (SystemExit naming every differing argument) unless the two sets are equal."""
+
+    def shown(args: dict[str, Any], key: str) -> str:
+        return repr(args[key]) if key in args else "<unset>"
+
+    differ = sorted(k for k in bare.keys() | role.keys() if k not in bare or k not in role or bare[k] != role[k])
+    if differ:
+        pairs = ", ".join(f"{k}: bare {shown(bare, k)} vs role {shown(role, k)}" for k in differ)
+        raise SystemExit(f"rollout benchmark: engine arguments differ ({pairs}); not reporting a ratio")
+
+
+def sampling_spec(max_tokens: int) -> Any:
+    from transport import wire
+
+    return wire.SamplingSpec(n=1, max_tokens=max_tokens, ignore_eos=True)
+
+
+async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int) -> tuple[list[float], str]:
+    """Rates of `reps` measured batches (after one warm-up) and the vLLM SamplingParams used."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    e = cfg.rollout.engine
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(e.cpu_kvcache_gb))
-    engine = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=str(Path(cfg.run_dir) / "model"), skip_tokenizer_init=True, dtype=e.dtype,
-            max_model_len=e.max_model_len, enforce_eager=e.enforce_eager, seed=e.seed,
-            max_num_seqs=e.max_num_seqs, enable_prefix_caching=e.enable_prefix_caching,
-            gpu_memory_utilization=e.gpu_memory_utilization,
-        )
-    )  # fmt: skip
-    params = SamplingParams(
-        max_tokens=max_tokens, ignore_eos=True, logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
-    )
+    from roles.generation.engine import _sampling_params
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.engine.cpu_kvcache_gb))
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_engine_kwargs(cfg)))
+    stream = not hasattr(engine.engine_core, "set_weight_version_async")  # as the role decides
+    params = _sampling_params(sampling_spec(max_tokens), 0, stream=stream)
+    salt = {"cache_salt": "v0"} if cfg.rollout.engine.enable_prefix_caching else {}  # the role salts by version
 
     async def one(i: int, ids: list[int], tag: str) -> int:
-        async for out in engine.generate({"prompt_token_ids": ids}, params, request_id=f"{tag}-{i}"):
-            if out.finished:  # FINAL_ONLY: the one output there is
-                return len(out.outputs[0].token_ids)
+        tokens = 0
+        prompt: Any = {"prompt_token_ids": ids, **salt}  # the role's prompt dict
+        async for out in engine.generate(prompt, params, request_id=f"{tag}-{i}#0"):
+            tokens = tokens + len(out.outputs[0].token_ids) if stream else len(out.outputs[0].token_ids)
+            if out.finished:
+                return tokens
         raise RuntimeError(f"request {tag}-{i} ended without a final output")
 
     rates = []
@@ -82,34 +131,79 @@ async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, r
                 rates.append(tokens / (time.perf_counter() - start))
     finally:
         engine.shutdown()
-    return rates
+    return rates, repr(params)
 
 
-async def role(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int) -> tuple[list[float], dict]:
+async def role(
+    cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int, update_every: float
+) -> tuple[list[float], dict]:
     from tests.helpers.harness import RoleHarness
-    from transport import wire
 
     harness = RoleHarness(cfg, "rollout")
     await harness.start()
-    spec = wire.SamplingSpec(n=1, max_tokens=max_tokens, ignore_eos=True)
     rates = []
     try:
         for rep in range(reps + 1):
-            start = time.perf_counter()
-            for i, p in enumerate(prompts):
-                await harness.send(wire.Generate(request_id=f"r{rep}-{i}", group_id=i, prompt_ids=p, sampling=spec))
-            tokens = 0
-            for _ in prompts:
-                tokens += (await harness.next(wire.Completion)).token_ids.numel()
+            rate = await role_batch(harness, prompts, max_tokens, f"r{rep}")
             if rep:
-                rates.append(tokens / (time.perf_counter() - start))
-        update = await weight_updates(harness, reps=5)
+                rates.append(rate)
+        side, tensors, backend = await trainer_side(harness)
+        update = {"update_backend": backend, **await weight_updates(side, tensors, harness, reps=5)}
+        if update_every > 0:
+            update.update(await role_updating(harness, side, tensors, prompts, max_tokens, reps, update_every))
+        await side.aclose()
     finally:
         await harness.stop()
     return rates, update
 
 
-async def weight_updates(harness, reps: int) -> dict:
+async def role_batch(harness: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> float:
+    """Output tokens per second of one batch of `prompts` through the role."""
+    from transport import wire
+
+    spec = sampling_spec(max_tokens)
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        await harness.send(wire.Generate(request_id=f"{tag}-{i}", group_id=i, prompt_ids=p, sampling=spec))
+    tokens = 0
+    for _ in prompts:
+        tokens += (await harness.next(wire.Completion)).token_ids.numel()
+    return tokens / (time.perf_counter() - start)
+
+
+async def role_updating(
+    harness: Any, side: Any, tensors: dict, prompts: list[list[int]], max_tokens: int, reps: int, every_s: float
+) -> dict[str, Any]:
+    """`reps` batches through the role while a whole-model update is pushed at once and then
+    every `every_s` seconds (`updates_during`: how many were pushed)."""
+    pushed: list[float] = []
+    stop = asyncio.Event()
+
+    async def updater() -> None:
+        version = 5  # weight_updates pushed 1..5; the role takes versions up to trainer.total_steps
+        while True:  # the first update at once, then one every `every_s` until the batches end
+            version += 1
+            result = await side.push(version, tensors)
+            if result.failed:
+                raise RuntimeError(str(next(iter(result.failed.values()))))
+            pushed.append(result.seconds)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+                return
+
+    task = asyncio.create_task(updater())
+    try:
+        rates = [await role_batch(harness, prompts, max_tokens, f"u{rep}") for rep in range(reps)]
+    finally:
+        stop.set()
+        await task
+    return {"update_every_s": every_s, "role_updating_tokens_per_s": statistics.median(rates),
+            "role_updating_runs": rates, "updates_during": len(pushed),
+            "updating_update_s_median": statistics.median(pushed) if pushed else None}  # fmt: skip
+
+
+async def trainer_side(harness: Any) -> tuple[Any, dict, str]:
+    """A connected trainer side (the backend a trainer on GPU 0 would pick) and the model's tensors."""
     import torch
     from safetensors.torch import load_file
 
@@ -126,6 +220,11 @@ async def weight_updates(harness, reps: int) -> dict:
         harness, backend, device, timeout_s=cfg.weight_sync.timeout_s, bucket_mb=cfg.weight_sync.bucket_mb
     )
     await side.connect()
+    return side, tensors, backend
+
+
+async def weight_updates(side: Any, tensors: dict, harness: Any, reps: int) -> dict:
+    cfg = harness.cfg
     times, applied, phases = [], [], []
     for version in range(1, reps + 1):
         result = await side.push(version, tensors)
@@ -134,9 +233,7 @@ async def weight_updates(harness, reps: int) -> dict:
         times.append(result.seconds)
         applied.append(result.applied[f"{harness.role}-{harness.rank}"])
         phases.append(result.phases)
-    await side.aclose()
     return {
-        "update_backend": backend,
         "update_bucket_mb": cfg.weight_sync.bucket_mb,
         "update_s_median": statistics.median(times),
         "update_s_max": max(times),
@@ -154,6 +251,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--update-every", type=float, default=0.0,
+                        help="also run the role with a weight update every this many seconds (0: no)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
@@ -164,24 +263,36 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))
     # The engine must hold prompt + response; requests that cannot fit would only measure errors.
     fit = f"rollout.engine.max_model_len={max(256, args.prompt_len + args.max_tokens + 1)}"
-    cfg = load_config(args.config, [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256", fit, *args.overrides])
+    # Every update is a new policy version; the role refuses one past the run's last step.
+    many = "trainer.total_steps=1000000"
+    fixed = [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256", fit, many]
+    cfg = load_config(args.config, [*fixed, *args.overrides])
     from runtime.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)
     prompts = requests(args.prompts, args.prompt_len)
-    base = asyncio.run(bare_vllm(cfg, prompts, args.max_tokens, args.reps))
-    ours, update = asyncio.run(role(cfg, prompts, args.max_tokens, args.reps))
+    base, params = asyncio.run(bare_vllm(cfg, prompts, args.max_tokens, args.reps))
+    ours, update = asyncio.run(role(cfg, prompts, args.max_tokens, args.reps, args.update_every))
+    args_bare, args_role = bare_engine_kwargs(cfg), role_engine_kwargs(cfg)
+    print(json.dumps({"engine_args": {"bare": args_bare, "role": args_role}}), file=sys.stderr)
+    check_same_args(args_bare, args_role)
+    bare_rate = statistics.median(base)
     result = {
         "benchmark": "rollout",
         "requests": args.prompts,
         "max_tokens": args.max_tokens,
-        "bare_vllm_tokens_per_s": statistics.median(base),
+        "bare_vllm_tokens_per_s": bare_rate,
         "role_tokens_per_s": statistics.median(ours),
-        "role_over_bare": statistics.median(ours) / statistics.median(base),
+        "role_over_bare": statistics.median(ours) / bare_rate,
         "bare_runs": base,
         "role_runs": ours,
+        "engine_args": {"bare": args_bare, "role": args_role, "equal": True},
+        "sampling": {"spec": msgspec.to_builtins(sampling_spec(args.max_tokens)), "vllm": params},
+        "env": {k: os.environ[k] for k in ROLE_ENV_DEFAULTS},
         **update,
     }
+    if "role_updating_tokens_per_s" in update:
+        result["role_updating_over_bare"] = update["role_updating_tokens_per_s"] / bare_rate
     print(json.dumps(result))
 
 

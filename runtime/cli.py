@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
     launch.add_argument("--quiet", action="store_true", help="print errors only (to stderr): for scripts")
     launch.add_argument(
+        "--print-config", action="store_true",
+        help="print the resolved config (defaults filled in, overrides applied) as YAML and exit",
+    )  # fmt: skip
+    launch.add_argument(
         "--plan", action="store_true",
         help="print the memory plan of every GPU and host and exit (0: it fits, 2: it does not); "
         "memory.gpu_gb=N plans for N-GB GPUs on a machine without them",
@@ -96,6 +100,11 @@ def _launch(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:  # what RUN_DIR/config.yaml would hold; nothing is checked, made or started
+        from runtime.config_load import to_yaml
+
+        sys.stdout.write(to_yaml(cfg))
+        return 0
     from runtime.multinode import resolve_launch_options
 
     try:

@@ -130,6 +130,24 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     ] = 0
 
 
+class LengthDistConfig(msgspec.Struct, **_STRUCT):
+    """Heavy-tailed response budgets (docs/benchmarks.md): each training group's max_tokens is
+    drawn, seeded by the run's `seed` and the group id, from a log-normal capped at
+    rollout.max_tokens; with rollout.ignore_eos every sample runs to its group's budget."""
+
+    kind: Annotated[
+        Literal["off", "lognormal"],
+        Doc(description="off: every group may run to rollout.max_tokens; lognormal: budgets drawn per group."),
+    ] = "off"
+    mean_tokens: Annotated[
+        int, Doc(description="Mean budget of the log-normal before the cap (median: mean * exp(-sigma^2/2)).", ge=1)
+    ] = 512
+    sigma: Annotated[
+        float, Doc(description="Std of log(budget): 1.0 puts ~10% of groups above 3.6x the median.", gt=0, le=4)
+    ] = 1.0
+    min_tokens: Annotated[int, Doc(description="Shortest budget (draws below it are raised to it).", ge=1)] = 16
+
+
 class RolloutConfig(msgspec.Struct, **_STRUCT):
     max_staleness: Annotated[
         int, Doc(description="Most policy versions a trained sample may lag the trainer; 0 = synchronous PPO.", ge=0)
@@ -148,6 +166,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
             ge=0,
         ),
     ] = 0
+    length_dist: Annotated[
+        LengthDistConfig,
+        Doc(description="Heavy-tailed (log-normal, capped at max_tokens) response budgets per group; off by default."),
+    ] = msgspec.field(default_factory=LengthDistConfig)
     stop_token_ids: Annotated[list[int], Doc(description="Extra token ids that end a response.")] = []
     engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
         default_factory=EngineConfig
@@ -708,8 +730,19 @@ class TransportConfig(msgspec.Struct, **_STRUCT):
 
 class MetricsConfig(msgspec.Struct, **_STRUCT):
     tensorboard: Annotated[bool, Doc(description="Also write TensorBoard scalars under RUN_DIR/tb.")] = False
-    wandb: Annotated[bool, Doc(description="Also log to Weights & Biases.")] = False
+    wandb: Annotated[
+        bool,
+        Doc(
+            description="Also log to Weights & Biases (the resolved config is the run's config; a run resumed "
+            "from a checkpoint continues the wandb run whose id RUN_DIR/wandb_run_id holds)."
+        ),
+    ] = False
     wandb_project: Annotated[str, Doc(description="wandb project.")] = "tandem"
+    wandb_entity: Annotated[
+        str, Doc(description="wandb entity (user or team); empty = WANDB_ENTITY, else your default entity.")
+    ] = ""
+    wandb_group: Annotated[str, Doc(description="wandb group the run belongs to (e.g. a sweep); empty = none.")] = ""
+    wandb_name: Annotated[str, Doc(description="wandb run name; empty = the run directory's name.")] = ""
     schedule: Annotated[
         bool,
         Doc(

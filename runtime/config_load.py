@@ -2,9 +2,13 @@
 
     load_config("configs/tiny_cpu.yaml", ["rollout.max_staleness=2", "fsdp.cpu_offload=false"])
 
-Override values are parsed as YAML scalars (`true`, `2`, `0.5`, `[1, 2]`, `null`).
-`trainer.fsdp.X` is accepted as an alias of `fsdp.X`. Every failure is a `ConfigError`
-whose message is one line naming the key and, for closed sets, the valid choices.
+Override values are parsed as YAML scalars (`true`, `2`, `0.5`, `[1, 2]`, `null`); a value
+that is not valid YAML is taken as a string, unless it opens a flow collection or a quote
+(`[`, `{`, `"`, `'`): then it is refused, naming the override. `trainer.fsdp.X` is accepted
+as an alias of `fsdp.X`. Every failure is a `ConfigError` whose message is one line naming
+the key (and the override that set it) and, for closed sets, the valid choices. A recipe
+that is not valid YAML, or that gives one key twice in a mapping, fails as
+`FILE:LINE:COLUMN: problem`.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     if path and "name" not in data:
         data["name"] = Path(path).stem
     _check_keys(data, RunConfig, "")
+    origins: dict[str, str] = {}  # dotted key -> the override that set it, for error messages
     for item in overrides:
         key, value = parse_override(item)
         set_key(data, key, value)
-    cfg = _convert(data)
+        origins[key] = item
+    cfg = _convert(data, origins)
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
     return cfg
@@ -54,9 +60,25 @@ def parse_override(item: str) -> tuple[str, Any]:
             key = target + key[len(alias) :]
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        if raw.lstrip()[:1] in FLOW_OPENERS:  # meant as a list, mapping or quoted string: a typo
+            raise ConfigError(f"override '{item}': the value is not valid YAML: {_yaml_problem(exc)}") from None
+        value = raw  # a plain string that merely looks like YAML (`a: b`), taken as it is
     return key, value
+
+
+FLOW_OPENERS = ("[", "{", '"', "'")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: `problem (context at LINE:COL)`, positions 1-based."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc).splitlines()[0]
+    text = exc.problem or exc.context or "invalid YAML"
+    if exc.problem and exc.context:
+        where = f" at {exc.context_mark.line + 1}:{exc.context_mark.column + 1}" if exc.context_mark else ""
+        text += f" ({exc.context}{where})"
+    return text
 
 
 def set_key(data: dict[str, Any], key: str, value: Any) -> None:
@@ -88,11 +110,13 @@ def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
     if depth > 8:
         raise ConfigError(f"config '{path}': `base:` chain deeper than 8")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # a SafeLoader (see below)
     except FileNotFoundError:
         raise ConfigError(f"config file '{path}' does not exist") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
     base = data.pop("base", None)
@@ -101,6 +125,30 @@ def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
     merged = _read_layers((path.parent / base).resolve(), depth + 1)
     merged.pop("name", None)
     return _deep_merge(merged, data)
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error
+    (SafeLoader keeps the last one in silence: a setting lost without a word)."""
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    first: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: overriding merged keys is the point
+            continue
+        key = loader.construct_object(key_node)
+        if not isinstance(key, typing.Hashable):
+            continue  # SafeLoader itself refuses an unhashable key, with its position
+        if key in first:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}' (first given on line {first[key]})", key_node.start_mark
+            )
+        first[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _refuse_duplicate_keys)
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -134,16 +182,17 @@ def _unknown(path: str, parent: Any, full: str = "") -> typing.NoReturn:
     raise ConfigError(f"unknown config key {name}; valid keys under {where}: {', '.join(fields)}")
 
 
-def _convert(data: dict[str, Any]) -> RunConfig:
+def _convert(data: dict[str, Any], origins: dict[str, str] | None = None) -> RunConfig:
     try:
         # strict=False: PyYAML reads `1e-3` (no dot) as a string; let float fields take it.
         return msgspec.convert(data, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_explain(str(exc), data)) from None
+        raise ConfigError(_explain(str(exc), data, origins or {})) from None
 
 
-def _explain(message: str, data: dict[str, Any]) -> str:
-    """Rewrite msgspec's message as: bad value for 'a.b' (got X): reason; valid choices."""
+def _explain(message: str, data: dict[str, Any], origins: dict[str, str]) -> str:
+    """Rewrite msgspec's message as: bad value for 'a.b' (got X) [from override 'a.b=X']:
+    reason; valid choices."""
     m = re.search(r" - at `\$\.?(.*)`$", message)
     path = m.group(1) if m else ""
     reason = message[: m.start()] if m else message
@@ -153,6 +202,9 @@ def _explain(message: str, data: dict[str, Any]) -> str:
     text = f"bad value for config key '{dotted}'"
     if got is not _MISSING:
         text += f" (got {got!r})"
+    source = next((item for key, item in origins.items() if dotted == key or dotted.startswith(f"{key}.")), "")
+    if source:
+        text += f" from override '{source}'"
     text += f": {reason}"
     if choices:
         text += f"; valid choices: {', '.join(map(str, choices))}"
@@ -267,6 +319,18 @@ def config_docs() -> str:
         "",
         "Generated from `runtime/config.py` by `tandem config-docs`; a test checks it is current.",
         "Set any key in a YAML recipe or on the command line as `key=value` (dotted).",
+        "",
+        "* `tandem launch RECIPE [key=value ...] --print-config` prints the resolved config (every default",
+        "  filled in, every override applied: what `RUN_DIR/config.yaml` will hold) as YAML and exits 0",
+        "  without checking, making or starting anything; the output is itself a recipe.",
+        "* Override values are YAML (`true`, `2`, `1e-6`, `null`, `[a, b]`). A value that is not valid YAML",
+        "  is taken as a plain string (`data.path=a: b: c`), unless it opens a list, a mapping or a quote",
+        "  (`[`, `{`, `\"`, `'`): then it is refused, naming the override. A bad value names its key and the",
+        "  override that set it: `bad value for config key 'rollout.n' (got '=8') from override 'rollout.n==8'`.",
+        "* A recipe that is not valid YAML fails before anything starts, in one line naming the file,",
+        "  line and column (exit 2): `configs/x.yaml:7:3: mapping values are not allowed here`. So does a",
+        "  key given twice in one mapping (PyYAML would keep the last in silence):",
+        "  `configs/x.yaml:9:3: duplicate key 'n' (first given on line 4)`; keys beside a `<<:` merge are fine.",
         "",
         "| key | type | default | description |",
         "| --- | --- | --- | --- |",

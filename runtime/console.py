@@ -1,6 +1,9 @@
 """The launcher's console view: role readiness, warnings and errors, and a progress line.
 
-On a terminal the training progress is one live rich progress bar with the step's key
+Warnings and errors are shown with their fields; of the info events only those in
+`SHOWN_INFO` (`event key=value ...`) and `PHRASES` (start-up progress, as a sentence). Fields
+in `HIDDEN_FIELDS` (`gc_frozen`: a number for whoever tunes the collector) stay in the JSON
+logs only. On a terminal the training progress is one live rich progress bar with the step's key
 metrics; otherwise (CI, pipes) each step is printed as a plain line. Both end with the run's
 wall time so far (since the launcher started) and an ETA from the pace of the steps this
 launcher has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors only, to stderr.
@@ -9,6 +12,7 @@ launcher has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runtime.config import RunConfig
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}
+# Info events shown as a phrase rather than `event key=value ...`: start-up progress.
+PHRASES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "engine_starting": lambda rec: f"starting vLLM engine (model {rec.get('model', '?')})",
+    "engine_started": lambda rec: f"engine ready in {rec.get('seconds', '?')} s",
+}
+HIDDEN_FIELDS = {"ts", "time", "level", "role", "rank", "pid", "event", "gc_frozen"}  # kept in the JSON logs
 
 
 class Console:
@@ -48,8 +58,10 @@ class Console:
         elif level in ("warning", "error", "critical"):
             colour = "yellow" if level == "warning" else "red"
             self.out.print(f"[{colour}]{escape(who)} {level} {escape(event)}[/] {escape(_fields(rec))}")
+        elif event in PHRASES:
+            self.out.print(f"[green]{escape(who)}[/] {escape(PHRASES[event](rec))}")
         elif event in SHOWN_INFO:
-            self.out.print(f"[green]{escape(who)}[/] {escape(event)} {escape(_fields(rec))}")
+            self.out.print(f"[green]{escape(who)}[/] {escape(event)} {escape(_fields(rec))}".rstrip())
 
     def _step(self, rec: dict[str, Any]) -> None:
         step = int(rec.get("step", 0))
@@ -94,8 +106,7 @@ def clock(seconds: float) -> str:
 
 
 def _fields(rec: dict[str, Any]) -> str:
-    skip = {"ts", "time", "level", "role", "rank", "pid", "event"}
-    parts = [f"{k}={_short(v)}" for k, v in rec.items() if k not in skip]
+    parts = [f"{k}={_short(v)}" for k, v in rec.items() if k not in HIDDEN_FIELDS]
     return " ".join(parts)
 
 

@@ -7,32 +7,51 @@ PEFT adapter directory, for `PeftModel.from_pretrained` or vLLM's `LoRARequest`)
 `merge` folded into the run's base model (PEFT's `merge_and_unload`: W + alpha/r * B @ A)
 and saved as a plain HF model directory. Only intact checkpoints are exported (see
 runtime.checkpoint.validate).
+
+What a caller may rely on: the exported files get the modes of files made by this process
+(0644 under the usual umask 022), not the 0600 that safetensors writes; an exported adapter's
+`adapter_config.json` names its base model (`base_model_name_or_path`: the absolute path of
+the model the checkpoint was trained on), as PEFT's own `save_pretrained` does.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from runtime import checkpoint
-from runtime.base_model import mismatch
+from runtime.base_model import MANIFEST_KEY, mismatch
 from runtime.config_load import load_config
 from runtime.paths import model_dir
 
 
 def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path, *, merge: bool = False) -> Path:
+    """Write the policy of checkpoint `step` (default: the newest intact one) to `out_dir`
+    (absent or empty); returns `out_dir`. FileNotFoundError: no such checkpoint (the message
+    lists the steps there); ValueError: `out_dir` is not empty, `merge` on a full checkpoint,
+    or the run's base model is not the checkpoint's."""
+    out = Path(out_dir)
+    made = not out.exists()  # a folder the user made keeps its mode
+    _export(run_dir, step, out, merge=merge)
+    normal_modes(out, root_too=made)
+    return out
+
+
+def _export(run_dir: str | Path, step: int | None, out: Path, *, merge: bool) -> Path:
     found = checkpoint.find_latest(run_dir, step)
     if found is None:
         raise FileNotFoundError(_not_found(run_dir, step))
     path, manifest = found
-    out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"output directory {out} is not empty")
     if (path / "adapter").is_dir():
         if not merge:
             shutil.copytree(path / "adapter", out, dirs_exist_ok=True)
+            name_base(out / "adapter_config.json", _base_name(run_dir, manifest))
             return out
         return merge_adapter(path / "adapter", _base(run_dir, path, manifest), out)
     if merge:
@@ -59,6 +78,35 @@ def _base(run_dir: str | Path, path: Path, manifest: dict[str, Any]) -> Path:
     if problem:
         raise ValueError(f"{problem}; export needs the base model the checkpoint was trained on")
     return base
+
+
+def _base_name(run_dir: str | Path, manifest: dict[str, Any]) -> str:
+    """The base model as recorded in the checkpoint, else (an older checkpoint) the run's."""
+    recorded = manifest.get(MANIFEST_KEY) or {}
+    return recorded.get("path") or str(model_dir(load_config(Path(run_dir) / "config.yaml")).resolve())
+
+
+def name_base(adapter_config: Path, base: str) -> None:
+    """Set `base_model_name_or_path` in a PEFT `adapter_config.json` (PEFT and vLLM read it
+    to find the model the adapter belongs to)."""
+    fields = json.loads(adapter_config.read_text())
+    fields["base_model_name_or_path"] = base
+    adapter_config.write_text(json.dumps(fields, indent=2))
+
+
+def normal_modes(root: Path, *, root_too: bool = True) -> None:
+    """Give every file and folder under `root` (and `root` itself with `root_too`) the mode
+    a new file or folder gets here: 0666 / 0777 less the umask. safetensors writes 0600, and
+    copies keep the checkpoint's modes."""
+    mask = os.umask(0)
+    os.umask(mask)  # reading the umask means setting it; this is a one-thread CLI
+    if root_too:
+        root.chmod(0o777 & ~mask)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            Path(folder, name).chmod(0o777 & ~mask)
+        for name in files:
+            Path(folder, name).chmod(0o666 & ~mask)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

@@ -34,7 +34,7 @@ from runtime import addresses, base_model, checkpoint, last_words
 from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
-from runtime.console import Console, clock
+from runtime.console import Console
 from runtime.gpu_check import check_gpu_devices
 from runtime.last_words import LastWords
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
@@ -51,6 +51,7 @@ from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
 from runtime.summary import end_summary
 from runtime.tiny_model import make_tiny_model
+from runtime.wall_clock import record_end, record_start, wall_label
 
 log = get_logger("launcher")
 FAILURE_GRACE_S = 2.0
@@ -103,6 +104,8 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
             return 0
         resume = found
     run_dir = prepare_run_dir(cfg)
+    if opts.node_rank == 0 and not opts.join:  # the run's one wall clock starts when this launcher did
+        record_start(run_dir, time.time() - (time.monotonic() - console.started), continued=bool(resume))
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
     if plan is not None:
         log.info("memory_plan", rows=plan_rows(plan), table=format_plan(plan).splitlines())
@@ -201,7 +204,7 @@ class Supervisor:
                 self.teardown(self.cfg.shutdown_timeout_s)
                 self._pump_logs()
                 self.console.finish()
-                for line in end_summary(self.run_dir, clock(time.monotonic() - self.console.started)):
+                for line in end_summary(self.run_dir, wall_label(record_end(self.run_dir))):
                     self.console.note(line)
                 log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
                 return 0

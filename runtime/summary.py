@@ -36,12 +36,14 @@ def model_path(run_dir: Path) -> Path | None:
     return next((path / part for part in ("hf", "adapter") if (path / part).is_dir()), path)
 
 
-def end_summary(run_dir: Path, elapsed: str) -> list[str]:
+def end_summary(run_dir: Path, wall: str) -> list[str]:
+    """The summary's lines; `wall`: the run's wall time as `runtime.wall_clock.wall_label`
+    writes it (`wall 5m27s`), the figure `tandem watch` and `tandem report` show too."""
     rec = last_step(run_dir)
-    head = f"finished in {elapsed}"
+    head = f"finished: {wall}"
     if rec:
         shown = [f"{k} {rec[k]:.3f}" for k in SHOWN if isinstance(rec.get(k), int | float)]
-        head += f": step {rec['step']}" + "".join(f", {s}" for s in shown)
+        head += f", step {rec['step']}" + "".join(f", {s}" for s in shown)
     lines = [head, f"  run directory  {run_dir}"]
     model = model_path(run_dir)
     lines.append(f"  model          {model}" if model else "  model          none (checkpoint.final=false)")

@@ -67,6 +67,7 @@ def check_config(cfg: RunConfig) -> None:
             f"rollout.length_mix_min ({cfg.rollout.length_mix_min}) must not exceed "
             f"rollout.max_tokens ({cfg.rollout.max_tokens})"
         )
+    _check_length_dist(cfg)
     group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
     if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2:
         raise ConfigError(
@@ -108,11 +109,32 @@ def check_config(cfg: RunConfig) -> None:
     check_ipc_weight_sync(cfg)
 
 
+def _check_length_dist(cfg: RunConfig) -> None:
+    dist, cap = cfg.rollout.length_dist, cfg.rollout.max_tokens
+    if dist.kind == "off":
+        return
+    if cfg.rollout.length_mix_min:
+        raise ConfigError(
+            "rollout.length_dist and rollout.length_mix_min both set a budget per group: set one of them "
+            "(rollout.length_mix_min=0 or rollout.length_dist.kind=off)"
+        )
+    if dist.min_tokens > cap:
+        raise ConfigError(
+            f"rollout.length_dist.min_tokens ({dist.min_tokens}) must not exceed rollout.max_tokens ({cap})"
+        )
+    if not dist.min_tokens <= dist.mean_tokens <= cap:
+        raise ConfigError(
+            f"rollout.length_dist.mean_tokens ({dist.mean_tokens}) must lie in [rollout.length_dist.min_tokens "
+            f"({dist.min_tokens}), rollout.max_tokens ({cap})]"
+        )
+
+
 def check_inert_options(cfg: RunConfig) -> None:
     """Refuse an option set away from its default where the chosen mode ignores it, so that
     setting it never silently changes nothing. "Set" means "differs from the field's
     default": an option written with its default value passes."""
     loss, rc, a = cfg.trainer.loss, cfg.trainer.loss.rollout_correction, cfg.algorithm
+    ld = cfg.rollout.length_dist
     inert = [
         ("trainer.loss.clip_ratio_c", loss, "clip_ratio_c", loss.mode != "dual-clip",
          f"it acts only with trainer.loss.mode=dual-clip (mode is {loss.mode})"),
@@ -135,6 +157,8 @@ def check_inert_options(cfg: RunConfig) -> None:
          f"it acts only with algorithm.advantage=gae (advantage is {a.advantage})"),
         ("algorithm.whiten_advantages", a, "whiten_advantages", a.advantage != "gae",
          f"it acts only with algorithm.advantage=gae (advantage is {a.advantage})"),
+        *((f"rollout.length_dist.{f}", ld, f, ld.kind == "off", "it acts only with rollout.length_dist.kind=lognormal")
+          for f in ("mean_tokens", "sigma", "min_tokens")),
     ]  # fmt: skip
     for key, struct, field, ignored, why in inert:
         if ignored and _differs_from_default(struct, field):

@@ -22,8 +22,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from runtime.console import clock
 from runtime.records import skipped_warning
+from runtime.wall_clock import clock, wall_label
 from runtime.watch_state import RunState
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -58,14 +58,17 @@ def roles_table(state: RunState, now: float) -> Table:
 
 
 def progress(state: RunState) -> Text:
+    """The step, pace, ETA and the run's wall time (`runtime.wall_clock`, as the launcher's
+    end summary and `tandem report` show it)."""
+    wall = wall_label(state.wall_s())
     if not state.steps:
-        return Text("waiting for the first step ...")
+        return Text(f"waiting for the first step ...   {wall}")
     last = state.steps[-1]
     eta = state.eta_s()
     rate = state.step_rate()
     return Text(
         f"step {last['step']}/{state.total_steps or '?'}   {rate * 60:.1f} steps/min   "
-        f"eta {clock(eta) if eta is not None else '?'}   wall {clock(float(last.get('wall_s', 0)))}"
+        f"eta {clock(eta) if eta is not None else '?'}   {wall}"
     )
 
 

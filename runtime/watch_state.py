@@ -20,6 +20,7 @@ from typing import Any
 
 from runtime.logfollow import LogFollower
 from runtime.records import usable_metrics, usable_schedule
+from runtime.wall_clock import run_wall_s
 
 FINAL_EVENTS = {"stop_requested": "stopping", "channel_closed": "stopping", "fatal": "failed", "role_died": "failed"}
 
@@ -112,6 +113,10 @@ class RunState:
 
     def in_flight_of(self, rollout: str) -> int:
         return sum(1 for r in self.in_flight.values() if r == rollout)
+
+    def wall_s(self) -> float | None:
+        """The run's wall time as of the last `poll` (runtime.wall_clock; None: unknown)."""
+        return run_wall_s(self.run_dir, now=self.polled_at or None)
 
     def step_rate(self, window: int = 10) -> float:
         """Steps per second over the last `window` steps (0 until two are in)."""

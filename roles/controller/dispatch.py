@@ -19,14 +19,14 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 import msgspec
 
+from roles.controller.budgets import Budget
+from roles.controller.budgets import mixed_max_tokens as mixed_max_tokens  # re-exported (older imports)
 from roles.controller.dataset import PromptDataset
 from roles.controller.groups import Group, SampleRec
 from roles.controller.ledger import Ledger
@@ -38,12 +38,6 @@ from transport.rpc import PeerUnreachable, RpcEndpoint
 from transport.throttle import Throttled
 
 log = get_logger("controller")
-
-
-def mixed_max_tokens(gid: int, low: int, high: int) -> int:
-    """Group `gid`'s response budget, log-uniform in [low, high]: the same for a re-dispatch."""
-    u = random.Random(gid).random()
-    return min(high, max(low, int(math.exp(math.log(low) + u * (math.log(high) - math.log(low))))))
 
 
 class Dispatcher:
@@ -58,12 +52,12 @@ class Dispatcher:
         max_num_seqs: int,
         on_unreachable: Callable[[Peer, str], None],
         schedule: ScheduleLog | None = None,
-        length_mix_min: int = 0,
+        budget: Budget | None = None,
     ) -> None:
         """`on_unreachable(peer, why)`: a rollout a send could not reach; `schedule`: where
-        dispatches and finished sampling are recorded; `length_mix_min` > 0: each training
-        group's max_tokens is `mixed_max_tokens(gid, length_mix_min, sampling.max_tokens)`."""
-        self.length_mix_min = length_mix_min
+        dispatches and finished sampling are recorded; `budget`: each training group's
+        max_tokens by group id (roles/controller/budgets.py; None: `sampling.max_tokens`)."""
+        self.budget = budget
         self.noisy = Throttled(log)
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
@@ -150,10 +144,9 @@ class Dispatcher:
             self.on_unreachable(rollout, str(exc))
 
     def _training_sampling(self, gid: int) -> wire.SamplingSpec:
-        if not self.length_mix_min:
+        if self.budget is None:
             return self.sampling
-        max_tokens = mixed_max_tokens(gid, self.length_mix_min, self.sampling.max_tokens)
-        return msgspec.structs.replace(self.sampling, max_tokens=max_tokens)
+        return msgspec.structs.replace(self.sampling, max_tokens=self.budget(gid))
 
     def on_completion(self, identity: bytes | None, msg: wire.Completion) -> Group | None:
         """Record one sample; the group once all its samples are in."""

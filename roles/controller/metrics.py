@@ -1,5 +1,6 @@
 """Per-step metrics: one JSON object per trainer step appended to RUN_DIR/metrics.jsonl,
-and optionally mirrored to TensorBoard and wandb (both off by default). Validation rounds
+and optionally mirrored to TensorBoard and wandb (both off by default) under grouped names
+(`actor/loss`, `rollout/reward_mean`: roles/controller/metric_groups.py). Validation rounds
 add records of their own (`kind: "validation"`, keys `val/...`); a step's record has no
 `kind`."""
 
@@ -9,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from roles.controller.metric_groups import grouped
+from runtime import checkpoint
 from runtime.config import MetricsConfig
 from runtime.logs import get_logger
 
@@ -24,6 +27,7 @@ REQUIRED_KEYS = (
 
 class MetricsSink:
     def __init__(self, path: Path, cfg: MetricsConfig, run_dir: Path, run_name: str) -> None:
+        """Append to `path`; mirror to the sinks `cfg` enables (wandb: roles/controller/wandb_run.py)."""
         self.path = path
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the controller)
         self._tb: Any = None
@@ -32,10 +36,10 @@ class MetricsSink:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tb"))
-        if cfg.wandb:
-            import wandb
+        if cfg.wandb:  # named by metrics.wandb_name or the run directory, not `run_name`
+            from roles.controller.wandb_run import setup_wandb
 
-            self._wandb = wandb.init(project=cfg.wandb_project, name=run_name, dir=str(run_dir))
+            self._wandb = setup_wandb(cfg, run_dir, resumed=checkpoint.resume_dir() is not None)
 
     def write(self, record: dict[str, Any]) -> None:
         missing = [k for k in REQUIRED_KEYS if k not in record]
@@ -53,7 +57,7 @@ class MetricsSink:
 
     def _mirror(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
-        numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        numeric = dashboard_values(record)
         if self._tb is not None:
             for k, v in numeric.items():
                 self._tb.add_scalar(k, v, step)
@@ -66,3 +70,13 @@ class MetricsSink:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def dashboard_values(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics record as TensorBoard and wandb get them: grouped names
+    (`actor/loss`, `rollout/reward_mean`: metric_groups.py), `step` left out (it is the x axis)."""
+    return {
+        grouped(k): v
+        for k, v in record.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"
+    }

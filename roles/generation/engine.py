@@ -134,35 +134,15 @@ class RolloutEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            skip_tokenizer_init=True,
-            dtype=self.cfg.dtype,
-            max_model_len=self.cfg.max_model_len,
-            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
-            tensor_parallel_size=self.cfg.tensor_parallel_size,
-            enforce_eager=self.cfg.enforce_eager,
-            seed=self.cfg.seed,
-            max_num_seqs=self.cfg.max_num_seqs,
-            enable_prefix_caching=self.cfg.enable_prefix_caching,
-            worker_extension_cls=WORKER_EXTENSION,
-            enable_sleep_mode=self.sleep_mode,
-            disable_log_stats=False,
-            **self._lora_args(),
-        )
-        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_factory(self)])
+        kwargs = engine_kwargs(self.cfg, self.model_path, sleep_mode=self.sleep_mode, lora=self.lora)
+        log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stats_factory(self)])
         core = self.engine.engine_core
         self.native_versions = hasattr(core, "set_weight_version_async")
         if self.native_versions:
             await core.set_weight_version_async(str(self.version))
         if self.lora is not None and self.lora.initial is not None:
             self.adapter = (self.version, str(self.lora.initial))  # vLLM reads it at the first request
-
-    def _lora_args(self) -> dict[str, Any]:
-        if self.lora is None:
-            return {}
-        n = self.lora.max_loras
-        return {"enable_lora": True, "max_lora_rank": self.lora.max_rank, "max_loras": n, "max_cpu_loras": n}
 
     @property
     def num_active(self) -> int:
@@ -470,6 +450,24 @@ class RolloutEngine:
 
 class _BadParams(ValueError):
     pass
+
+
+def engine_kwargs(
+    cfg: EngineConfig, model_path: str, *, sleep_mode: bool = False, lora: LoraServing | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of vLLM's `AsyncEngineArgs` a rollout engine starts with (plain
+    values: a bare engine built from them is configured as the role's)."""
+    kwargs: dict[str, Any] = dict(
+        model=model_path, skip_tokenizer_init=True, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
+        enable_prefix_caching=cfg.enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
+        enable_sleep_mode=sleep_mode, disable_log_stats=False,
+    )  # fmt: skip
+    if lora is not None:
+        n = lora.max_loras
+        kwargs.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=n, max_cpu_loras=n)
+    return kwargs
 
 
 def _sampling_params(spec: SamplingSpec, index: int, *, stream: bool) -> Any:

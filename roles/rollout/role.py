@@ -67,6 +67,7 @@ class RolloutRole(Role):
 
             self.episodes = EpisodeRunner(cfg.rollout, AutoTokenizer.from_pretrained(str(path)))
         self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora)
+        log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
         await self.engine.start()
         self.device = await self.engine.device()

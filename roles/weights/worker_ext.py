@@ -20,11 +20,17 @@ names; vLLM fuses q/k/v and gate/up itself. The bucket loads:
   joins). A failed receive closes the group (the trainer forms a new one).
 
 `tandem_load_weights(manifest)` is begin + staged load + finish in one call.
+
+Test only: with `TANDEM_TEST_CORRUPT_WEIGHTS=STD` in the rollout's environment, every
+floating-point tensor an update loads gets seeded Gaussian noise of that std added (the
+sent buffer is not touched), so the rollout serves other weights than the trainer holds;
+tests/integration/test_mismatch_guard_run.py trips the mismatch guard with it.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import time
 from typing import Any
 
@@ -37,6 +43,8 @@ from roles.weights.layout import unpack
 from roles.weights.lora_worker import add_adapter
 from roles.weights.vllm_reload import layerwise_reload, own_buffered_views
 from transport import wire
+
+CORRUPT_ENV = "TANDEM_TEST_CORRUPT_WEIGHTS"  # test only: see the module docstring
 
 
 def _request_amx_permission() -> None:
@@ -199,7 +207,7 @@ class TandemWorkerExtension:
         (the buffer they view is reused once the bucket is answered)."""
         pending: dict[str, torch.Tensor] | None = getattr(self, "_tandem_lora", None)
         if pending is None:
-            model.load_weights(weights=weights)
+            model.load_weights(weights=_corrupted(weights) if os.environ.get(CORRUPT_ENV) else weights)
             return
         for name, t in weights:
             pending[name] = t.to("cpu", copy=True)
@@ -215,6 +223,15 @@ class TandemWorkerExtension:
     def _tandem_model(self) -> Any:
         """vLLM's model (an nn.Module with vLLM's `load_weights`)."""
         return self.model_runner.model  # type: ignore[attr-defined]
+
+
+def _corrupted(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Test only (`TANDEM_TEST_CORRUPT_WEIGHTS`): copies of `weights` plus seeded noise."""
+    std, gen = float(os.environ[CORRUPT_ENV]), torch.Generator().manual_seed(0)
+    return [
+        (n, t + (torch.randn(t.shape, generator=gen) * std).to(t.device, t.dtype) if t.is_floating_point() else t)
+        for n, t in weights
+    ]
 
 
 def _repack_embeddings(model: torch.nn.Module) -> None:

@@ -21,6 +21,7 @@ from runtime.report.load import RunData, load_run
 from runtime.report.page import render
 from runtime.report.panels import metric_panels
 from runtime.report.timeline import build_timeline, trained_at
+from runtime.wall_clock import clock, run_wall_s, wall_label
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, *, compare: str | Path | None = None,
@@ -55,13 +56,16 @@ def summary(run: RunData) -> dict[str, Any]:
     total = _total_steps(run.run_dir)
     done = run.steps[-1]["step"] if run.steps else 0
     status = "finished" if total and done >= total else "incomplete (still running, or it stopped)"
-    wall = float(run.steps[-1].get("wall_s", 0.0)) if run.steps else 0.0
+    wall = run_wall_s(run.run_dir)
+    # The steps' own clock (from the moment every role was ready): what busy time is a share of.
+    train = float(run.steps[-1].get("wall_s", 0.0)) if run.steps else 0.0
     busy = sum(float(r.get("gen_busy_s", 0)) + float(r.get("train_busy_s", 0)) for r in run.steps)
     drops = [r for r in run.schedule if r.get("ev") == "drop"]
     return {
-        "run": run.name, "status": status, "steps": f"{done}/{total or '?'}", "wall": f"{wall:.1f}s",
+        "run": run.name, "status": status, "steps": f"{done}/{total or '?'}", "wall": wall_label(wall),
         "last reward": f"{run.steps[-1].get('reward_mean', 0):.3f}" if run.steps else "",
-        "(gen + train busy) / wall": f"{busy / wall:.2f}" if wall else "",
+        "training time": f"training {clock(train)}" if train else "",
+        "(gen + train busy) / training time": f"{busy / train:.2f}" if train else "",
         "groups trained": len(trained_at(run.schedule)),
         "groups dropped": ", ".join(f"{w}: {sum(1 for d in drops if d['why'] == w)}"
                                     for w in sorted({d["why"] for d in drops})) or "0",

@@ -44,7 +44,7 @@ def timeline_figure(tl: Timeline, title: str) -> go.Figure:
         margin=dict(l=140, r=20, t=50, b=45), legend=dict(orientation="h", y=-0.12),
         coloraxis=dict(colorscale="Viridis", cmin=min(versions), cmax=max(max(versions), min(versions) + 1),
                        colorbar=dict(title="policy<br>version", thickness=12)),
-        xaxis=dict(title="seconds since the run started", range=[0, max(tl.end, 1e-3)]),
+        xaxis=dict(title="seconds since the controller started", range=[0, max(tl.end, 1e-3)]),
         yaxis=dict(categoryorder="array", categoryarray=rows, type="category"),
     )  # fmt: skip
     if not tl.spans:

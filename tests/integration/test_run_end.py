@@ -24,7 +24,7 @@ def test_a_tiny_run_ends_with_a_model_that_export_accepts(tmp_path: Path) -> Non
     run = tmp_path / "run"
     metrics, stdout = run_tiny(run, f"trainer.total_steps={STEPS}")  # checkpoint.every is 0: the final one only
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    assert re.search(rf"tandem: finished in \S+: step {STEPS}, reward_mean \d\.\d{{3}}", stdout), stdout[-2000:]
+    assert re.search(rf"tandem: finished: wall \S+, step {STEPS}, reward_mean \d\.\d{{3}}", stdout), stdout[-2000:]
     assert f"run directory  {run}" in stdout
     model = Path(re.findall(r"model +(\S+)", stdout)[-1])
     assert model == run / "checkpoints" / f"step-{STEPS:08d}" / "hf" and model.is_dir(), stdout[-2000:]

@@ -78,8 +78,8 @@ def test_the_end_summary_names_metrics_model_and_commands(tmp_path: Path) -> Non
         '{"kind": "validation", "step": 7}\n'
     )
     ckpt = fake_checkpoint(tmp_path, 7, ["controller.json", "actor/x", "hf/model.safetensors"])
-    lines = end_summary(tmp_path, "1m02s")
-    assert lines[0] == "finished in 1m02s: step 7, reward_mean 0.500, response_len_mean 32.000, staleness_mean 1.000"
+    lines = end_summary(tmp_path, "wall 1m02s")
+    assert lines[0] == "finished: wall 1m02s, step 7, reward_mean 0.500, response_len_mean 32.000, staleness_mean 1.000"
     assert f"  model          {ckpt / 'hf'}" in lines
     assert f"  report         tandem report {tmp_path}" in lines
     assert f"  export         tandem export {tmp_path} OUT_DIR" in lines

@@ -1,4 +1,4 @@
-"""The README's "Environments and tools" example works as printed: its environment file,
+"""The "Environments and tools" example (docs/rollout.md, moved from the README) works as printed: its environment file,
 imported as `myenv`, runs through the real episode loop (feedback after turn one, reward
 for turn two), and its launch command's config passes the launch-time checks."""
 
@@ -21,7 +21,7 @@ from runtime.validate import check_config
 from tests.unit.test_episode import ScriptedSampler
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = ROOT.joinpath("README.md").read_text().split("## Environments and tools", 1)[1].split("\n## ", 1)[0]
+SECTION = ROOT.joinpath("docs", "rollout.md").read_text().split("## Environments and tools", 1)[1].split("\n## ", 1)[0]
 
 
 @pytest.fixture

@@ -1,0 +1,218 @@
+"""Scaling curves of async vs sync PPO: one axis per invocation. Prints one JSON object.
+
+`--axis model`: the policy's size, in the bench shapes of configs/bench_h200x1*.yaml (random
+weights in a real model's shape, vLLM rollout and a 1-rank FSDP2 trainer on GPU 0):
+
+* 0.5b: bench_h200x1.yaml with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads,
+  2 KV heads, MLP 4864, vocabulary 151936, tied embeddings) as `model.tiny` overrides;
+* 1.5b: bench_h200x1.yaml (Qwen2.5-1.5B's shape); 3b: bench_h200x1_3b.yaml; 7b: bench_h200x1_7b.yaml.
+
+`--axis length`: the mean response length (512, 2k, 8k) on the 1.5b point, with heavy-tailed
+budgets (`rollout.length_dist`: log-normal, `--sigma`, capped at 4x the mean; `ignore_eos`
+so every sample runs to its budget); the engine's `max_model_len`, the model's positions and
+the trainer's micro-batch grow to hold the cap.
+
+Each point runs sync (`max_staleness=0`) and async (`--staleness`) through
+benchmarks/async_vs_sync.py's code (the same summary: samples/s, `trainer_mfu`,
+`weight_sync_s` over the steady steps), after the launch-time memory plan
+(runtime/memory_plan.py, what `tandem launch --plan` shows) has accepted it on this
+machine's GPUs: a point it refuses is recorded with the refusal (`refused`) and not run.
+`--points tiny` puts both axes on configs/tiny_cpu.yaml at a tiny scale (two model shapes,
+mean lengths 8 and 16) for a CPU smoke test. The plot is a page of the project's report
+tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless Chromium,
+runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
+
+    .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \
+        --plot benchmarks/results [--steps 12] [key=value ...]
+    .venv/bin/python benchmarks/scaling.py --axis length --points tiny --steps 2 --warmup-steps 1   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.async_vs_sync import (
+    H200_BF16_DENSE_TFLOPS,
+    compare,
+    emit,
+    run_variant,
+    setup_policy,
+    variant_overrides,
+)
+from runtime.config import RunConfig
+from runtime.config_load import ConfigError, load_config
+from runtime.validate import check_config
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN_05B = ["model.tiny.hidden_size=896", "model.tiny.num_layers=24", "model.tiny.num_heads=14",
+            "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=4864", "model.tiny.vocab_size=151936",
+            "model.tiny.tie_word_embeddings=true"]  # fmt: skip
+CAP_OVER_MEAN = 4  # the length axis caps each budget at 4x its mean
+PROMPT_ROOM = 128  # tokens of max_model_len kept for the prompt on the length axis
+FIGURES = ("samples_per_s", "trainer_mfu", "weight_sync_s")
+
+
+@dataclass
+class Point:
+    """One point of a curve: a config and its overrides; `x` is its value on the axis."""
+
+    name: str
+    x: float
+    config: str
+    overrides: list[str] = field(default_factory=list)
+
+
+def length_overrides(mean: int, sigma: float, max_model_len: int, micro_batch_tokens: int) -> list[str]:
+    """Budgets log-normal around `mean`, capped at CAP_OVER_MEAN x mean, and room for the cap
+    beside a prompt (PROMPT_ROOM tokens: the synthetic prompts with their template are shorter)."""
+    cap = CAP_OVER_MEAN * mean
+    room = max(max_model_len, PROMPT_ROOM + cap)
+    return [
+        "rollout.ignore_eos=true", f"rollout.max_tokens={cap}", "rollout.length_dist.kind=lognormal",
+        f"rollout.length_dist.mean_tokens={mean}", f"rollout.length_dist.sigma={sigma}",
+        f"rollout.length_dist.min_tokens={max(1, mean // 32)}", f"rollout.engine.max_model_len={room}",
+        f"model.tiny.max_position_embeddings={max(1024, room)}",
+        f"trainer.micro_batch_tokens={max(micro_batch_tokens, room)}",
+    ]  # fmt: skip
+
+
+def points(axis: str, scale: str, sigma: float) -> list[Point]:
+    """The points of `axis` at `scale` (`h200`: the bench shapes; `tiny`: tiny_cpu.yaml)."""
+    if scale == "tiny":
+        tiny = "configs/tiny_cpu.yaml"
+        if axis == "model":
+            return [Point("tiny-128", 128, tiny), Point("tiny-256", 256, tiny, ["model.tiny.hidden_size=256"])]
+        return [Point(f"mean-{m}", m, tiny, length_overrides(m, sigma, 256, 4096)) for m in (8, 16)]
+    bench = "configs/bench_h200x1.yaml"
+    if axis == "model":
+        return [
+            Point("0.5b", 0.5, bench, QWEN_05B),
+            Point("1.5b", 1.5, bench),
+            Point("3b", 3.0, "configs/bench_h200x1_3b.yaml"),
+            Point("7b", 7.0, "configs/bench_h200x1_7b.yaml"),
+        ]
+    return [Point(f"mean-{m}", m, bench, length_overrides(m, sigma, 1024, 8192)) for m in (512, 2048, 8192)]
+
+
+def refusal(cfg: RunConfig) -> str | None:
+    """Why the launch would refuse `cfg` (the config checks, then the memory plan on this
+    machine's GPUs, or `memory.gpu_gb`); None: it fits."""
+    from runtime.memory_plan import check_plan, launch_plan
+    from runtime.placement import entries
+
+    try:
+        check_config(cfg)
+        check_plan(cfg, launch_plan(cfg, asks_gpus=any(e.devices for e in entries(cfg))))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def run_point(point: Point, args: argparse.Namespace, run_root: Path) -> dict[str, Any]:
+    """Sync and async at one point, or why the memory plan refuses it."""
+    config = (ROOT / point.config).resolve()
+    base_overrides = [
+        *point.overrides,
+        *args.overrides,
+        *(["trainer.total_steps=" + str(args.steps)] * bool(args.steps)),
+    ]
+    base = load_config(config, base_overrides)
+    plans = variant_overrides(base, args.staleness, None)
+    out: dict[str, Any] = {"point": point.name, "x": point.x, "config": point.config, "overrides": base_overrides}
+    for extra in plans.values():
+        why = refusal(load_config(config, [*base_overrides, *extra]))
+        if why is not None:
+            return {**out, "refused": why, "variants": {}}
+    root = run_root / point.name
+    root.mkdir(parents=True, exist_ok=True)
+    policy = setup_policy(base, root)
+    variants = {}
+    for name, extra in plans.items():
+        overrides = [*base_overrides, *policy.overrides, f"name={config.stem}-{point.name}-{name}",
+                     f"run_dir={root / name}", *extra]  # fmt: skip
+        variants[name] = run_variant(config, overrides, args, policy)
+    figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
+    return {**out, "params": policy.params, **figures, "speedup": compare(variants, None)["speedup"],
+            "refused": None, "variants": variants}  # fmt: skip
+
+
+def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """The curves as a report page (plotly) and its PNG; the paths written (no PNG without Chromium)."""
+    import plotly.graph_objects as go
+
+    from runtime.report.browser import find_chromium, screenshot
+    from runtime.report.page import render
+
+    ran = [p for p in result["points"] if not p["refused"]]
+    panels = {}
+    for key, title in (("samples_per_s", "samples/s"), ("trainer_mfu", "trainer MFU"),
+                       ("weight_sync_s", "weight sync (s)")):  # fmt: skip
+        fig = go.Figure()
+        for variant in ("sync", "async"):
+            fig.add_trace(go.Scatter(x=[p["x"] for p in ran], y=[p.get(f"{variant}_{key}") for p in ran],
+                                     mode="lines+markers", name=variant))  # fmt: skip
+        fig.update_layout(title=f"{title} vs {result['axis']}", xaxis_title=result["x_label"], height=360)
+        if result["axis"] == "length":
+            fig.update_xaxes(type="log")
+        panels[key] = fig
+    rows = [{"point": p["point"], "speedup": _fmt(p.get("speedup")),
+             "sync samples/s": _fmt(p.get("sync_samples_per_s")), "async samples/s": _fmt(p.get("async_samples_per_s")),
+             "refused": p["refused"] or ""} for p in result["points"]]  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = out_dir / f"scaling_{result['axis']}.html"
+    page.write_text(render(f"scaling: {result['axis']}", rows, {}, panels))
+    written = {"html": str(page)}
+    if find_chromium() is not None:
+        written["png"] = str(screenshot(page, out_dir / f"scaling_{result['axis']}.png", width=1200, height=1500))
+    return written
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every point")
+    p.add_argument("--axis", choices=["model", "length"], required=True)
+    p.add_argument("--points", choices=["h200", "tiny"], default="h200", help="tiny: CPU smoke scale")
+    p.add_argument("--only", action="append", help="run only this point (repeatable), e.g. 0.5b or mean-2048")
+    p.add_argument("--steps", type=int, default=0, help="trainer.total_steps of every run (0: the config's)")
+    p.add_argument("--staleness", type=int, default=2, help="rollout.max_staleness of the async runs")
+    p.add_argument("--sigma", type=float, default=1.0, help="length axis: rollout.length_dist.sigma")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="per trainer GPU")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
+    p.add_argument("--run-root", type=Path, help="default: runs/scaling/AXIS-<time>")
+    p.add_argument("--plot", type=Path, help="write scaling_AXIS.html and .png here")
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import time
+
+    args = parse_args(argv)
+    chosen = [pt for pt in points(args.axis, args.points, args.sigma) if not args.only or pt.name in args.only]
+    if not chosen:
+        raise SystemExit(f"scaling: no point named {args.only} on axis {args.axis} ({args.points})")
+    run_root = (args.run_root or ROOT / "runs" / "scaling" / f"{args.axis}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    label = {"model": "parameters (billions; tiny: hidden size)", "length": "mean response tokens"}[args.axis]
+    result: dict[str, Any] = {
+        "benchmark": "scaling", "axis": args.axis, "scale": args.points, "x_label": label, "staleness": args.staleness,
+        "warmup_steps": args.warmup_steps, "overrides": args.overrides, "run_root": str(run_root),
+        "points": [run_point(pt, args, run_root) for pt in chosen],
+    }  # fmt: skip
+    if args.plot:
+        result["plot"] = plot(result, args.plot)
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/rollout.py --quick end to end on CPU (a real vLLM-CPU engine in the benchmark and
+the rollout role as its own process): both engines ran with equal arguments, read back from
+the role's own log, and the run under weight updates pushed updates while generating."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(900)
+def test_rollout_benchmark_quick_is_like_for_like() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "rollout.py"), "--quick", "--update-every", "0.2"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    args = result["engine_args"]
+    assert args["equal"] is True and args["bare"] == args["role"]
+    assert args["role"]["worker_extension_cls"] == "roles.weights.worker_ext.TandemWorkerExtension"
+    assert "max_tokens=16" in result["sampling"]["vllm"] and "ignore_eos=True" in result["sampling"]["vllm"]
+    assert result["env"]["OMP_NUM_THREADS"] == "1"
+    assert result["bare_vllm_tokens_per_s"] > 0 and result["role_tokens_per_s"] > 0
+    assert result["role_over_bare"] == pytest.approx(result["role_tokens_per_s"] / result["bare_vllm_tokens_per_s"])
+    assert result["updates_during"] >= 1 and result["role_updating_over_bare"] > 0
+    assert '"engine_args"' in done.stderr  # both sets printed
