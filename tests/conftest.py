@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _quiet_threads() -> None:
     # Tests share 2 cores with vLLM engines and trainer ranks: keep torch to one thread.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def restore_gc() -> Iterator[None]:
+    """Undoes a test's `gc.freeze()` and the gc callbacks it added (runtime/gc_pauses.py)."""
+    callbacks = list(gc.callbacks)
+    yield
+    gc.unfreeze()
+    gc.callbacks[:] = callbacks

@@ -4,19 +4,8 @@ long collection is reported."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-
-import pytest
 
 from runtime import gc_pauses
-
-
-@pytest.fixture
-def restore_gc() -> Iterator[None]:
-    callbacks = list(gc.callbacks)
-    yield
-    gc.unfreeze()
-    gc.callbacks[:] = callbacks
 
 
 def test_settle_freezes_what_is_alive_and_collects_the_rest(restore_gc: None) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import gc
 import io
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +88,6 @@ async def test_a_server_not_yet_up_is_reported_but_only_a_heard_one_is_warned_of
     assert [(e["log_level"], e["heard"]) for e in silent] == [("info", False), ("warning", True)]
     shown = console_text(tmp_path, [as_logged(e, "reward") for e in logs])
     assert shown.count("peer_silent") == 1 and "reward-0 warning peer_silent channel=controller" in shown
-
-
-@pytest.fixture
-def restore_gc() -> Iterator[None]:
-    callbacks = list(gc.callbacks)
-    yield
-    gc.unfreeze()
-    gc.callbacks[:] = callbacks
 
 
 def test_a_collection_long_only_on_the_wall_clock_is_info(restore_gc: None) -> None:
