@@ -18,9 +18,10 @@ from typing import Any
 
 from rich.console import Console as RichConsole
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from runtime.config import RunConfig
+from runtime.wall_clock import clock, run_wall_s, wall_label
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}
 # Info events shown as a phrase rather than `event key=value ...`: start-up progress.
@@ -34,6 +35,7 @@ HIDDEN_FIELDS = {"ts", "time", "level", "role", "rank", "pid", "event", "gc_froz
 class Console:
     def __init__(self, run_dir: Path, cfg: RunConfig, *, quiet: bool = False) -> None:
         self.quiet = quiet
+        self.run_dir = run_dir
         self.out = RichConsole(highlight=False, soft_wrap=True, stderr=quiet)
         self.total = cfg.trainer.total_steps
         self.progress: Progress | None = None
@@ -69,7 +71,7 @@ class Console:
             f"v{rec.get('policy_version', '?')} reward {rec.get('reward_mean', 0):.3f} "
             f"stale≤{rec.get('staleness_max', 0)} drop {rec.get('dropped_stale', 0)} "
             f"{rec.get('samples_per_s', 0):.1f} samples/s idle gen {rec.get('rollout_idle_ratio', 0):.0%} "
-            f"train {rec.get('trainer_idle_ratio', 0):.0%} wall {clock(time.monotonic() - self.started)} "
+            f"train {rec.get('trainer_idle_ratio', 0):.0%} {self._wall()} "
             f"eta {self._eta(step, float(rec.get('wall_s', 0.0)))}"
         )
         if not self.out.is_terminal:
@@ -77,12 +79,18 @@ class Console:
             return
         if self.progress is None:
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[line]}"), console=self.out, transient=False,
             )  # fmt: skip
             self.task = self.progress.add_task("train", total=self.total, line="")
             self.progress.start()
         self.progress.update(self.task, completed=step, line=line)
+
+    def _wall(self) -> str:
+        """The run's one wall clock (runtime/wall_clock.py: earlier launches of a resumed run
+        included), as `tandem watch`, `tandem report` and the end summary show it."""
+        recorded = run_wall_s(self.run_dir)
+        return wall_label(recorded if recorded is not None else time.monotonic() - self.started)
 
     def _eta(self, step: int, wall_s: float) -> str:
         """Time to the last step at the pace of the steps seen so far ("?" until two are in)."""
@@ -96,13 +104,6 @@ class Console:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-
-
-def clock(seconds: float) -> str:
-    """`1h02m03s`, `2m05s` or `7s`."""
-    s = round(seconds)
-    h, m = divmod(s // 60, 60)
-    return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s" if m else f"{s}s"
 
 
 def _fields(rec: dict[str, Any]) -> str:

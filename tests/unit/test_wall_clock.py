@@ -5,6 +5,7 @@ stops at its last write."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from runtime.config_load import load_config
+from runtime.console import Console as LaunchConsole
 from runtime.report.build import build_report, summary
 from runtime.report.load import load_run
 from runtime.summary import end_summary
@@ -54,6 +57,11 @@ def test_summary_watch_and_report_show_the_same_wall_time(tmp_path: Path) -> Non
     assert "wall 5m27s" in watch_text(run)
     assert summary(load_run(run))["wall"] == "wall 5m27s"
     assert "wall 5m27s" in build_report(run, tmp_path / "r.html").read_text()
+    launcher = LaunchConsole(run, load_config("configs/tiny_cpu.yaml", []))  # the progress line
+    buf = io.StringIO()
+    launcher.out = Console(file=buf, highlight=False, soft_wrap=True, width=300)
+    launcher.show({"role": "controller", "rank": 0, "event": "step", "step": 40, "wall_s": last_steps_wall(run)})
+    assert "wall 5m27s" in buf.getvalue() and "0:00" not in buf.getvalue()
     # The steps' own clock is labelled apart, not as "wall".
     steps_wall = last_steps_wall(run)
     assert summary(load_run(run))["training time"].startswith("training ") and steps_wall != 327.0
