@@ -270,5 +270,7 @@ async def test_receiver_killed_mid_update_fails_fast(rollout: RoleHarness, pushe
     await logged(rollout, "weight_update_started", update=7)
     signal_all(procs, signal.SIGKILL)
     name, phase, text = only_failure(await asyncio.wait_for(push, TIMEOUT_S + SLACK_S + 5))
-    assert (name, phase) == (NAME, "broadcast") and NAME in text, text
+    # Which phase sees the death is a race: the broadcast, or the rollout's load of bucket 0
+    # when its receive completed first and the engine was found dead (EngineDeadError).
+    assert name == NAME and phase in ("broadcast", "bucket 0") and NAME in text, text
     assert time.monotonic() - started < TIMEOUT_S, "a dead peer must fail at once, not at the timeout"
