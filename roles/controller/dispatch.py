@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from roles.controller.budgets import Budget
-from roles.controller.budgets import mixed_max_tokens as mixed_max_tokens  # re-exported (older imports)
 from roles.controller.dataset import PromptDataset
 from roles.controller.groups import Group, SampleRec
 from roles.controller.ledger import Ledger

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.controller.dispatch import mixed_max_tokens
+from roles.controller.budgets import mixed_max_tokens
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
 
