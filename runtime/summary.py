@@ -16,7 +16,7 @@ def last_step(run_dir: Path) -> dict[str, object]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return {}
-    for line in reversed(path.read_text().splitlines()):
+    for line in reversed(path.read_text(errors="replace").splitlines()):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:

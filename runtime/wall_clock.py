@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.summary import last_step
+
 WALL_FILE = "wall.json"
 
 
@@ -98,14 +100,5 @@ def _last_write(run_dir: Path) -> float:
 
 
 def _last_step_wall(run_dir: Path) -> float | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "kind" not in rec and isinstance(rec.get("wall_s"), int | float):
-            return float(rec["wall_s"])
-    return None
+    wall = last_step(run_dir).get("wall_s")
+    return float(wall) if isinstance(wall, int | float) else None
