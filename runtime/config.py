@@ -106,9 +106,20 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
         bool,
         Doc(
             description="Synchronous runs (`max_staleness: 0`) with the rollout on a GPU of a trainer rank "
-            "(placement `devices`): vLLM sleeps (KV cache freed, weights to host memory) while the trainer steps."
+            "(placement `devices`): vLLM sleeps (KV cache freed; weights discarded or in host memory, "
+            "`sleep_level`) while the trainer steps."
         ),
     ] = True
+    sleep_level: Annotated[
+        int,
+        Doc(
+            description="vLLM's sleep level while the trainer steps: 2 discards the weights (the next update "
+            "replaces every one of them; no host copy), 1 keeps a copy in host memory. Adapter (LoRA) runs "
+            "always use 1: their updates leave the base weights as they are.",
+            ge=1,
+            le=2,
+        ),
+    ] = 2
     call_timeout_s: Annotated[
         float, Doc(description="Bound on each vLLM engine call (pause, resume, sleep, wake, cache reset).", gt=0)
     ] = 60.0

@@ -7,7 +7,8 @@ return a role's consumers as `Item`s, each in the phase it is held:
 * `always`: held from start to end (master weights, resident optimizer state);
 * `step`:   held only while the trainer steps (gradients, activations, the compute copy);
 * `update`: held only while weights go to the rollouts (the packed buckets);
-* `awake` / `asleep`: vLLM's share while it generates / while it sleeps (sync colocated).
+* `awake` / `asleep`: vLLM's share while it generates / while it sleeps (sync colocated;
+  at sleep level 1 its weights' backup is in host memory, at level 2 they are discarded).
 
 Amounts are bytes of the caching allocator (what `torch.cuda.max_memory_allocated`
 counts: a trainer's `cuda_peak_gb` is `trainer_peak`), plus `context` items outside it
@@ -197,7 +198,9 @@ def rollout_memory(cfg: RunConfig, shape: ModelShape, gpu_gb: float, *, sleeps: 
     share = e.gpu_memory_utilization * gpu_gb
     weights = shape.num_params * BYTES[cfg.model.dtype] / e.tensor_parallel_size / GB
     items = [Item(f"vLLM (gpu_memory_utilization {e.gpu_memory_utilization:g})", share, "awake")]
-    if sleeps:
+    if sleeps and sleep_level(cfg) == 2:
+        items.append(Item("vLLM asleep (level 2: weights discarded)", VLLM_ASLEEP_GB, "asleep"))
+    elif sleeps:
         # vLLM backs each weight up with torch's pinned allocator, which rounds every
         # allocation up to a power of two (2.02x measured for 271.6 MB on torch 2.11).
         backup = sum(pinned_bytes(n * BYTES[cfg.model.dtype] // e.tensor_parallel_size) for n in shape.vllm_tensors())
@@ -205,6 +208,12 @@ def rollout_memory(cfg: RunConfig, shape: ModelShape, gpu_gb: float, *, sleeps: 
             Item("vLLM asleep (weights in host memory, pinned)", VLLM_ASLEEP_GB, "asleep", max(weights, backup / GB))
         )
     return items
+
+
+def sleep_level(cfg: RunConfig) -> int:
+    """The vLLM sleep level a sleeping rollout uses: `rollout.engine.sleep_level`, but 1 when
+    the trainer trains adapters (their updates keep the base weights, so those must survive)."""
+    return 1 if cfg.trainer.lora.rank else cfg.rollout.engine.sleep_level
 
 
 def pinned_bytes(size: int) -> int:

@@ -44,6 +44,7 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
+    REST = 14
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
@@ -174,6 +175,15 @@ class Ack(msgspec.Struct, **_msg(MsgType.ACK)):
 
 
 # --- rollout ---------------------------------------------------------------------------
+
+
+class Rest(msgspec.Struct, **_msg(MsgType.REST)):
+    """Controller -> rollout, in a synchronous run before each training step: every sample
+    of `version` the step needs is in, and the next weights this rollout receives are the
+    trainer's next version, each tensor of it. A rollout that shares its GPU with a trainer
+    rank sleeps and then replies `Ack` (info: the sleep level, or why it stays awake)."""
+
+    version: int
 
 
 class SamplingSpec(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -444,6 +454,7 @@ Message = (
     | Ack
     | Generate
     | Completion
+    | Rest
     | WeightBucket
     | WeightsApplied
     | SyncWeights

@@ -33,6 +33,7 @@ from roles.controller.metrics import MetricsSink
 from roles.controller.peers import Peer, Registry
 from roles.controller.ppo import RewardKL
 from roles.controller.ranks import RankGroup
+from roles.controller.rest import Rest
 from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.scoring import Scorer, Weights
 from roles.controller.step_metrics import StepRecorder
@@ -138,7 +139,7 @@ class Controller(Role):
             self.ledger, self.trainers, self.critics, cfg.algorithm, self.recorder,
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
             on_rollout_failed=self.membership.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
-            schedule=self.schedule,
+            schedule=self.schedule, before_train=self._rest_before_steps(),
         )  # fmt: skip
         self.validator: Validator | None = None
         if cfg.validation.every:
@@ -271,6 +272,12 @@ class Controller(Role):
             self.ledger.drop(group, "error", group.error)
         else:
             self.scorer.submit(group)
+
+    def _rest_before_steps(self) -> Rest | None:
+        """A synchronous run puts rollouts that share a trainer's GPU to sleep before each step."""
+        if self.cfg.rollout.max_staleness != 0:
+            return None
+        return Rest(self.server, self.registry, timeout_s=self.cfg.rollout.engine.call_timeout_s + 5.0)
 
     def _unreachable(self, peer: Peer, why: str) -> None:
         """The dispatcher's report (it is built before the membership it reports to)."""

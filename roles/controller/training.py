@@ -6,14 +6,16 @@ stale ones), builds every rank's shard (advantages, packing), sends the shards t
 trainer ranks (and, with GAE, the critic ranks) through their `RankGroup`s, marks the
 batch trained at the version the trainer published, and records the step's metrics (and
 its span and groups in the schedule log).
-Rollouts the new weights could not reach are reported to `on_rollout_failed`.
+Rollouts the new weights could not reach are reported to `on_rollout_failed`. With
+`before_train` (a synchronous run: roles/controller/rest.py), each batch is handed to the
+trainer only after `before_train(version)` returned.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from roles.controller.batching import build_train_batches
@@ -47,8 +49,10 @@ class StepRunner:
         on_rollout_failed: Callable[[str, str], None],
         max_reward_failures: float = 1.0,
         schedule: ScheduleLog | None = None,
+        before_train: Callable[[int], Awaitable[object]] | None = None,
     ) -> None:
         """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
+        `before_train(version)`: awaited before each batch goes to the trainer;
         `max_reward_failures`: the fraction of a batch's samples without a reward that ends the run;
         `schedule`: where each step's span and trained groups are recorded."""
         self.schedule = schedule if schedule is not None else NoSchedule()
@@ -62,6 +66,7 @@ class StepRunner:
         self.on_rollout_failed = on_rollout_failed
         self.max_reward_failures = max_reward_failures
         self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop)
+        self.before_train = before_train
 
     async def step(self) -> None:
         groups = await self.ledger.wait_batch()
@@ -74,6 +79,8 @@ class StepRunner:
         )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
+        if self.before_train is not None:
+            await self.before_train(self.ledger.version)
         started = time.time()
         actor, critic = await self._train(groups, batches, build)
         for name in actor.failed_rollouts:

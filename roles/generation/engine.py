@@ -17,7 +17,10 @@ What a caller may rely on:
   on it, and requests in flight finish on the adapter they started with, so every token
   of a sample has the version its request started at. Versions are adapter ids - 1.
 * With `sleep_mode`, `sleep` frees the KV cache and moves the weights to host memory
-  (vLLM level 1); an update wakes the weights, a generate request whatever still sleeps.
+  (vLLM level 1) or discards them (level 2: the caller promises that the next update
+  replaces every weight); an update wakes the weights, a generate request whatever still
+  sleeps. Nothing is ever sampled from discarded weights: a request that comes before an
+  update has reloaded them waits for one (`reload_wait_s`), then fails as `EngineDead`.
 * An engine call that runs out of GPU memory raises `OutOfGpuMemory` (an `EngineDead`).
 * Bad requests (prompt too long, bad sampling values) come back as samples with
   `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
@@ -104,9 +107,11 @@ class RolloutEngine:
         prefix_salt: bool = True,
         sleep_mode: bool = False,
         lora: LoraServing | None = None,
+        reload_wait_s: float = 600.0,
     ) -> None:
         """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory;
-        `lora`: serve LoRA adapters (updates are adapters)."""
+        `lora`: serve LoRA adapters (updates are adapters); `reload_wait_s`: how long a
+        request waits for an update to reload weights that a level-2 sleep discarded."""
         self.cfg = cfg
         self.sleep_mode = sleep_mode
         self.lora = lora
@@ -121,6 +126,9 @@ class RolloutEngine:
         self._updating: int | None = None  # the version of the open update
         self._sleep_lock = asyncio.Lock()
         self._asleep: set[str] = set()  # vLLM's sleeping memory tags: "weights", "kv_cache"
+        self.reload_wait_s = reload_wait_s
+        self._weights_valid = asyncio.Event()  # cleared while a level-2 sleep has discarded them
+        self._weights_valid.set()
         self.tokens_generated = 0
         self.scheduler_stats: Any = None
         self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
@@ -155,6 +163,7 @@ class RolloutEngine:
         `timeout_s`, a sample not finished by then is aborted and comes back as an error."""
         self._check_alive()
         if self.sleep_mode:
+            await self._await_weights()
             await self.wake(self.cfg.call_timeout_s)  # waits for a sleep in progress, too
         started = time.perf_counter()
         vid = f"{request_id}#{index}"
@@ -290,6 +299,7 @@ class RolloutEngine:
             return
         try:
             await self._rpc(WorkerCall.FINISH_UPDATE, None, timeout_s)
+            self._weights_valid.set()  # every weight was sent: whatever a level-2 sleep discarded is back
             self._switch_version(version)
             if self.native_versions:
                 await self._bounded(self.engine.engine_core.set_weight_version_async(str(version)), timeout_s, "label")
@@ -388,12 +398,38 @@ class RolloutEngine:
         """Whether any of vLLM's memory (weights, KV cache) is asleep."""
         return bool(self._asleep)
 
-    async def sleep(self, timeout_s: float) -> None:
-        """Free the KV cache and move the weights to host memory (vLLM sleep level 1)."""
+    @property
+    def weights_discarded(self) -> bool:
+        """Whether a level-2 sleep discarded the weights and no update has reloaded them yet."""
+        return not self._weights_valid.is_set()
+
+    async def sleep(self, timeout_s: float, level: int = 1) -> bool:
+        """Free the KV cache and move the weights to host memory (vLLM sleep level 1), or
+        discard them (level 2: only when the next update replaces every weight; never with
+        adapters, whose updates keep the base weights). Whether it slept (not when already
+        asleep or while an update is open)."""
+        if level not in (1, 2) or (level == 2 and self.lora is not None):
+            raise ValueError(f"sleep level {level} is not available here (1, or 2 without LoRA adapters)")
         async with self._sleep_lock:
-            if not self._asleep and self._updating is None:
-                await self._bounded(self.engine.sleep(level=1), timeout_s, "sleep")
-                self._asleep = set(SLEEP_TAGS)
+            if self._asleep or self._updating is not None:
+                return False
+            await self._bounded(self.engine.sleep(level=level), timeout_s, f"sleep (level {level})")
+            self._asleep = set(SLEEP_TAGS)
+            if level == 2:
+                self._weights_valid.clear()
+            return True
+
+    async def _await_weights(self) -> None:
+        """Wait (at most `reload_wait_s`) for an update to reload discarded weights."""
+        if self._weights_valid.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._weights_valid.wait(), self.reload_wait_s)
+        except TimeoutError:
+            raise EngineDead(
+                f"vLLM's weights were discarded by a level-2 sleep and no update reloaded them in "
+                f"{self.reload_wait_s:g}s; a request cannot be served (rollout.engine.sleep_level=1 keeps a host copy)"
+            ) from None
 
     async def wake(self, timeout_s: float) -> None:
         """Undo `sleep` for whatever still sleeps (no-op when awake)."""
@@ -416,19 +452,32 @@ class RolloutEngine:
         results = await self._rpc(WorkerCall.DEVICE, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
+    async def memory(self) -> dict[str, float]:
+        """The first worker's GPU memory in GB: free on the device, reserved and allocated by
+        its torch allocator (what a sleeping engine still holds outside vLLM's pools)."""
+        results = await self._rpc(WorkerCall.MEMORY, None, self.cfg.call_timeout_s)
+        return results[0]  # type: ignore[no-any-return]
+
     def _switch_version(self, version: int) -> None:
         self.version = version
         for state in self._active.values():
             state.marks.append((len(state.tokens), version))
 
     async def checksums(self) -> dict[str, float]:
-        """Sum (float64) of every vLLM parameter, by name, in the first worker."""
+        """Sum (float64) of every vLLM parameter, by name, in the first worker (refused
+        while the weights sleep: their memory is not mapped then)."""
+        self._check_weights_awake()
         results = await self._rpc(WorkerCall.CHECKSUMS, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
     async def checksum(self) -> float:
+        self._check_weights_awake()
         results = await self._rpc(WorkerCall.CHECKSUM, None, self.cfg.call_timeout_s)
         return float(results[0])
+
+    def _check_weights_awake(self) -> None:
+        if "weights" in self._asleep:
+            raise RuntimeError("vLLM's weights are asleep (the trainer is stepping); ask after the next update")
 
     def _check_alive(self, cause: BaseException | None = None) -> None:
         if self.engine is not None and self.engine.errored:

@@ -10,9 +10,11 @@ Channels:
   goes to the controller too, so it always knows this rollout's version.
 
 With `rollout.engine.sleep_when_idle`, a synchronous run (`max_staleness: 0`) whose
-rollout shares a GPU with a trainer rank puts vLLM to sleep whenever no sample is in
-flight and no update is open (KV cache freed, weights in host memory), so the trainer
-steps with that memory; the next update wakes its weights, the next request its KV cache.
+rollout shares a GPU with a trainer rank puts vLLM to sleep when the controller says the
+step's samples are all in (`Rest`, before it hands the trainer the batch), and answers
+once asleep, so the trainer steps with that memory: at `rollout.engine.sleep_level` 2 the
+weights are discarded (the next update replaces every one), at 1 (and with adapters) they
+are kept in host memory. The next update wakes the weights, the next request the KV cache.
 A dead engine, or one that ran out of GPU memory (waking, loading weights), ends the role
 with that cause (for memory: what it asked for, what the GPU holds and who holds it).
 """
@@ -33,6 +35,7 @@ from runtime.gpu_check import rollout_sleeps
 from runtime.gpu_memory import gpu_memory, gpu_processes, out_of_memory_cause
 from runtime.logs import get_logger, set_policy_version
 from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.memory_model import sleep_level
 from runtime.paths import model_dir
 from runtime.role import Role
 from runtime.run_token import read_token
@@ -45,7 +48,6 @@ from transport.sockets import bind_router
 from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")
-IDLE_BEFORE_SLEEP_S = 0.02  # no sample in flight this long: sleep (sleep_when_idle; a batch arrives at once)
 
 
 class RolloutRole(Role):
@@ -66,7 +68,11 @@ class RolloutRole(Role):
             from transformers import AutoTokenizer
 
             self.episodes = EpisodeRunner(cfg.rollout, AutoTokenizer.from_pretrained(str(path)))
-        self.engine = RolloutEngine(cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora)
+        self.sleep_level = sleep_level(cfg)
+        self.engine = RolloutEngine(
+            cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora,
+            reload_wait_s=max(600.0, cfg.weight_sync.timeout_s * 3),  # the controller's bound on a step
+        )  # fmt: skip
         log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
         await self.engine.start()
@@ -78,6 +84,7 @@ class RolloutRole(Role):
             native_versions=self.engine.native_versions,
             device=self.device,
             sleep_when_idle=self.sleeps,
+            sleep_level=self.sleep_level if self.sleeps else None,
         )
         set_policy_version(self.engine.version)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
@@ -97,8 +104,6 @@ class RolloutRole(Role):
         self.samples: set[asyncio.Task[Any]] = set()
         self.spawn("engine-watch", self._watch_engine())
         self.spawn("engine-stats", self._log_stats())
-        if self.sleeps:
-            self.spawn("idle-sleep", self._sleep_when_idle())
 
     def _lora_serving(self) -> LoraServing | None:
         """vLLM's LoRA settings when the trainer trains adapters (runtime/lora.py)."""
@@ -116,6 +121,7 @@ class RolloutRole(Role):
         info.version = self.engine.version
         info.capabilities["max_num_seqs"] = self.cfg.rollout.engine.max_num_seqs
         info.capabilities["gpu_uuid"] = self.device.get("gpu_uuid", "")
+        info.capabilities["sleeps"] = int(self.sleeps)  # the controller sends `Rest` before each step
         return info
 
     async def handle(self, env: Envelope) -> wire.Message | None:
@@ -126,7 +132,30 @@ class RolloutRole(Role):
                 self.samples.add(task)
                 task.add_done_callback(self.samples.discard)
             return None
+        if isinstance(msg, wire.Rest):
+            return await self._rest(msg.version)
         return self.unserved(msg)
+
+    async def _rest(self, version: int) -> wire.Ack:
+        """Sleep while the trainer steps (see module docs); the reply says how. Samples in
+        flight (a validation round) keep vLLM awake; weights of another version than the
+        step's (the next update then might not replace them all) are kept, at level 1."""
+        if not self.sleeps:
+            return wire.Ack(info="awake: this rollout does not sleep")
+        if self.samples:
+            log.info("engine_stays_awake", samples=len(self.samples))
+            return wire.Ack(info=f"awake: {len(self.samples)} samples in flight")
+        level = self.sleep_level if self.engine.version == version else 1
+        started = time.perf_counter()
+        try:
+            slept = await self.engine.sleep(self.cfg.rollout.engine.call_timeout_s, level)
+        except EngineDead as exc:
+            await self._engine_failed(exc)
+            return wire.Ack(info=f"failed: {exc}")
+        if slept:
+            seconds = round(time.perf_counter() - started, 3)
+            log.info("engine_sleeping", seconds=seconds, level=level, **await self.engine.memory())
+        return wire.Ack(info=f"asleep: level {level}")
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:
@@ -222,23 +251,6 @@ class RolloutRole(Role):
             tps = (tokens - last_tokens) / (now - last_t)
             last_tokens, last_t = tokens, now
             log.info("engine_stats", tokens_per_s=round(tps, 1), **self.engine.stats())
-
-    async def _sleep_when_idle(self) -> None:
-        """Sleep once nothing has been in flight for IDLE_BEFORE_SLEEP_S (see module docs)."""
-        idle_since: float | None = None
-        timeout_s = self.cfg.rollout.engine.call_timeout_s
-        while True:
-            await asyncio.sleep(0.01)
-            busy = self.samples or self.engine.updating is not None or self.receiver.update is not None
-            if busy or self.engine.sleeping:
-                idle_since = None
-                continue
-            idle_since = idle_since or time.monotonic()
-            if time.monotonic() - idle_since >= IDLE_BEFORE_SLEEP_S:
-                started = time.perf_counter()
-                await self.engine.sleep(timeout_s)
-                log.info("engine_sleeping", seconds=round(time.perf_counter() - started, 3))
-                idle_since = None
 
     async def drain(self) -> None:
         """Let in-flight samples finish for `drain_timeout_s`, then abort the rest."""

@@ -21,6 +21,7 @@ class WorkerCall(StrEnum):
     DEVICE = "tandem_device"
     CHECKSUM = "tandem_checksum"
     CHECKSUMS = "tandem_checksums"
+    MEMORY = "tandem_memory"
 
 
 # Calls that wait on a peer (the trainer's broadcast), so the stall watchdog does not count them.

@@ -187,6 +187,16 @@ class TandemWorkerExtension:
         device = self._tandem_device()
         return {"type": device.type, "gpu_uuid": device_uuid(device) if device.type == "cuda" else ""}
 
+    def tandem_memory(self) -> dict[str, float]:
+        """GB of the worker's GPU: free on the device, and what torch's caching allocator
+        holds (reserved) and uses (allocated) in this process (zeros on CPU)."""
+        device = self._tandem_device()
+        if device.type != "cuda":
+            return {"free_gb": 0.0, "reserved_gb": 0.0, "allocated_gb": 0.0}
+        free, _ = torch.cuda.mem_get_info(device)
+        return {"free_gb": round(free / 1e9, 2), "reserved_gb": round(torch.cuda.memory_reserved(device) / 1e9, 2),
+                "allocated_gb": round(torch.cuda.memory_allocated(device) / 1e9, 2)}  # fmt: skip
+
     def tandem_checksum(self) -> float:
         """Sum of |w| over all parameters (a cheap proof that a load wrote every tensor)."""
         return float(sum(p.detach().float().abs().sum().item() for p in self._tandem_model().parameters()))

@@ -176,7 +176,23 @@ def test_pinned_host_memory_rounds_to_a_power_of_two() -> None:
 
     assert pinned_bytes(18944 * 3584 * 4) == 1 << 29
     assert pinned_bytes(1 << 20) == 1 << 20 and pinned_bytes((1 << 20) + 1) == 1 << 21 and pinned_bytes(0) == 0
-    cfg = load_config("configs/bench_h200x1_7b.yaml", ["rollout.max_staleness=0"])
+    cfg = load_config("configs/bench_h200x1_7b.yaml", ["rollout.max_staleness=0", "rollout.engine.sleep_level=1"])
     plan = build_plan(cfg, 150.8, 137.4)
     backup = dict(plan.host[0])["rollout-0"]
     assert 30.0 < backup < 33.0  # 15.2 GB of bf16 weights pinned tensor by tensor (28.7), and the process (3.0)
+
+
+def test_sleep_level_2_keeps_no_host_copy_of_the_weights() -> None:
+    """At level 2 (the default) a sleeping vLLM discards its weights: its host share is the
+    process alone, and the GPU phases are those of level 1. Adapter runs sleep at level 1."""
+    from runtime.memory_model import sleep_level
+
+    sync = ["rollout.max_staleness=0"]
+    level2 = build_plan(load_config("configs/bench_h200x1_7b.yaml", sync), 150.8, 137.4)
+    level1 = build_plan(load_config("configs/bench_h200x1_7b.yaml", [*sync, "rollout.engine.sleep_level=1"]), 150.8,
+                        137.4)  # fmt: skip
+    assert dict(level2.host[0])["rollout-0"] == pytest.approx(dict(level1.host[0])["rollout-0"] - 28.7, abs=0.5)
+    assert level2.gpus[0].phases() == level1.gpus[0].phases()
+    assert "vLLM asleep (level 2: weights discarded)" in format_plan(level2)
+    assert sleep_level(load_config("configs/bench_h200x1_7b.yaml", ["trainer.lora.rank=16"])) == 1
+    assert sleep_level(load_config("configs/bench_h200x1_7b.yaml", [])) == 2
