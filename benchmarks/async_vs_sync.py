@@ -9,7 +9,11 @@ directory under `--run-root`, in this order:
   the config uses (one rollout and one trainer rank per GPU, sharing it; the rollout's
   `gpu_memory_utilization` lowered to `--colocated-gpu-util` so both fit).
 
-`--only NAME` (repeatable) runs only the named variants (then no speedup). Each variant
+`--only NAME` (repeatable) runs only the named variants (then no speedup). `--reuse`
+summarises, instead of running again, every variant whose run directory under `--run-root`
+already holds a finished run (as many step records as its `trainer.total_steps`): a
+variant that outlasts one command's time limit runs alone (`--only sync`), and a later
+invocation with the same `--run-root` and `--reuse` runs the rest and reports both. Each variant
 also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
 estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`).
 
@@ -287,6 +291,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs of every variant")
     parser.add_argument("--measured-steps", type=int,
                         help="steps kept per run (sets total_steps); default 20 with --repeats > 1")  # fmt: skip
+    parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
     parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
                         help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
@@ -314,9 +319,17 @@ def setup_policy(cfg: RunConfig, run_root: Path) -> Policy:
     return Policy(decoder_param_count(hf), prompt_tokens_mean(cfg, model_path), overrides)
 
 
+def finished(cfg: RunConfig) -> bool:
+    """Whether `cfg.run_dir` holds a run that recorded all of its `trainer.total_steps` steps."""
+    path = Path(cfg.run_dir) / "metrics.jsonl"
+    return path.exists() and len(read_metrics(path)) >= cfg.trainer.total_steps
+
+
 def run_variant(config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     cfg = load_config(config, overrides)
-    launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
+    launch_s = None  # a reused run's launch time is not known here
+    if not (args.reuse and finished(cfg)):
+        launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
     records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
     trainer_ranks = role_counts(cfg)["trainer"]

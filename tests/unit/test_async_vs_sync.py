@@ -180,3 +180,24 @@ def test_command_line_and_rounding() -> None:
     assert (args.config, args.colocated) == ("configs/tiny_cpu.yaml", True)
     assert args.overrides == ["trainer.total_steps=4", "rollout.n=4"]
     assert rounded({"a": [1 / 3, 2], "b": 123456.789, "c": None}) == {"a": [0.3333, 2], "b": 123500.0, "c": None}
+
+
+def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Path, monkeypatch) -> None:
+    """`--reuse`: a variant whose run directory holds all its steps is read, not launched
+    again; one that holds fewer (it died, or never ran) is launched."""
+    import benchmarks.async_vs_sync as bench
+
+    launched: list[str] = []
+    monkeypatch.setattr(bench, "launch", lambda config, overrides, log, timeout: launched.append(log.stem) or 1.0)
+    monkeypatch.setattr(bench, "memory_figures", lambda cfg, records: {})
+    policy = bench.Policy(params=10**9, prompt_tokens=10.0, overrides=[])
+    args = parse_args(["--config", "configs/tiny_cpu.yaml", "--reuse"])
+    for name, steps in (("done", 4), ("short", 3)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:steps]))
+    done = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'done'}", "trainer.total_steps=4"],
+                             args, policy)  # fmt: skip
+    assert launched == [] and done["launch_s"] is None and done["steps"] == 1  # 2 warm-up, 1 cool-down
+    bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"], args,
+                      policy)  # fmt: skip
+    assert launched == ["short"]
