@@ -112,6 +112,10 @@ class Role:
     async def close(self) -> None:
         """Release engines and sockets (bounded by the caller)."""
 
+    def on_registered(self, reply: wire.Registered) -> None:
+        """Called once the controller accepted the registration, before any other message
+        of this role is handled."""
+
     async def handle(self, env: Any) -> wire.Message | None:
         """Messages from the controller; return a reply or None. An override ends with
         `return self.unserved(msg)` for whatever it does not serve."""
@@ -227,6 +231,7 @@ class Role:
         if not isinstance(reply, wire.Registered):
             raise FatalError(f"controller answered Register with {type(reply).__name__}")
         self.registered = reply
+        self.on_registered(reply)
 
     def _controller_lost(self, _: bytes | None) -> None:
         # Before registration the controller may simply not be up yet (the Register

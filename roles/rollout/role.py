@@ -115,6 +115,9 @@ class RolloutRole(Role):
             config=adapter_config(cfg.trainer.lora), adapters_dir=Path(cfg.run_dir) / "adapters" / self.ctx.name,
         )  # fmt: skip
 
+    def on_registered(self, reply: wire.Registered) -> None:
+        self.receiver.expect_sync(reply.policy_version)  # a rollout behind the trainer is synced to it next
+
     def peer_info(self) -> wire.PeerInfo:
         info = super().peer_info()
         info.address = addresses.advertised(self.weights.address)

@@ -14,11 +14,13 @@
   generation resumes on the old version (layers loaded before keep the new weights).
 
 Weight messages (checksum requests too) without the run's secret (runtime/run_token.py)
-are refused (`REFUSED`) and counted in `refused`, before anything else. Every update older
-than the rollout's version, or newer than the last version the run can make (`max_version`,
-the run's `trainer.total_steps`: a version is a step count, and a rollout that joins late
-or missed updates legitimately jumps up to it), is refused (`Error(REFUSED)`) before any
-work; buckets out of order are refused
+are refused (`REFUSED`) and counted in `refused`, before anything else. An update is
+refused (`Error(REFUSED)`) before any work unless its version is the rollout's own (a
+re-send) or the next one: the trainer publishes every version to every live rollout. The
+one exception is the sync of a rollout that registered behind the trainer (a late joiner,
+or one resumed without weights: `expect_sync`), whose first update may jump to the
+trainer's version or beyond. No update is ever taken above the last version the run can
+make (`max_version`, the run's `trainer.total_steps`). Buckets out of order are refused
 (`BAD_REQUEST`). One update is open at a time: a new bucket 0 abandons an open one.
 `on_applied(applied, pause_s)` runs after each loaded version (all backends).
 """
@@ -111,6 +113,12 @@ class WeightReceiver:
         self.update: _Update | None = None
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
+        self._sync_floor: int | None = None  # a pending sync's least version (expect_sync)
+
+    def expect_sync(self, trainer_version: int) -> None:
+        """Registration said the trainer is at `trainer_version`: a rollout behind it will be
+        synced there, so its next update may jump to that version or beyond (once)."""
+        self._sync_floor = trainer_version if trainer_version > self.engine.version else None
 
     async def handle(self, msg: wire.Message) -> wire.Message:
         weights = wire.WeightBucket | wire.WeightBucketMeta | wire.WeightGroupInit | wire.WeightChecksums
@@ -154,7 +162,7 @@ class WeightReceiver:
             version=msg.version, receive_s=receive_s, load_s=times["load_s"], total_s=receive_s + times["total_s"],
             num_tensors=len(manifest["entries"]), num_bytes=nbytes, rollout=self.name,
         )  # fmt: skip
-        await self.on_applied(applied, times["pause_s"])
+        await self._applied(applied, times["pause_s"])
         return applied
 
     # --- ipc / nccl: bucket by bucket ---------------------------------------------------
@@ -232,8 +240,12 @@ class WeightReceiver:
             total_s=time.perf_counter() - update.started,
             num_tensors=update.num_tensors, num_bytes=update.num_bytes, rollout=self.name,
         )  # fmt: skip
-        await self.on_applied(applied, update.pause_s)
+        await self._applied(applied, update.pause_s)
         return applied
+
+    async def _applied(self, applied: wire.WeightsApplied, pause_s: float) -> None:
+        self._sync_floor = None  # synced: from here on, only the next version
+        await self.on_applied(applied, pause_s)
 
     async def _fail(self, version: int, exc: BaseException) -> wire.Message:
         cause = describe(exc)
@@ -269,12 +281,19 @@ class WeightReceiver:
         self._watchdog = None
 
     def _out_of_range(self, version: int) -> bool:
-        return version < self.engine.version or (self.max_version is not None and version > self.max_version)
+        current = self.engine.version
+        if version < current or (self.max_version is not None and version > self.max_version):
+            return True
+        syncing = self._sync_floor is not None and version >= self._sync_floor
+        return version > current + 1 and not syncing
 
     def _refuse(self, version: int) -> wire.Message:
-        reason = f"update to version {version} refused: rollout is at version {self.engine.version}"
+        current = self.engine.version
+        reason = f"update to version {version} refused: rollout is at version {current}"
         if self.max_version is not None and version > self.max_version:
             reason += f", the run's last is {self.max_version}"
+        elif version > current + 1:
+            reason += f" and takes only {current + 1} next"
         self.noisy.warning("update_refused", reason=reason)
         return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
 

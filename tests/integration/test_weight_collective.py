@@ -249,15 +249,16 @@ async def test_stalled_receiver_fails_in_time_then_recovers(rollout: RoleHarness
     finally:
         signal_all(procs, signal.SIGCONT)
     # The workers wake to a closed group and an expired join: both fail at once, the old
-    # weights stay, and a new group forms and loads.
+    # weights stay, and a new group forms and loads the same version (only the next one is
+    # taken: the rollout is still at 4).
     failed = await logged(rollout, "weight_update_failed", update=5)
     assert failed["version"] == 4
     await target(pusher, rollout)
-    result = await pusher.push(6, source(model_buckets(rollout, 1.0)))
+    result = await pusher.push(5, source(model_buckets(rollout, 1.0)))
     assert not result.failed, result.failed
-    assert (await rollout.next(wire.WeightsApplied)).version == 6
-    _, _, versions = await greedy(rollout, "v6", PROMPTS, MAX_TOKENS)
-    assert versions == {6}
+    assert (await rollout.next(wire.WeightsApplied)).version == 5
+    _, _, versions = await greedy(rollout, "v5", PROMPTS, MAX_TOKENS)
+    assert versions == {5}
 
 
 @on_module_loop
@@ -266,8 +267,8 @@ async def test_receiver_killed_mid_update_fails_fast(rollout: RoleHarness, pushe
     procs = engine_processes(rollout)
     signal_all(procs, signal.SIGSTOP)
     started = time.monotonic()
-    push = asyncio.create_task(pusher.push(7, source(model_buckets(rollout, 0.5))))
-    await logged(rollout, "weight_update_started", update=7)
+    push = asyncio.create_task(pusher.push(6, source(model_buckets(rollout, 0.5))))
+    await logged(rollout, "weight_update_started", update=6)
     signal_all(procs, signal.SIGKILL)
     name, phase, text = only_failure(await asyncio.wait_for(push, TIMEOUT_S + SLACK_S + 5))
     # Which phase sees the death is a race: the broadcast, or the rollout's load of bucket 0

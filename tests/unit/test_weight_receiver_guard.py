@@ -2,8 +2,9 @@
 messages, with a fake engine: a checksum request without the run's token is refused; an
 update with a valid token whose version jumps past the run's last version (NaN weights at
 version 1e6) is refused before any work, over both the staged (zmq) and the bucket-by-bucket
-(ipc/nccl) paths; the legitimate next version, a resume's and a late joiner's jump are
-taken; thousands of forgeries cost a handful of log lines."""
+(ipc/nccl) paths, and so is any jump past the next version outside the one sync of a rollout
+that registered behind the trainer; the legitimate next version, a resume's and a late
+joiner's jump are taken; thousands of forgeries cost a handful of log lines."""
 
 from __future__ import annotations
 
@@ -74,11 +75,42 @@ def test_a_forged_update_with_a_valid_token_and_a_version_jump_is_refused() -> N
     assert isinstance(reply, wire.Error) and reply.code == wire.ErrorCode.REFUSED
 
 
-@pytest.mark.parametrize(("start", "version"), [(3, 4), (0, 0), (0, 17), (12, LAST)])
-def test_the_next_a_resumed_and_a_late_joiners_version_are_taken(start: int, version: int) -> None:
+@pytest.mark.parametrize(
+    ("start", "trainer", "version"), [(3, 3, 4), (0, 0, 0), (0, 17, 17), (0, 17, 18), (12, LAST, LAST)]
+)
+def test_the_next_a_resumed_and_a_late_joiners_version_are_taken(start: int, trainer: int, version: int) -> None:
+    """The next version (or the same again) is taken; a rollout that registered behind the
+    trainer (a late joiner, one resumed without weights) is synced to its version, or one
+    that steps made meanwhile."""
     rx, engine = receiver(start)
+    rx.expect_sync(trainer)
     reply = asyncio.run(rx.handle(bucket(version)))
     assert isinstance(reply, wire.WeightsApplied) and engine.applied == [version]
+
+
+def test_a_version_jump_with_a_valid_token_is_refused_outside_a_sync() -> None:
+    """A token holder may not skip versions: the trainer publishes each one to every rollout,
+    so anything but the next is a forgery (it would make the rollout refuse every later one)."""
+    rx, engine = receiver(3)
+    rx.expect_sync(3)  # registered level with the trainer: no sync pending
+    for version in (5, LAST):
+        reply = asyncio.run(rx.handle(bucket(version)))
+        assert isinstance(reply, wire.Error) and reply.code == wire.ErrorCode.REFUSED
+        assert "takes only 4 next" in reply.message
+    meta = wire.WeightBucketMeta(version=6, index=0, last=False, slots=[], nbytes=0, token=TOKEN)
+    reply = asyncio.run(rx.handle(meta))  # begin_update would raise: refused before it
+    assert isinstance(reply, wire.Error) and reply.code == wire.ErrorCode.REFUSED
+    assert engine.applied == [] and engine.version == 3
+
+
+def test_a_sync_allows_one_jump_then_only_the_next() -> None:
+    rx, engine = receiver(0)
+    rx.expect_sync(9)
+    assert isinstance(asyncio.run(rx.handle(bucket(4))), wire.Error)  # below the trainer's version: not the sync
+    assert isinstance(asyncio.run(rx.handle(bucket(9))), wire.WeightsApplied)
+    assert isinstance(asyncio.run(rx.handle(bucket(12))), wire.Error)
+    assert isinstance(asyncio.run(rx.handle(bucket(10))), wire.WeightsApplied)
+    assert engine.applied == [9, 10]
 
 
 def test_five_thousand_forgeries_cost_a_handful_of_log_lines() -> None:
