@@ -28,9 +28,13 @@ side's busy time (rollout or trainer): 1.0 is perfect overlap, sync PPO sits nea
 (gen + train) / max(gen, train). `trainer_mfu` is 6 * params * trained tokens (prompt + response) /
 train_busy_s / peak FLOP/s of the trainer's GPUs (`--peak-tflops` each, default H200 bf16
 dense); it ignores attention and the proximal-logprob forward, so it understates the work
-done. `weight_sync_gbps` is the policy's size in bf16 (from the model's config.json) over
-the median weight-sync time, in 10^9 bytes per second. `rollout_vs_bare_vllm` is
-`role_over_bare` of a benchmarks/rollout.py result (`--rollout-bench FILE`), else null.
+done. `trainer_mfu_alone` is the same over the steps after the warm-up in which nothing was
+generated (an async run's last max_staleness steps): on a GPU the rollout shares, the
+trainer's MFU without generation beside it, so `trainer_mfu` / `trainer_mfu_alone` is
+the cost of sharing the GPU (null where every step generated). `weight_sync_gbps` is the
+policy's size in bf16 (from the model's config.json) over the median weight-sync time, in
+10^9 bytes per second. `rollout_vs_bare_vllm` is `role_over_bare` of a
+benchmarks/rollout.py result (`--rollout-bench FILE`), else null.
 
 `--repeats N` (N > 1) runs the variants N times, alternating (sync, async, sync, async, ...),
 each run into `RUN_ROOT/NAME-R`, and every run gets `trainer.total_steps` = warm-up +
@@ -125,12 +129,26 @@ def summarize_run(
         "weight_sync_gb_pushed": statistics.median(pushed) if pushed else None,
         **phases,
         "trainer_mfu": 6 * params * trained_tokens / train_busy / peak_flops if train_busy > 0 else None,
+        "trainer_mfu_alone": alone_mfu(
+            ordered[warmup:], params=params, prompt_tokens=prompt_tokens, peak_flops=peak_flops
+        ),
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in kept),
         "staleness_max": max(r["staleness_max"] for r in kept),
         # Over every step, warm-up included: the rollout samples from the trainer's weights
         # only if this stays at bf16 noise (~1e-3) from the first update on.
         "kl_behaviour_proximal_max": max(kls) if kls else None,
     }
+
+
+def alone_mfu(records: list[dict[str, Any]], *, params: int, prompt_tokens: float, peak_flops: float) -> float | None:
+    """The trainer's MFU over the steps in which no rollout generated (`gen_busy_s` 0: an
+    async run's last max_staleness steps, which train samples generated ahead): the trainer
+    with the GPU to itself, against `trainer_mfu` beside generation. None without such steps."""
+    alone = [r for r in records if r["gen_busy_s"] == 0 and r["train_busy_s"] > 0]
+    if not alone:
+        return None
+    tokens = sum((r["tokens_per_s"] + r["samples_per_s"] * prompt_tokens) * r["step_s"] for r in alone)
+    return 6 * params * tokens / sum(r["train_busy_s"] for r in alone) / peak_flops
 
 
 def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] | None) -> dict[str, Any]:

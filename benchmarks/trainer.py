@@ -22,8 +22,10 @@ Cases: `fixed_1k` (1024-token sequences), `fixed_4k` (4096), `length_mix` (log-u
 embeddings once; the embedding lookup is no matmul, but the tied LM head is), attention
 FLOPs = 6 * 2 * sum over sequences of len^2 / 2 * hidden * layers (forward QK^T and PV of
 a causal mask, x3 for backward), counted on real tokens only, so padding earns nothing;
-peak memory (`torch.cuda.max_memory_allocated`). Top-level keys: `mfu_4k` (the engine's
-fixed_4k MFU), `speedup_length_mix` (engine tokens/s over the bare loop's on the mix),
+`mfu_6n` the same without the attention FLOPs (6 * N * tokens alone, the figure peers
+quote); peak memory (`torch.cuda.max_memory_allocated`). Top-level keys: `mfu_4k` (the
+engine's fixed_4k MFU), `mfu_6n_4k` and `mfu_6n_length_mix` (the engine's 6N MFU on those
+cases), `speedup_length_mix` (engine tokens/s over the bare loop's on the mix),
 `peak_gb` (the engine's largest peak), `loss_match` (both loops' first-step loss on the
 same weights and batch agree to 2e-2).
 
@@ -116,10 +118,12 @@ def make_batch(lengths: list[int], vocab: int, seed: int = 0) -> TrainBatch:
     )  # fmt: skip
 
 
-def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int) -> float:
-    """6 N tokens + causal attention (forward 2 * len^2 * hidden per layer, x3 with backward)."""
+def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int, *, attention: bool = True) -> float:
+    """6 N tokens + causal attention (forward 2 * len^2 * hidden per layer, x3 with backward);
+    without `attention`, 6 N tokens alone."""
     tokens = sum(lengths)
-    return 6.0 * num_params * tokens + 6.0 * sum(n * n for n in lengths) * hidden * layers
+    attn = 6.0 * sum(n * n for n in lengths) * hidden * layers if attention else 0.0
+    return 6.0 * num_params * tokens + attn
 
 
 # --- the two loops -------------------------------------------------------------------------
@@ -325,9 +329,11 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
                 continue
             first, seconds, peak = measured
             flops = train_flops(cases[case], num_params, hidden, layers)
+            flops_6n = train_flops(cases[case], num_params, hidden, layers, attention=False)
+            peak_flops = args.peak_tflops * 1e12
             result["cases"][case][name] = {
-                "step_s": seconds, "tokens_per_s": sum(cases[case]) / seconds,
-                "mfu": flops / seconds / (args.peak_tflops * 1e12), "peak_gb": peak, "first_loss": first,
+                "step_s": seconds, "tokens_per_s": sum(cases[case]) / seconds, "mfu": flops / seconds / peak_flops,
+                "mfu_6n": flops_6n / seconds / peak_flops, "peak_gb": peak, "first_loss": first,
             }  # fmt: skip
             if name == "bare":
                 result["cases"][case][name]["budget"] = bare_budget[0]
@@ -350,6 +356,8 @@ def summary(c: dict[str, Any]) -> dict[str, Any]:
     speedup = mix["engine"]["tokens_per_s"] / mix["bare"]["tokens_per_s"] if "length_mix" in ok else None
     return {
         "mfu_4k": c.get("fixed_4k", {}).get("engine", {}).get("mfu"),
+        "mfu_6n_4k": c.get("fixed_4k", {}).get("engine", {}).get("mfu_6n"),
+        "mfu_6n_length_mix": c.get("length_mix", {}).get("engine", {}).get("mfu_6n"),
         "speedup_length_mix": speedup,
         "peak_gb": max((v.get("engine", {}).get("peak_gb", 0.0) for v in c.values()), default=0.0),
         "loss_match": all(abs(v["engine"]["first_loss"] - v["bare"]["first_loss"]) < 2e-2 for v in ok.values()),

@@ -81,6 +81,22 @@ def test_the_last_steps_can_be_left_out() -> None:
     assert s["run_wall_s"] == 156.0
 
 
+def test_trainer_mfu_alone_counts_the_steps_without_generation() -> None:
+    """An async run's last steps train samples generated ahead, with no generation beside the
+    trainer: their MFU is the trainer's own, the window's is the trainer's beside vLLM."""
+    last = _step(5, 1.0, 64.0, 1024.0, gen_busy_s=0.0, train_busy_s=0.5, weight_sync_s=0.2, wall_s=157.0)
+    s = summarize_run([*RECORDS, last], warmup=2, cooldown=1, params=10**9, policy_bytes=1, prompt_tokens=10.0,
+                      peak_flops=1e14)  # fmt: skip
+    # 6 * 1e9 * (1024 response + 64 * 10 prompt tokens) / 0.5 s busy / 1e14
+    assert s["trainer_mfu_alone"] == pytest.approx(6e9 * 1664 / 0.5 / 1e14)
+    assert s["trainer_mfu"] == pytest.approx(6e9 * 3328 / 2 / 1e14)  # the window (steps 3-4) as before
+    assert _summary_of(RECORDS)["trainer_mfu_alone"] is None  # every step generated
+
+
+def _summary_of(records: list[dict]) -> dict:
+    return summarize_run(records, warmup=2, params=1, policy_bytes=2, prompt_tokens=0.0, peak_flops=1.0)
+
+
 def test_summary_needs_steps_after_the_warm_up() -> None:
     with pytest.raises(ValueError, match="2 steps recorded, none left without 2 warm-up and 0 last steps"):
         summarize_run(RECORDS[:2], warmup=2, params=1, policy_bytes=2, prompt_tokens=0.0, peak_flops=1.0)

@@ -115,10 +115,12 @@ def test_bench_cases_and_flops() -> None:
     mix = case_lengths("length_mix", 65536, 4096)
     assert sum(mix) >= 65536 and min(mix) >= 64 and max(mix) <= 4096 and max(mix) / min(mix) > 10
     assert train_flops([10, 20], 100, 8, 2) == 6 * 100 * 30 + 6 * (100 + 400) * 8 * 2
+    assert train_flops([10, 20], 100, 8, 2, attention=False) == 6 * 100 * 30
     cases = {
-        "fixed_4k": {"engine": {"mfu": 0.5, "tokens_per_s": 3.0, "peak_gb": 9.0, "first_loss": 0.1},
+        "fixed_4k": {"engine": {"mfu": 0.5, "mfu_6n": 0.45, "tokens_per_s": 3.0, "peak_gb": 9.0, "first_loss": 0.1},
                      "bare": {"mfu": 0.3, "tokens_per_s": 2.0, "peak_gb": 20.0, "first_loss": 0.1}},
-        "length_mix": {"engine": {"mfu": 0.4, "tokens_per_s": 4.0, "peak_gb": 7.0, "first_loss": 0.2},
+        "length_mix": {"engine": {"mfu": 0.4, "mfu_6n": 0.38, "tokens_per_s": 4.0, "peak_gb": 7.0, "first_loss": 0.2},
                        "bare": {"oom": True}},
     }  # fmt: skip
-    assert summary(cases) == {"mfu_4k": 0.5, "speedup_length_mix": None, "peak_gb": 9.0, "loss_match": True}
+    assert summary(cases) == {"mfu_4k": 0.5, "mfu_6n_4k": 0.45, "mfu_6n_length_mix": 0.38, "speedup_length_mix": None,
+                              "peak_gb": 9.0, "loss_match": True}  # fmt: skip
