@@ -155,10 +155,18 @@ class RolloutRole(Role):
         except EngineDead as exc:
             await self._engine_failed(exc)
             return wire.Ack(info=f"failed: {exc}")
-        if slept:
-            seconds = round(time.perf_counter() - started, 3)
-            log.info("engine_sleeping", seconds=seconds, level=level, **await self.engine.memory())
+        if not slept:
+            return wire.Ack(info="unchanged: " + ("already asleep" if self.engine.sleeping else "an update is open"))
+        seconds = round(time.perf_counter() - started, 3)
+        log.info("engine_sleeping", seconds=seconds, level=level, **await self._worker_memory())
         return wire.Ack(info=f"asleep: level {level}")
+
+    async def _worker_memory(self) -> dict[str, float]:
+        """The vLLM worker's GPU memory for the log (nothing when the query fails: it is a fact, not a step)."""
+        try:
+            return await self.engine.memory()
+        except Exception:
+            return {}
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:

@@ -106,6 +106,17 @@ async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoin
     assert info.value.code == wire.ErrorCode.REFUSED
 
 
+async def test_rest_is_answered_and_a_rollout_without_sleep_mode_stays_awake(rollout: RoleHarness) -> None:
+    """A CPU rollout (no vLLM sleep mode, no trainer on its GPU) tells the controller it does
+    not sleep, and answers a `Rest` at once without touching the engine; generation goes on."""
+    assert rollout.peer is not None and rollout.peer.capabilities["sleeps"] == 0
+    reply = await rollout.request(wire.Rest(version=1), timeout=10)
+    assert isinstance(reply, wire.Ack) and reply.info == "awake: this rollout does not sleep"
+    await rollout.send(generate("after-rest", 1, 3))
+    (c,) = await completions(rollout, 1)
+    assert c.token_ids.numel() == 3
+
+
 async def test_weights_without_the_run_token_are_refused(rollout: RoleHarness, weights: RpcEndpoint) -> None:
     """Another process of the same user (issue 23, finding 2): an empty update to version
     10**9 would make the rollout refuse every real one after it."""
