@@ -343,10 +343,14 @@ def finished(cfg: RunConfig) -> bool:
     return path.exists() and len(read_metrics(path)) >= cfg.trainer.total_steps
 
 
-def run_variant(config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
+def run_variant(
+    config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy, *, reuse: bool = False
+) -> dict[str, Any]:
+    """Launch one variant and summarise its run; with `reuse`, a finished run is summarised
+    without launching it again."""
     cfg = load_config(config, overrides)
     launch_s = None  # a reused run's launch time is not known here
-    if not (args.reuse and finished(cfg)):
+    if not (reuse and finished(cfg)):
         launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
     records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     run_root.mkdir(parents=True, exist_ok=True)
     policy = setup_policy(base, run_root)
     repeats = [
-        {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
+        {name: run_variant(config, overrides, args, policy, reuse=args.reuse) for name, overrides in runs.items()}
         for runs in plan_runs(config, base, args, policy, run_root)
     ]  # alternating: every repeat runs each variant once, in order
     rollout_bench = json.loads(args.rollout_bench.read_text()) if args.rollout_bench else None

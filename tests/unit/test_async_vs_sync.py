@@ -212,8 +212,8 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:steps]))
     done = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'done'}", "trainer.total_steps=4"],
-                             args, policy)  # fmt: skip
+                             args, policy, reuse=args.reuse)  # fmt: skip
     assert launched == [] and done["launch_s"] is None and done["steps"] == 1  # 2 warm-up, 1 cool-down
     bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"], args,
-                      policy)  # fmt: skip
+                      policy, reuse=True)  # fmt: skip
     assert launched == ["short"]
