@@ -104,7 +104,6 @@ def summarize_run(
     gen_busy = sum(r["gen_busy_s"] for r in kept)
     train_busy = sum(r["train_busy_s"] for r in kept)
     sync_s = statistics.median(r["weight_sync_s"] for r in kept)
-    trained_tokens = tokens + samples * prompt_tokens
     pushed = [r["weight_sync_gb"] for r in kept if "weight_sync_gb" in r]
     kls = [r["kl_behaviour_proximal"] for r in ordered if "kl_behaviour_proximal" in r]
     phases = {
@@ -128,10 +127,13 @@ def summarize_run(
         "weight_sync_gbps": policy_bytes / sync_s / 1e9 if sync_s > 0 else None,
         "weight_sync_gb_pushed": statistics.median(pushed) if pushed else None,
         **phases,
-        "trainer_mfu": 6 * params * trained_tokens / train_busy / peak_flops if train_busy > 0 else None,
-        "trainer_mfu_alone": alone_mfu(
-            ordered[warmup:], params=params, prompt_tokens=prompt_tokens, peak_flops=peak_flops
-        ),
+        "trainer_mfu": trainer_mfu(kept, params=params, prompt_tokens=prompt_tokens, peak_flops=peak_flops),
+        "trainer_mfu_alone": trainer_mfu(
+            [r for r in ordered[warmup:] if r["gen_busy_s"] == 0 and r["train_busy_s"] > 0],
+            params=params,
+            prompt_tokens=prompt_tokens,
+            peak_flops=peak_flops,
+        ),  # the steps with no generation beside the trainer (an async run's last max_staleness)
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in kept),
         "staleness_max": max(r["staleness_max"] for r in kept),
         # Over every step, warm-up included: the rollout samples from the trainer's weights
@@ -140,15 +142,14 @@ def summarize_run(
     }
 
 
-def alone_mfu(records: list[dict[str, Any]], *, params: int, prompt_tokens: float, peak_flops: float) -> float | None:
-    """The trainer's MFU over the steps in which no rollout generated (`gen_busy_s` 0: an
-    async run's last max_staleness steps, which train samples generated ahead): the trainer
-    with the GPU to itself, against `trainer_mfu` beside generation. None without such steps."""
-    alone = [r for r in records if r["gen_busy_s"] == 0 and r["train_busy_s"] > 0]
-    if not alone:
+def trainer_mfu(records: list[dict[str, Any]], *, params: int, prompt_tokens: float, peak_flops: float) -> float | None:
+    """6 * params * trained tokens (response + prompt) over the steps' training busy time and
+    `peak_flops`; None when the steps trained for no time (or there are none)."""
+    busy = sum(r["train_busy_s"] for r in records)
+    if busy <= 0:
         return None
-    tokens = sum((r["tokens_per_s"] + r["samples_per_s"] * prompt_tokens) * r["step_s"] for r in alone)
-    return 6 * params * tokens / sum(r["train_busy_s"] for r in alone) / peak_flops
+    tokens = sum((r["tokens_per_s"] + r["samples_per_s"] * prompt_tokens) * r["step_s"] for r in records)
+    return 6 * params * tokens / busy / peak_flops
 
 
 def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] | None) -> dict[str, Any]:

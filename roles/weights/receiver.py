@@ -139,8 +139,8 @@ class WeightReceiver:
 
     # --- zmq: stage, then load -------------------------------------------------------
     async def _staged(self, msg: wire.WeightBucket) -> wire.Message:
-        if self._out_of_range(msg.version):
-            return self._refuse(msg.version)
+        if (why := self._refusal(msg.version)) is not None:
+            return self._refuse(why)
         try:
             self.stager.add(msg)
         except ValueError as exc:
@@ -172,8 +172,8 @@ class WeightReceiver:
         self._stop_watchdog()
         update = self.update
         if meta.index == 0:
-            if self._out_of_range(meta.version):
-                return self._refuse(meta.version)
+            if (why := self._refusal(meta.version)) is not None:
+                return self._refuse(why)
             if update is not None:
                 await self._abandon(f"a new update to version {meta.version} began")
             try:
@@ -280,20 +280,18 @@ class WeightReceiver:
             self._watchdog.cancel()
         self._watchdog = None
 
-    def _out_of_range(self, version: int) -> bool:
-        current = self.engine.version
-        if version < current or (self.max_version is not None and version > self.max_version):
-            return True
-        syncing = self._sync_floor is not None and version >= self._sync_floor
-        return version > current + 1 and not syncing
-
-    def _refuse(self, version: int) -> wire.Message:
+    def _refusal(self, version: int) -> str | None:
+        """Why an update to `version` is refused (see module docs), or None when it is taken."""
         current = self.engine.version
         reason = f"update to version {version} refused: rollout is at version {current}"
         if self.max_version is not None and version > self.max_version:
-            reason += f", the run's last is {self.max_version}"
-        elif version > current + 1:
-            reason += f" and takes only {current + 1} next"
+            return f"{reason}, the run's last is {self.max_version}"
+        syncing = self._sync_floor is not None and version >= self._sync_floor
+        if version > current + 1 and not syncing:
+            return f"{reason} and takes only {current + 1} next"
+        return reason if version < current else None
+
+    def _refuse(self, reason: str) -> wire.Message:
         self.noisy.warning("update_refused", reason=reason)
         return wire.Error(code=wire.ErrorCode.REFUSED, message=reason)
 
