@@ -454,7 +454,8 @@ class RolloutEngine:
 
     async def memory(self) -> dict[str, float]:
         """The first worker's GPU memory in GB: free on the device, reserved and allocated by
-        its torch allocator (what a sleeping engine still holds outside vLLM's pools)."""
+        its torch allocator (counters that include vLLM's pools even while sleep has unmapped
+        them: `free_gb` says what a sleeping engine holds)."""
         results = await self._rpc(WorkerCall.MEMORY, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
