@@ -36,6 +36,16 @@ policy's size in bf16 (from the model's config.json) over the median weight-sync
 10^9 bytes per second. `rollout_vs_bare_vllm` is `role_over_bare` of a
 benchmarks/rollout.py result (`--rollout-bench FILE`), else null.
 
+Samples/s alone flatters a run that drops its long samples: a group that takes longer to
+generate than max_staleness steps is dropped as stale, not trained, so with long-tail
+lengths an async run trains shorter samples than the sync one (on one H200, 1.54B, log-normal
+budgets of mean 512 capped at 2048, staleness 2 dropped 30 of the 31 groups over 1500
+tokens). So every variant also reports `response_tokens_mean` (trained response tokens per
+sample), `dropped_stale` (samples dropped as stale in the window) and
+`dropped_stale_fraction` (of those trained and dropped there), and the comparison
+`speedup_tokens` (async over sync in trained response tokens/s) and
+`async_dropped_stale_fraction`: read `speedup` with them.
+
 `--repeats N` (N > 1) runs the variants N times, alternating (sync, async, sync, async, ...),
 each run into `RUN_ROOT/NAME-R`, and every run gets `trainer.total_steps` = warm-up +
 `--measured-steps` (default 20 with repeats) + its own max_staleness, so each keeps at least
@@ -101,6 +111,7 @@ def summarize_run(
     wall = sum(r["step_s"] for r in kept)
     samples = sum(r["samples_per_s"] * r["step_s"] for r in kept)
     tokens = sum(r["tokens_per_s"] * r["step_s"] for r in kept)
+    dropped = sum(r.get("dropped_stale", 0) for r in kept)
     gen_busy = sum(r["gen_busy_s"] for r in kept)
     train_busy = sum(r["train_busy_s"] for r in kept)
     sync_s = statistics.median(r["weight_sync_s"] for r in kept)
@@ -114,6 +125,9 @@ def summarize_run(
         "steps": len(kept),
         "samples_per_s": samples / wall,
         "tokens_per_s": tokens / wall,
+        "response_tokens_mean": tokens / samples if samples else None,
+        "dropped_stale": dropped,
+        "dropped_stale_fraction": dropped / (dropped + samples) if dropped + samples else 0.0,
         "wall_s": wall,
         "run_wall_s": ordered[-1]["wall_s"],
         "run_samples_per_s": sum(r["samples_per_s"] * r["step_s"] for r in ordered) / ordered[-1]["wall_s"],
@@ -157,7 +171,8 @@ def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] |
     if "async" not in variants or "sync" not in variants:  # --only: no comparison
         return {"speedup": None, "rollout_vs_bare_vllm": rollout_bench.get("role_over_bare") if rollout_bench else None}
     a, s = variants["async"], variants["sync"]
-    out = {"speedup": a["samples_per_s"] / s["samples_per_s"]}
+    out = {"speedup": a["samples_per_s"] / s["samples_per_s"], "speedup_tokens": a["tokens_per_s"] / s["tokens_per_s"],
+           "async_dropped_stale_fraction": a["dropped_stale_fraction"]}  # fmt: skip
     if "colocated" in variants:
         out["speedup_vs_colocated"] = a["samples_per_s"] / variants["colocated"]["samples_per_s"]
     for key in ("wall_over_max_busy", "weight_sync_s", "weight_sync_gbps", "trainer_mfu"):
@@ -173,13 +188,15 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 def aggregate_repeats(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Over repeats (each: variant name -> its summary): the spread of each variant's
-    samples/s and of the per-repeat async/sync ratio; `median_runs`: each variant's run with
+    samples/s and of the per-repeat async/sync ratios (`speedup`: of samples/s,
+    `speedup_tokens`: of trained response tokens/s); `median_runs`: each variant's run with
     the median samples/s (the lower middle one of an even count)."""
     names = list(repeats[0])
     out: dict[str, Any] = {name: {"samples_per_s": spread([r[name]["samples_per_s"] for r in repeats])}
                            for name in names}  # fmt: skip
     if "sync" in names and "async" in names:
         out["speedup"] = spread([r["async"]["samples_per_s"] / r["sync"]["samples_per_s"] for r in repeats])
+        out["speedup_tokens"] = spread([r["async"]["tokens_per_s"] / r["sync"]["tokens_per_s"] for r in repeats])
     median_runs = {}
     for name in names:
         rate = statistics.median_low(r[name]["samples_per_s"] for r in repeats)

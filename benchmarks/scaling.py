@@ -14,7 +14,9 @@ the trainer's micro-batch grow to hold the cap.
 
 Each point runs sync (`max_staleness=0`) and async (`--staleness`) through
 benchmarks/async_vs_sync.py's code (the same summary: samples/s, `trainer_mfu`,
-`weight_sync_s` over the steady steps), after the launch-time memory plan
+`weight_sync_s` over the steady steps; `speedup`, `speedup_tokens` and
+`async_dropped_stale_fraction` as there: with long responses an async run drops the groups
+that outlast max_staleness steps, so read the samples/s ratio with the other two), after the launch-time memory plan
 (runtime/memory_plan.py, what `tandem launch --plan` shows) has accepted it on this
 machine's GPUs: a point it refuses is recorded with the refusal (`refused`) and not run.
 `--points tiny` puts both axes on configs/tiny_cpu.yaml at a tiny scale (two model shapes,
@@ -56,6 +58,7 @@ QWEN_05B = ["model.tiny.hidden_size=896", "model.tiny.num_layers=24", "model.tin
 CAP_OVER_MEAN = 4  # the length axis caps each budget at 4x its mean
 PROMPT_ROOM = 128  # tokens of max_model_len kept for the prompt on the length axis
 FIGURES = ("samples_per_s", "trainer_mfu", "weight_sync_s")
+HEADLINE = ("speedup", "speedup_tokens", "async_dropped_stale_fraction")  # async_vs_sync's compare()
 
 
 @dataclass
@@ -138,8 +141,8 @@ def run_point(point: Point, args: argparse.Namespace, run_root: Path) -> dict[st
                      f"run_dir={root / name}", *extra]  # fmt: skip
         variants[name] = run_variant(config, overrides, args, policy)
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
-    return {**out, "params": policy.params, **figures, "speedup": compare(variants, None)["speedup"],
-            "refused": None, "variants": variants}  # fmt: skip
+    headline = {k: v for k, v in compare(variants, None).items() if k in HEADLINE}
+    return {**out, "params": policy.params, **figures, **headline, "refused": None, "variants": variants}
 
 
 def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
@@ -161,7 +164,8 @@ def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
         if result["axis"] == "length":
             fig.update_xaxes(type="log")
         panels[key] = fig
-    rows = [{"point": p["point"], "speedup": _fmt(p.get("speedup")),
+    rows = [{"point": p["point"], "speedup": _fmt(p.get("speedup")), "speedup (tokens)": _fmt(p.get("speedup_tokens")),
+             "async dropped stale": _fmt(p.get("async_dropped_stale_fraction")),
              "sync samples/s": _fmt(p.get("sync_samples_per_s")), "async samples/s": _fmt(p.get("async_samples_per_s")),
              "refused": p["refused"] or ""} for p in result["points"]]  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)

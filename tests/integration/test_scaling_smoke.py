@@ -39,7 +39,8 @@ def test_length_axis_runs_sync_and_async_on_the_budgets(tmp_path: Path) -> None:
     for variant in ("sync", "async"):
         assert point[f"{variant}_samples_per_s"] > 0 and point[f"{variant}_trainer_mfu"] > 0
         assert point[f"{variant}_weight_sync_s"] > 0
-    assert point["speedup"] > 0
+    assert point["speedup"] > 0 and point["speedup_tokens"] > 0
+    assert 0 <= point["async_dropped_stale_fraction"] < 1
     assert point["variants"]["sync"]["staleness_max"] == 0
     # Every group of every run generated n samples of exactly its budget (ignore_eos).
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", point["overrides"])

@@ -35,13 +35,13 @@ def _step(step: int, step_s: float, samples_per_s: float, tokens_per_s: float, *
 # Two warm-up steps with absurd figures (they must not count), then two measured steps:
 # step 3: 2 s, 64 samples, 1024 tokens; step 4: 4 s, 64 samples, 1024 tokens.
 RECORDS = [
-    _step(1, 100.0, 1.0, 1.0, gen_busy_s=99.0, train_busy_s=1.0, weight_sync_s=50.0, wall_s=100.0),
+    _step(1, 100.0, 1.0, 1.0, gen_busy_s=99.0, train_busy_s=1.0, weight_sync_s=50.0, wall_s=100.0, dropped_stale=99),
     _step(2, 50.0, 1.0, 1.0, gen_busy_s=1.0, train_busy_s=49.0, weight_sync_s=50.0, wall_s=150.0,
           kl_behaviour_proximal=1.4),
     _step(3, 2.0, 32.0, 512.0, gen_busy_s=1.5, train_busy_s=1.0, weight_sync_s=0.2, weight_sync_gb=0.5,
           staleness_mean=1.0, staleness_max=2, wall_s=152.0, kl_behaviour_proximal=3e-4),
     _step(4, 4.0, 16.0, 256.0, gen_busy_s=3.5, train_busy_s=1.0, weight_sync_s=0.4, weight_sync_gb=0.7,
-          staleness_mean=2.0, staleness_max=2, wall_s=156.0),
+          staleness_mean=2.0, staleness_max=2, wall_s=156.0, dropped_stale=16),
 ]  # fmt: skip
 
 
@@ -60,6 +60,9 @@ def test_summary_of_a_metrics_file(tmp_path: Path) -> None:
     assert s["run_samples_per_s"] == pytest.approx((100 + 50 + 64 + 64) / 156)  # every step counts
     assert s["samples_per_s"] == pytest.approx(128 / 6)
     assert s["tokens_per_s"] == pytest.approx(2048 / 6)
+    assert s["response_tokens_mean"] == pytest.approx(2048 / 128)
+    # 16 samples dropped as stale in step 4 (the warm-up's 99 do not count): 16 of 16 + 128
+    assert (s["dropped_stale"], s["dropped_stale_fraction"]) == (16, pytest.approx(16 / 144))
     assert s["step_s_median"] == pytest.approx(3.0)
     assert (s["gen_busy_s"], s["train_busy_s"]) == pytest.approx((5.0, 2.0))
     assert s["wall_over_max_busy"] == pytest.approx(6 / 5)
@@ -114,11 +117,15 @@ def test_idle_ratio_is_never_negative() -> None:
 
 def test_compare_async_with_sync_and_colocated() -> None:
     a = {"samples_per_s": 30.0, "wall_over_max_busy": 1.1, "weight_sync_s": 0.5, "weight_sync_gbps": 5.2}
-    a["trainer_mfu"] = 0.31
-    variants = {"sync": {"samples_per_s": 20.0}, "async": a, "colocated": {"samples_per_s": 24.0}}
+    a.update(trainer_mfu=0.31, tokens_per_s=3000.0, dropped_stale_fraction=0.15)
+    # async trains more, shorter samples: 1.5x the samples/s, 1.2x the tokens/s
+    variants = {"sync": {"samples_per_s": 20.0, "tokens_per_s": 2500.0}, "async": a,
+                "colocated": {"samples_per_s": 24.0}}  # fmt: skip
     out = compare(variants, {"role_over_bare": 0.97, "bare_vllm_tokens_per_s": 1000.0})
     assert out == {
         "speedup": pytest.approx(1.5),
+        "speedup_tokens": pytest.approx(1.2),
+        "async_dropped_stale_fraction": 0.15,
         "speedup_vs_colocated": pytest.approx(1.25),
         "wall_over_max_busy": 1.1,
         "weight_sync_s": 0.5,

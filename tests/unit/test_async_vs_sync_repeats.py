@@ -20,9 +20,9 @@ def _run(rate: float, **kw: float) -> dict[str, float]:
 
 def test_spread_of_rates_and_of_the_paired_ratio() -> None:
     repeats = [
-        {"sync": _run(10.0, steps=20), "async": _run(18.0)},
-        {"sync": _run(12.0, steps=21), "async": _run(18.0)},
-        {"sync": _run(9.0, steps=22), "async": _run(20.0)},
+        {"sync": _run(10.0, steps=20, tokens_per_s=100.0), "async": _run(18.0, tokens_per_s=150.0)},
+        {"sync": _run(12.0, steps=21, tokens_per_s=100.0), "async": _run(18.0, tokens_per_s=110.0)},
+        {"sync": _run(9.0, steps=22, tokens_per_s=100.0), "async": _run(20.0, tokens_per_s=120.0)},
     ]
     agg = aggregate_repeats(repeats)
     sync = agg["spread"]["sync"]["samples_per_s"]
@@ -30,6 +30,8 @@ def test_spread_of_rates_and_of_the_paired_ratio() -> None:
     ratio = agg["spread"]["speedup"]
     assert ratio["samples"] == pytest.approx([1.8, 1.5, 20 / 9])  # each async run over the sync run beside it
     assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((1.8, 1.5, 20 / 9))
+    tokens = agg["spread"]["speedup_tokens"]  # the ratio of trained tokens/s, repeat by repeat
+    assert tokens["samples"] == pytest.approx([1.5, 1.1, 1.2]) and tokens["median"] == pytest.approx(1.2)
     assert agg["median_runs"]["sync"]["steps"] == 20  # the run whose rate is the median: a real run
     assert agg["median_runs"]["async"]["samples_per_s"] == 18.0
     only_sync = aggregate_repeats([{"sync": _run(1.0)}, {"sync": _run(3.0)}])
