@@ -17,7 +17,10 @@ What a caller may rely on:
   so a run whose rewards are all equal still trains (slowly) instead of stalling.
 * `take_batch` hands out only groups fresh at the current version (`StalenessGate`);
   stale ones it meets are dropped as `stale`. So nothing is trained more than
-  `max_staleness` versions after its oldest token was generated.
+  `max_staleness` versions after its oldest token was generated. Once the groups dropped
+  as stale pass 5 % of those trained or dropped (at least 4), `trained` logs one warning,
+  `stale_drops`, with their lengths beside the trained ones' (roles/controller/stale_drops.py:
+  with long responses these drops are the long ones).
 * Admission never exceeds the gate's capacity, and stops once the groups pending fill
   the steps left (`total_steps`).
 * Every transition is also written to the schedule log (`schedule`, see schedule.py):
@@ -37,6 +40,7 @@ from roles.controller.dataset import Prompt
 from roles.controller.gate import StalenessGate
 from roles.controller.groups import Group
 from roles.controller.schedule import NoSchedule, ScheduleLog
+from roles.controller.stale_drops import StaleDropWatch
 from roles.controller.state import LedgerState, group_state, restore_group
 from runtime.logs import get_logger
 
@@ -73,6 +77,7 @@ class Ledger:
         self.training: list[Group] = []
         self.totals: Counter[str] = Counter()
         self.step_drops: Counter[str] = Counter()  # samples dropped since the last `trained`
+        self.stale_watch = StaleDropWatch(max_staleness)  # warns when stale drops take the long responses
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
 
@@ -189,6 +194,7 @@ class Ledger:
                 batch.append(group)
             else:
                 self._count_drop(group, "stale", f"version {group.version} at trainer version {self.version}")
+                self.stale_watch.dropped(group, self.version - group.version)
                 dropped = True
         if len(batch) < self.prompts_per_step:
             self.ready.extendleft(reversed(batch))
@@ -213,10 +219,12 @@ class Ledger:
             raise ValueError("ledger: no batch in training")
         self.gate.train(sum(g.n for g in self.training))
         self.totals["trained_groups"] += len(self.training)
+        self.stale_watch.trained(self.training)
         self.training = []
         self.filtered_this_step = 0
         self.step += 1
         self.gate.advance(version)
+        self.stale_watch.check(self.step)
         self._notify()
 
     def take_step_drops(self) -> dict[str, int]:

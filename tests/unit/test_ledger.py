@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from roles.controller import state as cstate
 from roles.controller.dataset import Prompt
@@ -22,12 +23,12 @@ def prompt(uid: int) -> Prompt:
     return Prompt(uid=uid, row=uid, prompt_ids=[1, 2, uid % 7], text=f"p{uid}", answer=str(uid))
 
 
-def fill(group: Group, version: int, *, error: str = "", varied: bool = False) -> None:
-    """Every sample of `group`, generated at `version`, rewarded (all 1.0 unless `varied`)."""
+def fill(group: Group, version: int, *, error: str = "", varied: bool = False, tokens: int = 2) -> None:
+    """Every sample of `group`, `tokens` long, generated at `version`, rewarded (all 1.0 unless `varied`)."""
     for i in range(group.n):
         group.samples[i] = SampleRec(
-            index=i, token_ids=torch.tensor([5, 6]), logprobs=torch.tensor([-0.5, -0.25]),
-            versions=torch.tensor([version, version], dtype=torch.int32), finish_reason=FinishReason.STOP,
+            index=i, token_ids=torch.full((tokens,), 5), logprobs=torch.full((tokens,), -0.5),
+            versions=torch.full((tokens,), version, dtype=torch.int32), finish_reason=FinishReason.STOP,
             error=error, reward=float(i) if varied else 1.0,
         )  # fmt: skip
 
@@ -74,6 +75,42 @@ def test_stale_groups_are_dropped_when_met_and_give_their_slots_back() -> None:
     assert ledger.take_step_drops() == {}
     assert ledger.can_admit()
     assert ledger.accounting()["dropped_stale"] == 1 and ledger.accounting()["unaccounted"] == 0
+    assert ledger.stale_watch.dropped_lengths == [2.0] and ledger.stale_watch.most_behind == 1
+
+
+def test_stale_drops_of_the_long_groups_warn_once_from_the_ledger() -> None:
+    """Each step trains one short group (2 tokens); on steps 3, 5 and 7 a long one (50 tokens)
+    turns up a version too late and is dropped: 3 drops stay under MIN_GROUPS; the fourth
+    (4 of 13 groups, two versions behind) warns with the figures."""
+    ledger = make(max_staleness=0, prompts_per_step=1, group_size=1)
+    with capture_logs() as logs:
+        for step in range(8):
+            if step % 2 and step > 1:
+                late = ledger.admit(prompt(100 + step))
+                fill(late, ledger.version - 1, tokens=50)
+                ledger.complete(late)
+                assert ledger.take_batch() is None  # met first, dropped as stale
+            group = ledger.admit(prompt(step))
+            fill(group, ledger.version)
+            ledger.complete(group)
+            assert ledger.take_batch() == [group]
+            ledger.trained(ledger.version + 1)
+    warnings = [r for r in logs if r["event"] == "stale_drops"]
+    assert ledger.accounting()["dropped_stale"] == 3 and not warnings  # 3 of 11: under MIN_GROUPS
+    with capture_logs() as logs:
+        late = ledger.admit(prompt(200))
+        fill(late, ledger.version - 2, tokens=50)
+        ledger.complete(late)
+        assert ledger.take_batch() is None
+        group = ledger.admit(prompt(201))
+        fill(group, ledger.version)
+        ledger.complete(group)
+        ledger.take_batch()
+        ledger.trained(ledger.version + 1)
+    (warning,) = [r for r in logs if r["event"] == "stale_drops"]
+    assert warning["step"] == 9 and warning["dropped_groups"] == 4 and warning["dropped_fraction"] == round(4 / 13, 4)
+    assert (warning["dropped_response_tokens_mean"], warning["trained_response_tokens_mean"]) == (50.0, 2.0)
+    assert warning["keeps_all_at"] == 2  # the last one was two versions behind
 
 
 def test_error_drops_and_requeues() -> None:
