@@ -2,8 +2,10 @@
 
 In one run, on the same machine, like for like:
 
-* baseline: `AsyncLLM` driven directly in this process (`generate()` for every request
-  at once, per-token logprobs on) — the fastest way to call vLLM;
+* baseline: `AsyncLLM` driven directly in this process (every request at once, per-token
+  logprobs on), each request as the role runs it: `add_request` and its output queue (the
+  lighter path under `generate()`'s per-output generator), so the role's only extra work
+  is its own: messages, versions, the samples it builds;
 * role: the rollout role as its own process, driven over its ZeroMQ channel exactly as
   the controller drives it (`Generate` in, one `Completion` per sample out).
 
@@ -118,13 +120,16 @@ async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, r
     salt = {"cache_salt": "v0"} if cfg.rollout.engine.enable_prefix_caching else {}  # the role salts by version
 
     async def one(i: int, ids: list[int], tag: str) -> int:
+        """One request as the role runs it (roles/generation/engine.py `_run`): `add_request`
+        and its output queue, which skips `generate()`'s per-output generator."""
         tokens = 0
         prompt: Any = {"prompt_token_ids": ids, **salt}  # the role's prompt dict
-        async for out in engine.generate(prompt, params, request_id=f"{tag}-{i}#0"):
+        queue = await engine.add_request(f"{tag}-{i}#0", prompt, params)
+        out: Any = None
+        while out is None or not out.finished:
+            out = queue.get_nowait() or await queue.get()
             tokens = tokens + len(out.outputs[0].token_ids) if stream else len(out.outputs[0].token_ids)
-            if out.finished:
-                return tokens
-        raise RuntimeError(f"request {tag}-{i} ended without a final output")
+        return tokens
 
     rates = []
     try:
