@@ -43,6 +43,10 @@ the most GPU time and the N operators (with input shapes) whose own kernels took
 `--trace DIR` also writes each profiled step's Chrome trace there. `--loops engine` skips
 the bare loop (no ratios then).
 
+`--engine-option trainer.kernels=liger` (roles/training/kernels.py) needs `--loops engine`: Liger
+patches transformers' Qwen2 module for the whole process, so a bare loop after it would run
+Liger's kernels too.
+
 `--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
 
     python3 benchmarks/trainer.py --out benchmarks/results/trainer_h200x1.json
@@ -425,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="with --profile: Chrome traces here")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = p.parse_args(argv)
+    if "trainer.kernels=liger" in args.engine_option and "bare" in args.loops:
+        p.error("trainer.kernels=liger patches transformers' Qwen2 module for the whole process, so the bare "
+                "loop would run Liger's kernels too: add --loops engine")  # fmt: skip
     if args.quick:
         args.tokens, args.budget, args.engine_budget, args.longest, args.steps = 256, 128, 128, 64, 1
     # One process, one rank: its own rendezvous, whatever a parent process left in the environment.

@@ -496,6 +496,13 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
             "activations, and the chunked LM head's per-chunk math; the first steps compile."
         ),
     ] = False
+    kernels: Annotated[
+        Literal["torch", "liger"],
+        Doc(
+            description="FSDP actor: kernels for RMSNorm, the SwiGLU MLP and RoPE; torch = transformers' own "
+            "(fused by trainer.compile), liger = Liger Kernel's Triton kernels (needs liger-kernel and CUDA)."
+        ),
+    ] = "torch"
     device: Annotated[
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"

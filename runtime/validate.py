@@ -25,11 +25,24 @@ from runtime.placement import role_counts
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 
+def _check_kernels(cfg: RunConfig) -> None:
+    """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA and the package."""
+    if cfg.trainer.kernels != "liger":
+        return
+    if cfg.trainer.backend != "fsdp":
+        raise ConfigError("trainer.kernels=liger applies to the FSDP actor only; trainer.backend is megatron")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("trainer.kernels=liger needs trainer.device=cuda (Liger Kernel's kernels run on GPUs only)")
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError("trainer.kernels=liger needs the liger-kernel package (pip install liger-kernel)")
+
+
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
     check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)
+    _check_kernels(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from roles.algo import entropy_from_logits, token_logprobs
 from roles.training.fsdp import find_blocks
+from roles.training.kernels import apply_kernels
 from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
 from roles.training.token_stats import TokenStatsHead, install_token_stats_head
@@ -25,15 +26,17 @@ from roles.training.varlen import register_varlen_attention
 
 def setup_actor_model(
     model_path: Path, dtype: torch.dtype, device: torch.device, *, packing: bool, chunk: int,
-    gradient_checkpointing: bool = False, compile_blocks: bool = False,
+    gradient_checkpointing: bool = False, compile_blocks: bool = False, kernels: str = "torch",
 ) -> torch.nn.Module:  # fmt: skip
     """The HF model for `token_stats`, not yet FSDP-wrapped; `chunk` 0 keeps the full logits;
     `compile_blocks` compiles each transformer block in place (names and weights unchanged)
-    and the chunked head's per-chunk math."""
+    and the chunked head's per-chunk math; `kernels` (roles/training/kernels.py) are put in
+    before either."""
     attn = register_varlen_attention() if packing else "sdpa"
     model = load_causal_lm(
         model_path, dtype, device, gradient_checkpointing=gradient_checkpointing, attn_implementation=attn
     )
+    apply_kernels(model, kernels)
     if chunk > 0:
         install_token_stats_head(model, chunk, compiled=compile_blocks)
     if compile_blocks:
