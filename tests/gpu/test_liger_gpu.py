@@ -19,22 +19,16 @@ import torch
 from roles.trainer.engine_fsdp import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import one_rank_cuda_world, toy_batch
+from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
-ENGINE = ["trainer.device=cuda", "trainer.optim.lr=0.001", "trainer.optim.grad_clip=0",
-          "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}",
-          "rollout.max_staleness=0", "placement=[{role: controller}, {role: rollout, devices: [0]}, "
-          "{role: reward}, {role: trainer, devices: [0]}]"]  # fmt: skip
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_rank_world() -> None:
-    one_rank_cuda_world()
+ENGINE = [*ONE_GPU_ENGINE, "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}"]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer Qwen2 (hidden 512, MLP 1536) and the one-rank NCCL world the engines need."""
+    one_rank_cuda_world()
     return make_tiny_model(tmp_path_factory.mktemp("liger") / "m", hidden_size=512, num_layers=4,
                            intermediate_size=1536, num_heads=8, num_kv_heads=2)  # fmt: skip
 

@@ -24,13 +24,11 @@ from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.offload import StreamedAdamW
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import one_rank_cuda_world, toy_batch
+from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
 HYPER = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-ENGINE = ["trainer.device=cuda", "trainer.optim.lr=0.001", "trainer.optim.grad_clip=0",
-          "rollout.max_staleness=0", "placement=[{role: controller}, {role: rollout, devices: [0]}, "
-          "{role: reward}, {role: trainer, devices: [0]}]"]  # fmt: skip
+ENGINE = ONE_GPU_ENGINE
 
 
 @pytest.fixture(scope="module", autouse=True)

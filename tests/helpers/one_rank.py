@@ -20,6 +20,10 @@ from tests.helpers.ports import free_port
 from transport.wire import TrainBatch
 
 PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
+# The FSDP2 actor on GPU 0 of a one-GPU placement (synchronous, no gradient clip).
+ONE_GPU_ENGINE = ["trainer.device=cuda", "trainer.optim.lr=0.001", "trainer.optim.grad_clip=0",
+                  "rollout.max_staleness=0", "placement=[{role: controller}, {role: rollout, devices: [0]}, "
+                  "{role: reward}, {role: trainer, devices: [0]}]"]  # fmt: skip
 
 
 def one_rank_world() -> None:
