@@ -16,9 +16,9 @@ Each point runs sync (`max_staleness=0`) and async (`--staleness`) through
 benchmarks/async_vs_sync.py's code (the same summary: samples/s, `trainer_mfu`,
 `weight_sync_s` over the steady steps; `speedup`, `speedup_tokens` and
 `async_dropped_stale_fraction` as there: with long responses an async run drops the groups
-that outlast max_staleness steps, so read the samples/s ratio with the other two), after the launch-time memory plan
-(runtime/memory_plan.py, what `tandem launch --plan` shows) has accepted it on this
-machine's GPUs: a point it refuses is recorded with the refusal (`refused`) and not run.
+that outlast max_staleness steps, so read the samples/s ratio with the other two), after
+the launch-time memory plan (runtime/memory_plan.py, what `tandem launch --plan` shows)
+has accepted it on this machine's GPUs: a point it refuses is recorded with the refusal (`refused`) and not run.
 `--points tiny` puts both axes on configs/tiny_cpu.yaml at a tiny scale (two model shapes,
 mean lengths 8 and 16) for a CPU smoke test. The plot is a page of the project's report
 tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless Chromium,

@@ -194,7 +194,7 @@ class Ledger:
                 batch.append(group)
             else:
                 self._count_drop(group, "stale", f"version {group.version} at trainer version {self.version}")
-                self.stale_watch.dropped(group, self.version - group.version)
+                self.stale_watch.dropped(group, self.staleness(group.version))
                 dropped = True
         if len(batch) < self.prompts_per_step:
             self.ready.extendleft(reversed(batch))

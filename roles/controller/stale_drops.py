@@ -41,32 +41,36 @@ def response_tokens(group: Group) -> float:
 class StaleDropWatch:
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
-        self.dropped_lengths: list[float] = []
-        self.trained_lengths: list[float] = []
+        self.dropped_groups = 0
+        self.dropped_tokens = 0.0  # sum over dropped groups of their mean sample length
+        self.trained_groups = 0
+        self.trained_tokens = 0.0
         self.most_behind = 0
         self.warned = False
 
     def dropped(self, group: Group, behind: int) -> None:
-        self.dropped_lengths.append(response_tokens(group))
+        self.dropped_groups += 1
+        self.dropped_tokens += response_tokens(group)
         self.most_behind = max(self.most_behind, behind)
 
     def trained(self, groups: list[Group]) -> None:
-        self.trained_lengths.extend(response_tokens(g) for g in groups)
+        self.trained_groups += len(groups)
+        self.trained_tokens += sum(response_tokens(g) for g in groups)
 
     def fraction(self) -> float:
         """Groups dropped as stale over those trained or dropped so far."""
-        seen = len(self.dropped_lengths) + len(self.trained_lengths)
-        return len(self.dropped_lengths) / seen if seen else 0.0
+        seen = self.dropped_groups + self.trained_groups
+        return self.dropped_groups / seen if seen else 0.0
 
     def check(self, step: int) -> bool:
         """Warn (once) if the drops are past the bound; whether this call warned."""
-        if self.warned or len(self.dropped_lengths) < MIN_GROUPS or self.fraction() <= WARN_FRACTION:
+        if self.warned or self.dropped_groups < MIN_GROUPS or self.fraction() <= WARN_FRACTION:
             return False
         self.warned = True
-        dropped_mean = sum(self.dropped_lengths) / len(self.dropped_lengths)
-        trained_mean = sum(self.trained_lengths) / len(self.trained_lengths) if self.trained_lengths else 0.0
+        dropped_mean = self.dropped_tokens / self.dropped_groups
+        trained_mean = self.trained_tokens / self.trained_groups if self.trained_groups else 0.0
         log.warning(
-            "stale_drops", step=step, dropped_groups=len(self.dropped_lengths),
+            "stale_drops", step=step, dropped_groups=self.dropped_groups,
             dropped_fraction=round(self.fraction(), 4), dropped_response_tokens_mean=round(dropped_mean, 1),
             trained_response_tokens_mean=round(trained_mean, 1), max_staleness=self.max_staleness,
             keeps_all_at=self.most_behind,

@@ -75,7 +75,8 @@ def test_stale_groups_are_dropped_when_met_and_give_their_slots_back() -> None:
     assert ledger.take_step_drops() == {}
     assert ledger.can_admit()
     assert ledger.accounting()["dropped_stale"] == 1 and ledger.accounting()["unaccounted"] == 0
-    assert ledger.stale_watch.dropped_lengths == [2.0] and ledger.stale_watch.most_behind == 1
+    watch = ledger.stale_watch
+    assert (watch.dropped_groups, watch.dropped_tokens, watch.most_behind) == (1, 2.0, 1)
 
 
 def test_stale_drops_of_the_long_groups_warn_once_from_the_ledger() -> None:
