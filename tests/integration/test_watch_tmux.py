@@ -18,8 +18,15 @@ from tests.unit.test_watch import live_run
 TMUX = shutil.which("tmux")
 
 
+def tmux(session: str, *args: str) -> list[str]:
+    """A tmux command on the session's own server (`-L`): a shared default server exits when
+    one test kills its last session, and the next test's `new-session` can meet it going
+    ("server exited unexpectedly", seen in a fresh-clone suite)."""
+    return ["tmux", "-L", session, *args]
+
+
 def pane(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    return subprocess.run(tmux(session, "capture-pane", "-p", "-t", session), capture_output=True, text=True).stdout
 
 
 def wait_for(session: str, text: str, timeout_s: float = 60.0) -> str:
@@ -39,12 +46,12 @@ def test_watch_under_tmux_shows_the_role_table_and_quits_on_q_or_ctrl_c(tmp_path
     run = live_run(tmp_path, metrics_lines=20)
     session = f"tandem-watch-{uuid.uuid4().hex[:8]}"
     cmd = f"cd {ROOT} && {sys.executable} -m runtime.cli watch {run} --interval 0.5; echo EXITED $?; sleep 60"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmd], check=True)
+    subprocess.run(tmux(session, "new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmd), check=True)
     try:
         shown = wait_for(session, "samples/s ~")
         for expected in ("roles", "controller-0", "rollout-0", "alive", "version", "in flight", "steps/min"):
             assert expected in shown, expected
-        subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
+        subprocess.run(tmux(session, "send-keys", "-t", session, key), check=True)
         wait_for(session, "EXITED 0", timeout_s=15)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run(tmux(session, "kill-server"), capture_output=True)
