@@ -500,7 +500,8 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         Literal["torch", "liger"],
         Doc(
             description="FSDP actor: kernels for RMSNorm, the SwiGLU MLP and RoPE; torch = transformers' own "
-            "(fused by trainer.compile), liger = Liger Kernel's Triton kernels (needs liger-kernel and CUDA)."
+            "(fused by trainer.compile), liger = Liger Kernel's Triton kernels (needs liger-kernel and CUDA, "
+            "and trainer.compile=false: dynamo cannot trace them)."
         ),
     ] = "torch"
     device: Annotated[

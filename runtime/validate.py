@@ -26,13 +26,19 @@ from runtime.user_functions import load_env_factory, load_function, load_reward_
 
 
 def _check_kernels(cfg: RunConfig) -> None:
-    """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA and the package."""
+    """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA and the package,
+    and no `trainer.compile` (which cannot trace them)."""
     if cfg.trainer.kernels != "liger":
         return
     if cfg.trainer.backend != "fsdp":
         raise ConfigError("trainer.kernels=liger applies to the FSDP actor only; trainer.backend is megatron")
     if cfg.trainer.device == "cpu":
         raise ConfigError("trainer.kernels=liger needs trainer.device=cuda (Liger Kernel's kernels run on GPUs only)")
+    if cfg.trainer.compile:  # measured on the H200 at 6d23ac7: an AssertionError inside dynamo
+        raise ConfigError(
+            "trainer.kernels=liger cannot run with trainer.compile=true (dynamo fails on Liger's RMSNorm "
+            "autograd.Function, torch 2.11; Liger-Kernel issue #174): set one of them back"
+        )
     if importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError("trainer.kernels=liger needs the liger-kernel package (pip install liger-kernel)")
 

@@ -5,8 +5,15 @@ and RoPE trains like the one with transformers' kernels.
 
 * every RMSNorm and MLP of the actor is Liger's, and its RoPE function is Liger's;
 * from the same weights, on the same three batches (bf16 compute), each step's entropy and
-  gradient norm are those of the `torch` kernels within bf16 noise, and so are the weights
-  after the steps; with `trainer.compile=true` on top, the same.
+  gradient norm are those of the `torch` kernels within bf16 noise, and the update of all
+  parameters over the steps points the same way (cosine >= 0.9). Not element-wise, nor per
+  parameter: Adam turns bf16 noise in a near-zero gradient into a full-lr step of either
+  sign. On the H200 (6d23ac7) entropy and grad norm agreed to 0.5 % while the embedding
+  rows failed an element-wise check, and a per-parameter cosine was 0.82 at worst (a
+  k_proj bias, whose gradient is a sum that nearly cancels).
+
+Liger with `trainer.compile=true` is refused at launch (runtime/validate.py): dynamo fails on
+Liger's RMSNorm autograd.Function on torch 2.11 (tests/unit/test_kernels.py has the refusal).
 """
 
 from __future__ import annotations
@@ -41,12 +48,12 @@ def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
     return {n: p.detach().full_tensor().float().clone() for n, p in engine.model.named_parameters()}
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_liger_kernels_train_like_torchs(model_dir: Path, compiled: bool) -> None:
+def test_liger_kernels_train_like_torchs(model_dir: Path) -> None:
     from transformers.models.qwen2 import modeling_qwen2
 
-    opts = [*ENGINE, f"trainer.compile={str(compiled).lower()}"]
+    opts = [*ENGINE, "trainer.compile=false"]
     ref = FSDPEngine(load_config(None, opts), model_dir)
+    start = _params(ref)
     want = _steps(ref)
     want_params = _params(ref)
     liger = FSDPEngine(load_config(None, [*opts, "trainer.kernels=liger"]), model_dir)
@@ -59,5 +66,12 @@ def test_liger_kernels_train_like_torchs(model_dir: Path, compiled: bool) -> Non
               f"grad_norm {w['grad_norm']:.5f} / {g['grad_norm']:.5f}")  # fmt: skip
         assert g["entropy"] == pytest.approx(w["entropy"], rel=1e-2)
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=5e-2)
+    ours, theirs, cosines = [], [], {}
     for name, tensor in _params(liger).items():
-        torch.testing.assert_close(tensor, want_params[name], rtol=2e-2, atol=2e-3, msg=name)
+        ours.append((tensor - start[name]).flatten())
+        theirs.append((want_params[name] - start[name]).flatten())
+        cosines[name] = torch.nn.functional.cosine_similarity(ours[-1], theirs[-1], dim=0).item()
+    overall = torch.nn.functional.cosine_similarity(torch.cat(ours), torch.cat(theirs), dim=0).item()
+    worst = min(cosines, key=cosines.__getitem__)
+    print(f"update cosine: all parameters {overall:.4f}, worst single {worst} {cosines[worst]:.4f}")
+    assert overall >= 0.9, cosines

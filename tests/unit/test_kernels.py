@@ -64,6 +64,9 @@ def test_liger_patched_modules_pass_the_check(tiny_model_dir: Path) -> None:
 def test_launch_refuses_liger_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger needs trainer.device=cuda"):
         check_config(load_config(None, ["trainer.kernels=liger", "trainer.device=cpu"]))
+    with pytest.raises(ConfigError, match=r"^trainer.kernels=liger cannot run with trainer.compile=true"):
+        liger_compiled = ["trainer.kernels=liger", "trainer.device=cuda", "trainer.compile=true", ONE_GPU]
+        check_config(load_config(None, liger_compiled))
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger applies to the FSDP actor only"):
         check_config(load_config(None, ["trainer.kernels=liger", "trainer.backend=megatron"]))
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
