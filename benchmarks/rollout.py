@@ -11,23 +11,34 @@ In one run, on the same machine, like for like:
 
 Both engines get the same `AsyncEngineArgs` (roles/generation/engine.py `engine_kwargs`; the
 role's are read back from its `engine_args` log line, and the benchmark refuses to report
-when the two sets differ: both are in the JSON, `engine_args`), the same process
-environment (the launcher's role defaults, runtime/launcher_env.py, set here before either
-engine starts), the same event loop (uvloop, which every role's process runs on: the bare
-engine's output handling and the per-token streams are driven from this process's loop,
-with asyncio's default loop there, the role came out at 1.07x the bare engine on the H200),
-the same prompts and the same vLLM `SamplingParams` (the role's, built by
-the role's own function; the JSON's `sampling`), with the role's prefix-cache salt.
-`--update-every S` adds a run of the role with a whole-model weight update pushed every S
-seconds while it generates (`role_updating_tokens_per_s`, `role_updating_over_bare`).
+when the two sets differ: both are in the JSON, `engine_args`), the same prompts and vLLM
+`SamplingParams` (the role's, built by the role's own function; the JSON's `sampling`), the
+role's prefix-cache salt, and the same process treatment for the side that handles the
+engine's outputs, which the role's own process gets:
 
-Throughput is output tokens per second over the whole batch; the figure is the median
-of `--reps` repetitions after one warm-up. The update figure is the median time of a
-whole update of the model, sent as the trainer sends it (buckets of
+* the launcher's role environment (runtime/launcher_env.py): the script re-executes itself
+  with it, since glibc reads its malloc tunables only when a process starts;
+* the garbage collector's view frozen once set up (runtime/gc_pauses.py `settle`, as
+  runtime/role.py does; `bench_gc_frozen` in the JSON);
+* uvloop as the event loop (`event_loop` in the JSON).
+
+On the H200 (6d23ac7) the role came out 1.07x the bare engine with asyncio's default loop,
+and still 1.05-1.07x with uvloop and interleaved batches (4 pairs: 3 at 1.06-1.08), while
+this process had neither the malloc tunables nor the frozen collector; those two are the
+remaining differences that run measured.
+
+Both engines are resident at once and their batches alternate (bare first, then role first,
+and so on) after one warm-up batch each, so a drift of the machine lands on both sides (one
+engine's batch rates spread by about 8 % there). Throughput is output tokens per second
+over the whole batch; `role_over_bare` is the ratio of the two sides' medians over `--reps`
+repetitions, `role_over_bare_pairs` each repetition's role / bare and
+`role_over_bare_pair_median` their median. `--update-every S` adds a run of the role with a
+whole-model weight update pushed every S seconds while it generates
+(`role_updating_tokens_per_s`, `role_updating_over_bare`). The update figure is the median
+time of a whole update of the model, sent as the trainer sends it (buckets of
 `weight_sync.bucket_mb`, by the backend `weight_sync.backend` picks for a trainer on GPU 0
-beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to
-the `WeightsApplied` reply, with the phase split and the role's own receive / load /
-total times.
+beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to the
+`WeightsApplied` reply, with the phase split and the role's own receive / load / total times.
 
     .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
 """
@@ -61,8 +72,22 @@ from runtime.config_load import load_config
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 
-for _key, _value in ROLE_ENV_DEFAULTS.items():  # the role's environment, for the bare engine too
-    os.environ.setdefault(_key, _value)
+
+def gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_in_role_environment() -> None:
+    """Re-execute this script with the launcher's role defaults (runtime/launcher_env.py)
+    where the environment lacks them (a value already set wins): glibc reads
+    GLIBC_TUNABLES, and OpenMP its thread count, only when a process starts, so setting
+    them here would reach the engine's child processes but not this one, where the bare
+    engine's outputs are handled."""
+    env = {**ROLE_ENV_DEFAULTS, **os.environ}
+    if env != dict(os.environ):
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def requests(num: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
@@ -106,64 +131,82 @@ def sampling_spec(max_tokens: int) -> Any:
     return wire.SamplingSpec(n=1, max_tokens=max_tokens, ignore_eos=True)
 
 
-async def bare_vllm(cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int) -> tuple[list[float], str]:
-    """Rates of `reps` measured batches (after one warm-up) and the vLLM SamplingParams used."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+class BareEngine:
+    """vLLM's `AsyncLLM` in this process with the role's arguments, prompts and sampling."""
 
-    from roles.generation.engine import _sampling_params
+    def __init__(self, cfg: RunConfig, max_tokens: int) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.engine.cpu_kvcache_gb))
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_engine_kwargs(cfg)))
-    stream = not hasattr(engine.engine_core, "set_weight_version_async")  # as the role decides
-    params = _sampling_params(sampling_spec(max_tokens), 0, stream=stream)
-    salt = {"cache_salt": "v0"} if cfg.rollout.engine.enable_prefix_caching else {}  # the role salts by version
+        from roles.generation.engine import _sampling_params
 
-    async def one(i: int, ids: list[int], tag: str) -> int:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.engine.cpu_kvcache_gb))
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_engine_kwargs(cfg)))
+        self.engine: Any = engine
+        self.stream = not hasattr(engine.engine_core, "set_weight_version_async")  # as the role decides
+        self.params = _sampling_params(sampling_spec(max_tokens), 0, stream=self.stream)
+        self.salt = {"cache_salt": "v0"} if cfg.rollout.engine.enable_prefix_caching else {}  # the role salts
+
+    async def _one(self, i: int, ids: list[int], tag: str) -> int:
         """One request as the role runs it (roles/generation/engine.py `_run`): `add_request`
         and its output queue, which skips `generate()`'s per-output generator."""
         tokens = 0
-        prompt: Any = {"prompt_token_ids": ids, **salt}  # the role's prompt dict
-        queue = await engine.add_request(f"{tag}-{i}#0", prompt, params)
+        prompt: Any = {"prompt_token_ids": ids, **self.salt}  # the role's prompt dict
+        queue = await self.engine.add_request(f"{tag}-{i}#0", prompt, self.params)
         out: Any = None
         while out is None or not out.finished:
             out = queue.get_nowait() or await queue.get()
-            tokens = tokens + len(out.outputs[0].token_ids) if stream else len(out.outputs[0].token_ids)
+            n = len(out.outputs[0].token_ids)
+            tokens = tokens + n if self.stream else n
         return tokens
 
-    rates = []
-    try:
-        for rep in range(reps + 1):
-            start = time.perf_counter()
-            tokens = sum(await asyncio.gather(*[one(i, p, f"r{rep}") for i, p in enumerate(prompts)]))
-            if rep:  # rep 0 warms up
-                rates.append(tokens / (time.perf_counter() - start))
-    finally:
-        engine.shutdown()
-    return rates, repr(params)
+    async def batch(self, prompts: list[list[int]], tag: str) -> float:
+        """Output tokens per second of one batch of `prompts`, every request added at once."""
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*[self._one(i, p, tag) for i, p in enumerate(prompts)]))
+        return tokens / (time.perf_counter() - start)
+
+    def shutdown(self) -> None:
+        """Stop the engine (its processes and memory); a second call does nothing."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
 
 
-async def role(
+async def interleaved(
     cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int, update_every: float
-) -> tuple[list[float], dict]:
+) -> tuple[list[float], list[float], str, dict]:
+    """Both engines resident at once, their batches alternating (bare first in even
+    repetitions, role first in odd ones) after one warm-up batch each, so drift of the
+    machine (clocks, heat, a neighbour) lands on both sides alike. Returns the bare and role
+    rates per repetition, the vLLM SamplingParams and the update figures (measured with the
+    bare engine shut down)."""
+    from runtime import gc_pauses
     from tests.helpers.harness import RoleHarness
 
+    bare = BareEngine(cfg, max_tokens)
     harness = RoleHarness(cfg, "rollout")
-    await harness.start()
-    rates = []
+    base: list[float] = []
+    ours: list[float] = []
     try:
+        await harness.start()
+        frozen = gc_pauses.settle()  # as every role does once set up (runtime/role.py)
         for rep in range(reps + 1):
-            rate = await role_batch(harness, prompts, max_tokens, f"r{rep}")
-            if rep:
-                rates.append(rate)
+            sides = [("bare", bare.batch), ("role", lambda p, t: role_batch(harness, p, max_tokens, t))]
+            for name, run in sides if rep % 2 == 0 else sides[::-1]:
+                rate = await run(prompts, f"{name}{rep}")
+                if rep:  # rep 0 warms both up
+                    (base if name == "bare" else ours).append(rate)
+        bare.shutdown()  # its memory back before the trainer side's copy of the model
         side, tensors, backend = await trainer_side(harness)
         update = {"update_backend": backend, **await weight_updates(side, tensors, harness, reps=5)}
         if update_every > 0:
             update.update(await role_updating(harness, side, tensors, prompts, max_tokens, reps, update_every))
         await side.aclose()
     finally:
+        bare.shutdown()
         await harness.stop()
-    return rates, update
+    return base, ours, repr(bare.params), {"bench_gc_frozen": frozen, **update}
 
 
 async def role_batch(harness: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> float:
@@ -266,9 +309,10 @@ def main() -> None:
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
+    run_in_role_environment()
     setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     if args.quick:
-        args.prompts, args.max_tokens, args.reps = 16, 16, 1
+        args.prompts, args.max_tokens, args.reps = 16, 16, 2  # both orders of the alternation
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))
     # The engine must hold prompt + response; requests that cannot fit would only measure errors.
     fit = f"rollout.engine.max_model_len={max(256, args.prompt_len + args.max_tokens + 1)}"
@@ -276,12 +320,17 @@ def main() -> None:
     many = "trainer.total_steps=1000000"
     fixed = [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256", fit, many]
     cfg = load_config(args.config, [*fixed, *args.overrides])
+    share = cfg.rollout.engine.gpu_memory_utilization
+    if 2 * share > 0.95 and gpu_present():
+        parser.error(
+            f"rollout.engine.gpu_memory_utilization is {share}: the bare engine and the role's are resident "
+            "at once on GPU 0, so each may take at most 0.47 (e.g. rollout.engine.gpu_memory_utilization=0.45)"
+        )
     from runtime.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)
     prompts = requests(args.prompts, args.prompt_len)
-    base, params = uvloop.run(bare_vllm(cfg, prompts, args.max_tokens, args.reps))  # the role's loop
-    ours, update = uvloop.run(role(cfg, prompts, args.max_tokens, args.reps, args.update_every))
+    base, ours, params, update = uvloop.run(interleaved(cfg, prompts, args.max_tokens, args.reps, args.update_every))
     args_bare, args_role = bare_engine_kwargs(cfg), role_engine_kwargs(cfg)
     print(json.dumps({"engine_args": {"bare": args_bare, "role": args_role}}), file=sys.stderr)
     check_same_args(args_bare, args_role)
@@ -293,6 +342,8 @@ def main() -> None:
         "bare_vllm_tokens_per_s": bare_rate,
         "role_tokens_per_s": statistics.median(ours),
         "role_over_bare": statistics.median(ours) / bare_rate,
+        "role_over_bare_pairs": [r / b for b, r in zip(base, ours, strict=True)],
+        "role_over_bare_pair_median": statistics.median(r / b for b, r in zip(base, ours, strict=True)),
         "bare_runs": base,
         "role_runs": ours,
         "engine_args": {"bare": args_bare, "role": args_role, "equal": True},

@@ -27,3 +27,45 @@ def test_different_arguments_are_refused_naming_each() -> None:
     with pytest.raises(SystemExit, match=r"engine arguments differ \(enable_sleep_mode: bare <unset> vs role True, "
                                          r"max_num_seqs: bare 256 vs role 128\); not reporting a ratio"):  # fmt: skip
         check_same_args(same, {"seed": 0, "max_num_seqs": 128, "enable_sleep_mode": True})
+
+
+def test_the_benchmark_process_restarts_in_the_role_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc reads GLIBC_TUNABLES only at process start: setting it in os.environ would reach
+    the engine's children but not the process handling the bare engine's outputs."""
+    import os
+    import sys
+
+    from benchmarks.rollout import run_in_role_environment
+    from runtime.launcher_env import ROLE_ENV_DEFAULTS
+
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/rollout.py", "--quick"])
+    for key in ROLE_ENV_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # a user's value wins
+    run_in_role_environment()
+    assert len(calls) == 1
+    path, argv, env = calls[0]
+    assert path == sys.executable and argv == [sys.executable, "benchmarks/rollout.py", "--quick"]
+    assert env["GLIBC_TUNABLES"] == ROLE_ENV_DEFAULTS["GLIBC_TUNABLES"] and env["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setattr(os, "environ", dict(env))  # the restarted process: nothing left to set
+    run_in_role_environment()
+    assert len(calls) == 1
+
+
+def test_a_gpu_share_two_engines_cannot_hold_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both engines are resident at once: a share over half the GPU is refused naming the field."""
+    import sys
+
+    from benchmarks import rollout
+
+    monkeypatch.setattr(rollout, "gpu_present", lambda: True)
+    monkeypatch.setattr(rollout, "run_in_role_environment", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--config", "configs/bench_h200x2.yaml"])
+    with pytest.raises(SystemExit) as exit_info:
+        rollout.main()
+    assert exit_info.value.code == 2
+    assert "rollout.engine.gpu_memory_utilization is 0.85" in capsys.readouterr().err
