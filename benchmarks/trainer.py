@@ -362,7 +362,8 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
         _free(device)
     result["num_params"] = num_params
     result.update(summary(result["cases"]))
-    result["attention_kernel_cuda"] = cuda_kernel()
+    fa4 = "trainer.attention_kernel=fa4" in engine_overrides
+    result["attention_kernel_cuda"] = "fa4 (flash-attn-4)" if fa4 else cuda_kernel()  # the engine's
     return result
 
 

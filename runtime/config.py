@@ -504,6 +504,14 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
             "and trainer.compile=false: dynamo cannot trace them)."
         ),
     ] = "torch"
+    attention_kernel: Annotated[
+        Literal["torch", "fa4"],
+        Doc(
+            description="FSDP actor with packing, on CUDA: the varlen attention kernels; torch = PyTorch's "
+            "FlashAttention-2 varlen (varlen_attn), fa4 = flash-attn-4's CuTe kernels, forward and backward "
+            "(FA3-class on Hopper; needs the flash-attn-4 package; compiles its kernels on first use)."
+        ),
+    ] = "torch"
     device: Annotated[
         Literal["auto", "cpu", "cuda"], Doc(description="Where the trainer computes; auto = cuda when available.")
     ] = "auto"

@@ -6,6 +6,7 @@ Each failed check is a `ConfigError` with one line naming the keys involved.
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
 
@@ -43,12 +44,31 @@ def _check_kernels(cfg: RunConfig) -> None:
         raise ConfigError("trainer.kernels=liger needs the liger-kernel package (pip install liger-kernel)")
 
 
+def _check_attention_kernel(cfg: RunConfig) -> None:
+    """`trainer.attention_kernel=fa4`: flash-attn-4's CUDA kernels in the packed FSDP actor."""
+    t = cfg.trainer
+    if t.attention_kernel != "fa4":
+        return
+    if t.backend != "fsdp":
+        raise ConfigError("trainer.attention_kernel=fa4 applies to the FSDP actor only; trainer.backend is megatron")
+    if not t.packing:
+        raise ConfigError("trainer.attention_kernel=fa4 needs trainer.packing=true (it is the packed varlen kernel)")
+    if t.device == "cpu":
+        raise ConfigError("trainer.attention_kernel=fa4 needs trainer.device=cuda (its kernels run on GPUs only)")
+    try:
+        importlib.metadata.distribution("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        msg = "trainer.attention_kernel=fa4 needs the flash-attn-4 package (pip install flash-attn-4)"
+        raise ConfigError(msg) from None
+
+
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
     check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)
     _check_kernels(cfg)
+    _check_attention_kernel(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:

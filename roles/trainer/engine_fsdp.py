@@ -50,7 +50,9 @@ class FSDPEngine(FSDPEngineBase):
         super().__init__(cfg, micro_batch_tokens=t.micro_batch_tokens, epochs=t.ppo_epochs, mini_batches=t.mini_batches)
         dtype = DTYPES[cfg.fsdp.param_dtype]
         self.packing = t.packing
-        opts: dict[str, Any] = dict(packing=t.packing, chunk=t.logprob_chunk_tokens, kernels=t.kernels)
+        opts: dict[str, Any] = dict(
+            packing=t.packing, chunk=t.logprob_chunk_tokens, kernels=t.kernels, attention_kernel=t.attention_kernel
+        )
         checkpointing = t.gradient_checkpointing
         model = setup_actor_model(
             model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=t.compile, **opts

@@ -22,17 +22,22 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
 from roles.training.token_stats import TokenStatsHead, install_token_stats_head
 from roles.training.varlen import register_varlen_attention
+from roles.training.varlen_fa4 import register_fa4_attention
 
 
 def setup_actor_model(
     model_path: Path, dtype: torch.dtype, device: torch.device, *, packing: bool, chunk: int,
     gradient_checkpointing: bool = False, compile_blocks: bool = False, kernels: str = "torch",
+    attention_kernel: str = "torch",
 ) -> torch.nn.Module:  # fmt: skip
     """The HF model for `token_stats`, not yet FSDP-wrapped; `chunk` 0 keeps the full logits;
     `compile_blocks` compiles each transformer block in place (names and weights unchanged)
     and the chunked head's per-chunk math; `kernels` (roles/training/kernels.py) are put in
-    before either."""
-    attn = register_varlen_attention() if packing else "sdpa"
+    before either; `attention_kernel` "fa4" packs through flash-attn-4's kernels
+    (roles/training/varlen_fa4.py) instead of PyTorch's varlen FlashAttention-2."""
+    attn = "sdpa"
+    if packing:
+        attn = register_fa4_attention() if attention_kernel == "fa4" else register_varlen_attention()
     model = load_causal_lm(
         model_path, dtype, device, gradient_checkpointing=gradient_checkpointing, attn_implementation=attn
     )

@@ -1,0 +1,126 @@
+"""FlashAttention-4's varlen kernels for packed micro-batches (`trainer.attention_kernel=fa4`).
+
+The same contract as roles/training/varlen.py's backend (one packed row, `cu_seq_lens_q`,
+causal within each sequence), registered with transformers as `VARLEN_FA4_ATTENTION`
+("tandem_varlen_fa4"). On CUDA with fp16/bf16 inputs the forward and backward are
+flash-attn-4's CuTe DSL kernels (`flash_attn.cute.interface._flash_attn_fwd` /
+`_flash_attn_bwd`: FA3-class kernels on Hopper, FA4 on Blackwell; GQA native, no repeat of
+K/V); anything else (CPU, fp32) takes roles/training/varlen.py's path unchanged.
+
+The kernels run as two opaque custom ops (`tandem::fa4_varlen`, `tandem::fa4_varlen_backward`)
+with fake implementations, so `trainer.compile` traces them without entering the CuTe DSL (which
+dynamo cannot trace: it compiles kernels on first call). The first call of each shape class
+(dtype, head dims, GQA ratio) JIT-compiles its kernels, seconds to a minute once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from roles.training.varlen import varlen_attention_forward
+
+VARLEN_FA4_ATTENTION = "tandem_varlen_fa4"
+FA4_DISTRIBUTION = "flash-attn-4"
+
+
+@functools.cache
+def _interface() -> Any:
+    try:
+        from flash_attn.cute import interface
+    except ImportError as exc:
+        raise RuntimeError(
+            f"trainer.attention_kernel=fa4 needs the {FA4_DISTRIBUTION} package (pip install {FA4_DISTRIBUTION}): {exc}"
+        ) from exc
+    return interface
+
+
+@torch.library.custom_op("tandem::fa4_varlen", mutates_args=())
+def fa4_varlen(
+    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float
+) -> tuple[Tensor, Tensor]:
+    """Causal varlen attention: (`out` `[T, H, D]`, `lse` float32 `[H, T]`)."""
+    result = _interface()._flash_attn_fwd(
+        q_THD, k_THD, v_THD, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
+        softmax_scale=scale, causal=True, return_lse=True,
+    )  # fmt: skip
+    return result[0], result[1]
+
+
+@fa4_varlen.register_fake
+def _(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    lse = q_THD.new_empty((q_THD.shape[1], q_THD.shape[0]), dtype=torch.float32)
+    return torch.empty_like(q_THD), lse
+
+
+@torch.library.custom_op("tandem::fa4_varlen_backward", mutates_args=())
+def fa4_varlen_backward(
+    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv) of `fa4_varlen` for the output gradient `g_out`."""
+    grads = _interface()._flash_attn_bwd(
+        q_THD, k_THD, v_THD, out, g_out, lse, softmax_scale=scale, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        max_seqlen_q=max_len, max_seqlen_k=max_len,
+    )  # fmt: skip
+    return grads[0], grads[1], grads[2]
+
+
+@fa4_varlen_backward.register_fake
+def _(
+    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    return torch.empty_like(q_THD), torch.empty_like(k_THD), torch.empty_like(v_THD)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, cu, max_len, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu)
+    ctx.max_len, ctx.scale = max_len, scale
+
+
+def _backward(ctx: Any, g_out: Tensor, g_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    q, k, v, out, lse, cu = ctx.saved_tensors  # lse feeds nothing downstream: its gradient is None
+    dq, dk, dv = fa4_varlen_backward(q, k, v, out, lse, g_out.contiguous(), cu, ctx.max_len, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+fa4_varlen.register_autograd(_backward, setup_context=_setup)
+
+
+def fa4_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    *,
+    cu_seq_lens_q: Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if not (query.is_cuda and half) or cu_seq_lens_q is None or max_length_q is None or query.shape[0] != 1:
+        return varlen_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling,
+            cu_seq_lens_q=cu_seq_lens_q, max_length_q=max_length_q, **kwargs,
+        )  # fmt: skip
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q_THD, k_THD, v_THD = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
+    out_THD, _ = fa4_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
+    return out_THD.unsqueeze(0), None
+
+
+def register_fa4_attention() -> str:
+    """Register the backend with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_FA4_ATTENTION, fa4_attention_forward)
+    return VARLEN_FA4_ATTENTION
