@@ -93,28 +93,17 @@ fa4_varlen.register_autograd(_backward, setup_context=_setup)
 
 
 def fa4_attention_forward(
-    module: torch.nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    *,
-    cu_seq_lens_q: Tensor | None = None,
-    max_length_q: int | None = None,
-    **kwargs: Any,
+    module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
 ) -> tuple[Tensor, None]:
-    """transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`."""
+    """transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`
+    (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing)."""
+    cu, max_len, scaling = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q"), kwargs.get("scaling")
     half = query.dtype in (torch.float16, torch.bfloat16)
-    if not (query.is_cuda and half) or cu_seq_lens_q is None or max_length_q is None or query.shape[0] != 1:
-        return varlen_attention_forward(
-            module, query, key, value, attention_mask, dropout, scaling,
-            cu_seq_lens_q=cu_seq_lens_q, max_length_q=max_length_q, **kwargs,
-        )  # fmt: skip
+    if not (query.is_cuda and half) or cu is None or max_len is None or query.shape[0] != 1:
+        return varlen_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q_THD, k_THD, v_THD = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
-    out_THD, _ = fa4_varlen(q_THD, k_THD, v_THD, cu_seq_lens_q.int(), int(max_length_q), scale)
+    out_THD, _ = fa4_varlen(q_THD, k_THD, v_THD, cu.int(), int(max_len), scale)
     return out_THD.unsqueeze(0), None
 
 

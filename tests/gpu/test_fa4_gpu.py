@@ -23,6 +23,7 @@ from roles.training.varlen_fa4 import fa4_attention_forward
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
+from tests.helpers.packed_attention import LENGTHS, packed_qkv
 
 pytestmark = pytest.mark.gpu
 MIXED = "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}"
@@ -38,17 +39,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fa4_equals_torch_varlen(compiled: bool) -> None:
-    torch.manual_seed(0)
-    lengths = [3000, 1, 17, 500, 64, 1200]
-    cu = torch.tensor([0, *lengths], device="cuda").cumsum(0).int()
-    T = sum(lengths)
-    q = torch.randn(1, 12, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, 2, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, 2, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cu, q, k, v = packed_qkv()
     fa4 = torch.compile(fa4_attention_forward, fullgraph=True) if compiled else fa4_attention_forward
     module = torch.nn.Module()
-    out, _ = fa4(module, q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(lengths))
-    ref, _ = varlen_attention_forward(module, q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(lengths))
+    out, _ = fa4(module, q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(LENGTHS))
+    ref, _ = varlen_attention_forward(module, q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(LENGTHS))
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
     ref_grads = torch.autograd.grad(ref, (q, k, v), g)

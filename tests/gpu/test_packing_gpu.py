@@ -30,6 +30,7 @@ from roles.training.varlen import cuda_kernel, varlen_attention_forward
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import one_rank_cuda_world
+from tests.helpers.packed_attention import LENGTHS, packed_qkv
 
 pytestmark = pytest.mark.gpu
 VOCAB = 151936
@@ -43,14 +44,8 @@ def _one_rank_world() -> None:
 
 def test_varlen_kernel_equals_sdpa_per_sequence() -> None:
     print("cuda varlen kernel:", cuda_kernel())
-    torch.manual_seed(0)
-    lengths = [3000, 1, 17, 500, 64, 1200]
-    cu = torch.tensor([0, *lengths], device="cuda").cumsum(0).int()
-    T = sum(lengths)
-    q = torch.randn(1, 12, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, 2, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, 2, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    out, _ = varlen_attention_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(lengths))
+    cu, q, k, v = packed_qkv()
+    out, _ = varlen_attention_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(LENGTHS))
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
     spans = list(itertools.pairwise(cu.tolist()))
