@@ -295,6 +295,13 @@ class OptimConfig(msgspec.Struct, **_STRUCT):
     eps: Annotated[float, Doc(description="AdamW epsilon.", gt=0)] = 1e-8
     warmup_steps: Annotated[int, Doc(description="Linear learning-rate warm-up steps.", ge=0)] = 0
     grad_clip: Annotated[float, Doc(description="Clip the global gradient norm to this; 0 = off.", ge=0)] = 1.0
+    implementation: Annotated[
+        Literal["auto", "fused"],
+        Doc(
+            description="FSDP engines: AdamW's step; auto = torch's default (foreach on CUDA), fused = torch's "
+            "fused AdamW kernels (not with trainer.offload.optimizer)."
+        ),
+    ] = "auto"
 
 
 class RolloutCorrectionConfig(msgspec.Struct, **_STRUCT):

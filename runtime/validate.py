@@ -198,6 +198,10 @@ def check_inert_options(cfg: RunConfig) -> None:
          f"it acts only with algorithm.advantage=gae (advantage is {a.advantage})"),
         *((f"rollout.length_dist.{f}", ld, f, ld.kind == "off", "it acts only with rollout.length_dist.kind=lognormal")
           for f in ("mean_tokens", "sigma", "min_tokens")),
+        ("trainer.optim.implementation", cfg.trainer.optim, "implementation", cfg.trainer.backend == "megatron",
+         "it acts only on the FSDP engines (Megatron steps its own distributed optimizer)"),
+        ("critic.optim.implementation", cfg.critic.optim, "implementation", cfg.critic.backend == "megatron",
+         "it acts only on the FSDP engines (Megatron steps its own distributed optimizer)"),
     ]  # fmt: skip
     for key, struct, field, ignored, why in inert:
         if ignored and _differs_from_default(struct, field):
@@ -311,6 +315,11 @@ def _check_offload(cfg: RunConfig) -> None:
     """`trainer.offload` acts only where it can: the FSDP2 actor, without FSDP2's own full
     offload, and parameters only where vLLM uses their memory between steps."""
     off = cfg.trainer.offload
+    if off.optimizer and cfg.trainer.optim.implementation == "fused":
+        raise ConfigError(
+            "trainer.optim.implementation=fused cannot step an offloaded optimizer (trainer.offload.optimizer "
+            "streams its moments through its own AdamW step): set one of them back"
+        )
     if not (off.optimizer or off.params):
         return
     if cfg.trainer.backend != "fsdp":

@@ -83,12 +83,15 @@ class FSDPEngineBase(ABC):
         self._input_tokens = [0.0, 0.0]  # (real, padded) model-input tokens of this step
 
     def _setup_optimizer(self, o: OptimConfig, offload: OffloadConfig | None = None) -> None:
-        """AdamW over the model's trainable parameters; with `offload.optimizer` its moments
+        """AdamW over the model's trainable parameters (torch's fused kernels with
+        `o.implementation` "fused"); with `offload.optimizer` its moments
         live in host memory (roles/training/offload.py), with `offload.params` the
         parameters may move there between steps (`offload_params`)."""
         self.optim_cfg = o
         groups = optimizer_param_groups(self.model)
         hyper: dict[str, Any] = dict(lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay)
+        if o.implementation == "fused":  # runtime/validate.py keeps it away from the streamed (offloaded) AdamW
+            hyper["fused"] = True
         if offload is not None and offload.optimizer:
             self.optimizer: torch.optim.Optimizer = StreamedAdamW(groups, chunk_bytes=offload.chunk_mb << 20, **hyper)
         else:
