@@ -310,7 +310,6 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
     run_in_role_environment()
-    setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     if args.quick:
         args.prompts, args.max_tokens, args.reps = 16, 16, 2  # both orders of the alternation
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))
@@ -326,6 +325,7 @@ def main() -> None:
             f"rollout.engine.gpu_memory_utilization is {share}: the bare engine and the role's are resident "
             "at once on GPU 0, so each may take at most 0.47 (e.g. rollout.engine.gpu_memory_utilization=0.45)"
         )
+    setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     from runtime.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)
