@@ -26,7 +26,7 @@ import torch
 from roles.trainer.engine_fsdp import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
+from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
 ENGINE = [*ONE_GPU_ENGINE, "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}"]
@@ -44,18 +44,14 @@ def _steps(engine: FSDPEngine) -> list[dict[str, float]]:
     return [engine.train_step(toy_batch(seed)) for seed in range(3)]
 
 
-def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
-    return {n: p.detach().full_tensor().float().clone() for n, p in engine.model.named_parameters()}
-
-
 def test_liger_kernels_train_like_torchs(model_dir: Path) -> None:
     from transformers.models.qwen2 import modeling_qwen2
 
     opts = [*ENGINE, "trainer.compile=false"]
     ref = FSDPEngine(load_config(None, opts), model_dir)
-    start = _params(ref)
+    start = full_params(ref)
     want = _steps(ref)
-    want_params = _params(ref)
+    want_params = full_params(ref)
     liger = FSDPEngine(load_config(None, [*opts, "trainer.kernels=liger"]), model_dir)
     names = [m._get_name() for m in liger.model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
     assert names and all(n.startswith("Liger") for n in names), names
@@ -67,7 +63,7 @@ def test_liger_kernels_train_like_torchs(model_dir: Path) -> None:
         assert g["entropy"] == pytest.approx(w["entropy"], rel=1e-2)
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=5e-2)
     ours, theirs, cosines = [], [], {}
-    for name, tensor in _params(liger).items():
+    for name, tensor in full_params(liger).items():
         ours.append((tensor - start[name]).flatten())
         theirs.append((want_params[name] - start[name]).flatten())
         cosines[name] = torch.nn.functional.cosine_similarity(ours[-1], theirs[-1], dim=0).item()

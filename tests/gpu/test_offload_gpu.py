@@ -24,7 +24,7 @@ from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.offload import StreamedAdamW
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
+from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
 HYPER = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -82,10 +82,6 @@ def test_moments_pin_exactly_their_size() -> None:
     assert grown <= 1.05 * opt.host_bytes, (grown, opt.host_bytes)
 
 
-def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
-    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}
-
-
 def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
     plain = FSDPEngine(load_config(None, ENGINE), model_dir)
     off = FSDPEngine(load_config(None, [*ENGINE, "trainer.offload.optimizer=true", "trainer.offload.chunk_mb=1",
@@ -98,7 +94,7 @@ def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
         moments = [state[k] for state in off.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
         assert moments and all(isinstance(m, DTensor) for m in moments)  # DCP saves them as AdamW's
         assert all(m.to_local().device.type == "cpu" and m.to_local().is_pinned() for m in moments)
-        before = _params(off)
+        before = full_params(off)
         held = torch.cuda.memory_allocated()
         off.offload_params()
         torch.cuda.synchronize()
@@ -106,10 +102,10 @@ def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
         assert held - torch.cuda.memory_allocated() >= size  # the parameters left the GPU
         assert all(p.to_local().device.type == "cpu" for p in off.model.parameters())
         off.restore_params()
-        assert all(torch.equal(before[n], t) for n, t in _params(off).items())
+        assert all(torch.equal(before[n], t) for n, t in full_params(off).items())
     assert metrics["optimizer_offload_s"] > 0 and "params_restore_s" in metrics
     off.offload_params()
     plain.train_step(batches[2])
     off.train_step(batches[2])  # restores the parameters itself
-    for name, tensor in _params(plain).items():
-        torch.testing.assert_close(_params(off)[name], tensor, rtol=0, atol=0, msg=name)
+    for name, tensor in full_params(plain).items():
+        torch.testing.assert_close(full_params(off)[name], tensor, rtol=0, atol=0, msg=name)

@@ -1,6 +1,7 @@
 """The FSDP engines in the test process: a world of one gloo rank, and a toy batch.
 
 `one_rank_world()` initialises torch.distributed once per process (a no-op after);
+`full_params(engine)` copies an engine's parameters whole;
 `toy_batch(seed)` is NUM_SEQS sequences of PROMPT prompt and RESPONSE response tokens with
 advantages alternating -1 / +1 by sequence; `toy_engine(model, *overrides)` the FSDP2
 actor engine on CPU in float32 with a large lr and no gradient clip (changes show at once).
@@ -43,6 +44,11 @@ def one_rank_cuda_world() -> None:
 def toy_engine(model: Path, *overrides: str) -> FSDPEngine:
     base = ["trainer.device=cpu", "fsdp.param_dtype=float32", "trainer.optim.lr=0.05", "trainer.optim.grad_clip=0"]
     return FSDPEngine(load_config(None, [*base, *overrides]), model)
+
+
+def full_params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    """Every parameter of `engine.model`, gathered whole (DTensor `full_tensor`) and copied."""
+    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}
 
 
 def toy_batch(seed: int = 0) -> TrainBatch:

@@ -21,7 +21,7 @@ from runtime.config_load import load_config
 from runtime.export import merge_adapter
 from runtime.lora import adapter_config
 from tests.helpers.lora import assert_merged
-from tests.helpers.one_rank import one_rank_world, toy_batch, toy_engine
+from tests.helpers.one_rank import full_params, one_rank_world, toy_batch, toy_engine
 
 LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
 
@@ -35,20 +35,16 @@ def _engine(model: Path, *overrides: str) -> FSDPEngine:
     return toy_engine(model, *LORA, *overrides)
 
 
-def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
-    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}
-
-
 def test_only_the_adapters_train_and_only_they_are_exported(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir)
     trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     in_optimizer = {id(p) for g in engine.optimizer.param_groups for p in g["params"]}
     assert in_optimizer == {id(p) for p in engine.model.parameters() if p.requires_grad}
-    before = _params(engine)
+    before = full_params(engine)
     for seed in range(3):
         engine.train_step(toy_batch(seed))
-    after = _params(engine)
+    after = full_params(engine)
     base = [n for n in before if n not in trainable]
     assert base and all(torch.equal(before[n], after[n]) for n in base), "a base weight changed"
     lora_b = [n for n in trainable if ".lora_B." in n]
@@ -77,7 +73,7 @@ def test_checkpoint_holds_the_adapters_and_their_optimizer_state(tiny_model_dir:
     engine = _engine(tiny_model_dir)
     engine.train_step(toy_batch(0))
     engine.save(tmp_path / "ckpt")
-    expected = _params(engine)
+    expected = full_params(engine)
     saved = sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.distcp"))
     full = sum(p.numel() * 4 for p in expected.values())
     assert saved < 0.5 * full, (saved, full)  # the frozen base is not in it
@@ -85,7 +81,7 @@ def test_checkpoint_holds_the_adapters_and_their_optimizer_state(tiny_model_dir:
 
     resumed = _engine(tiny_model_dir)
     resumed.load(tmp_path / "ckpt")
-    got = _params(resumed)
+    got = full_params(resumed)
     assert all(torch.equal(got[n], expected[n]) for n in expected)
     assert resumed.version == 1
     again = resumed.train_step(toy_batch(1))

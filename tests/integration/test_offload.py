@@ -17,7 +17,7 @@ from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training.offload import StreamedAdamW, _chunks
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.one_rank import toy_batch
+from tests.helpers.one_rank import full_params, toy_batch
 from tests.helpers.ports import free_port
 
 HYPER = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -68,10 +68,6 @@ def test_streamed_adamw_refuses_what_it_does_not_stream() -> None:
         StreamedAdamW([torch.nn.Parameter(torch.zeros(2))], chunk_bytes=1024, amsgrad=True)
 
 
-def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
-    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}
-
-
 def _moments(engine: FSDPEngine) -> list[torch.Tensor]:
     """Every parameter's moments, gathered (a collective), in parameter order."""
     out = []
@@ -103,7 +99,7 @@ def worker(rank: int, port: int, model: str, out: str) -> None:
     )
     resumed.train_step(batches[1])
     result = {
-        "params": [_params(e) for e in (plain, offload, resumed)],
+        "params": [full_params(e) for e in (plain, offload, resumed)],
         "moments": [_moments(e) for e in (plain, offload, resumed)],
         "offload_s": metrics["optimizer_offload_s"], "moments_on_host_after_load": on_host,
     }  # fmt: skip

@@ -12,7 +12,7 @@ import torch
 from runtime.config_load import ConfigError, load_config
 from runtime.tiny_model import make_tiny_model
 from runtime.validate import check_config
-from tests.helpers.one_rank import one_rank_world, toy_batch, toy_engine
+from tests.helpers.one_rank import full_params, one_rank_world, toy_batch, toy_engine
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +21,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("fused") / "m")
 
 
-def _params(engine: object) -> dict[str, torch.Tensor]:
-    return {n: p.detach().full_tensor().clone() for n, p in engine.model.named_parameters()}  # type: ignore[attr-defined]
-
-
 def _trained(model_dir: Path, *overrides: str) -> tuple[torch.optim.Optimizer, dict[str, torch.Tensor], bool]:
     """The optimizer, the weights after two steps, and whether every weight moved."""
     engine = toy_engine(model_dir, *overrides)
-    start = _params(engine)
+    start = full_params(engine)
     for seed in range(2):
         engine.train_step(toy_batch(seed))
-    end = _params(engine)
+    end = full_params(engine)
     return engine.optimizer, end, all(not torch.equal(start[n], end[n]) for n in start)
 
 
