@@ -26,15 +26,21 @@ from runtime.placement import role_counts
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 
+def _check_fsdp_gpu_option(cfg: RunConfig, setting: str, gpu_only: str) -> None:
+    """`setting` (e.g. "trainer.kernels=liger") is a GPU kernel of the FSDP actor: refuse it
+    on Megatron and on a CPU trainer, `gpu_only` saying why."""
+    if cfg.trainer.backend != "fsdp":
+        raise ConfigError(f"{setting} applies to the FSDP actor only; trainer.backend is megatron")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError(f"{setting} needs trainer.device=cuda ({gpu_only})")
+
+
 def _check_kernels(cfg: RunConfig) -> None:
     """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA and the package,
     and no `trainer.compile` (which cannot trace them)."""
     if cfg.trainer.kernels != "liger":
         return
-    if cfg.trainer.backend != "fsdp":
-        raise ConfigError("trainer.kernels=liger applies to the FSDP actor only; trainer.backend is megatron")
-    if cfg.trainer.device == "cpu":
-        raise ConfigError("trainer.kernels=liger needs trainer.device=cuda (Liger Kernel's kernels run on GPUs only)")
+    _check_fsdp_gpu_option(cfg, "trainer.kernels=liger", "Liger Kernel's kernels run on GPUs only")
     if cfg.trainer.compile:  # measured on the H200 at 6d23ac7: an AssertionError inside dynamo
         raise ConfigError(
             "trainer.kernels=liger cannot run with trainer.compile=true (dynamo fails on Liger's RMSNorm "
@@ -46,15 +52,11 @@ def _check_kernels(cfg: RunConfig) -> None:
 
 def _check_attention_kernel(cfg: RunConfig) -> None:
     """`trainer.attention_kernel=fa4`: flash-attn-4's CUDA kernels in the packed FSDP actor."""
-    t = cfg.trainer
-    if t.attention_kernel != "fa4":
+    if cfg.trainer.attention_kernel != "fa4":
         return
-    if t.backend != "fsdp":
-        raise ConfigError("trainer.attention_kernel=fa4 applies to the FSDP actor only; trainer.backend is megatron")
-    if not t.packing:
+    _check_fsdp_gpu_option(cfg, "trainer.attention_kernel=fa4", "its kernels run on GPUs only")
+    if not cfg.trainer.packing:
         raise ConfigError("trainer.attention_kernel=fa4 needs trainer.packing=true (it is the packed varlen kernel)")
-    if t.device == "cpu":
-        raise ConfigError("trainer.attention_kernel=fa4 needs trainer.device=cuda (its kernels run on GPUs only)")
     try:
         importlib.metadata.distribution("flash-attn-4")
     except importlib.metadata.PackageNotFoundError:
