@@ -3,6 +3,9 @@
 `plan_processes(cfg, node)` returns one `ProcSpec` per process of that node. Trainer
 ranks get the torch.distributed rendezvous variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT) and GPU roles get CUDA_VISIBLE_DEVICES from `devices`.
+Device indices count the GPUs this launcher sees: under `CUDA_VISIBLE_DEVICES=2,3`,
+`devices: [0]` is physical GPU 2 (as torch, vLLM and Ray read them), so a launch confined
+to some GPUs of a shared machine never lands on the others.
 Impossible placements raise `PlacementError` with a one-line reason.
 """
 
@@ -93,7 +96,7 @@ def _spec(e: PlacementEntry, i: int, rank: int, node: int) -> ProcSpec:
     devices = _devices_for(e, i)
     env = dict(e.env)
     if devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_device_names(devices))
     return ProcSpec(role=e.role, rank=rank, node=node, devices=devices, env=env)
 
 
@@ -121,6 +124,14 @@ def _devices_for(e: PlacementEntry, i: int) -> list[int]:
             f"placement of {e.role}: {e.count} processes but {len(e.devices)} devices (give one per process)"
         )
     return list(e.devices)
+
+
+def visible_device_names(devices: list[int]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES entries for placement indices: the launcher's own
+    CUDA_VISIBLE_DEVICES entry at each index where it sets one (an index past its end is
+    kept as is, for `check_devices` to refuse), else the index itself."""
+    inherited = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return [inherited[d] if d < len(inherited) else str(d) for d in devices]
 
 
 def _add_dist_env(specs: list[ProcSpec], cfg: RunConfig, counts: dict[str, int], addr: str, port: int) -> None:

@@ -77,7 +77,8 @@ def test_multi_node_trainer_env_has_global_ranks_and_local_ranks() -> None:
     ]
 
 
-def test_cuda_visible_devices_per_process() -> None:
+def test_cuda_visible_devices_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     node0 = {s.name: s for s in plan_processes(_cfg(*TWO_NODES), 0)}
     node1 = {s.name: s for s in plan_processes(_cfg(*TWO_NODES), 1)}
     assert node0["rollout-0"].env == {"CUDA_VISIBLE_DEVICES": "0"}
@@ -88,7 +89,24 @@ def test_cuda_visible_devices_per_process() -> None:
     assert [node1[f"trainer-{r}"].env["CUDA_VISIBLE_DEVICES"] for r in (2, 3, 4)] == ["0", "1", "2"]
 
 
-def test_one_process_may_take_several_devices() -> None:
+def test_devices_count_the_gpus_the_launcher_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CUDA_VISIBLE_DEVICES=5,GPU-abc,2, index 1 is the launcher's second visible GPU:
+    a launch confined to some GPUs of a shared machine never reaches the others."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, GPU-abc,2")
+    cfg = _cfg(
+        PlacementEntry(role="controller"),
+        PlacementEntry(role="rollout", devices=[1, 2]),
+        PlacementEntry(role="trainer", count=2, devices=[0, 1]),
+    )
+    specs = {s.name: s for s in plan_processes(cfg)}
+    assert specs["rollout-0"].env["CUDA_VISIBLE_DEVICES"] == "GPU-abc,2"
+    assert [specs[f"trainer-{r}"].env["CUDA_VISIBLE_DEVICES"] for r in (0, 1)] == ["5", "GPU-abc"]
+    assert specs["trainer-1"].devices == [1]  # the index, checked against the visible count
+    assert "CUDA_VISIBLE_DEVICES" not in specs["controller-0"].env  # inherits the launcher's
+
+
+def test_one_process_may_take_several_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = _cfg(
         PlacementEntry(role="controller"),
         PlacementEntry(role="rollout", devices=[0, 1]),
