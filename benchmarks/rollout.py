@@ -40,7 +40,7 @@ time of a whole update of the model, sent as the trainer sends it (buckets of
 beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to the
 `WeightsApplied` reply, with the phase split and the role's own receive / load / total times.
 
-    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
+    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -307,17 +307,17 @@ def main() -> None:
                         help="also run the role with a weight update every this many seconds (0: no)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
+    parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
     run_in_role_environment()
     if args.quick:
         args.prompts, args.max_tokens, args.reps = 16, 16, 2  # both orders of the alternation
-    run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))
     # The engine must hold prompt + response; requests that cannot fit would only measure errors.
     fit = f"rollout.engine.max_model_len={max(256, args.prompt_len + args.max_tokens + 1)}"
     # Every update is a new policy version; the role refuses one past the run's last step.
     many = "trainer.total_steps=1000000"
-    fixed = [f"run_dir={run_dir}", "rollout.engine.max_num_seqs=256", fit, many]
+    fixed = ["rollout.engine.max_num_seqs=256", fit, many]
     cfg = load_config(args.config, [*fixed, *args.overrides])
     share = cfg.rollout.engine.gpu_memory_utilization
     if 2 * share > 0.95 and gpu_present():
@@ -325,6 +325,8 @@ def main() -> None:
             f"rollout.engine.gpu_memory_utilization is {share}: the bare engine and the role's are resident "
             "at once on GPU 0, so each may take at most 0.47 (e.g. rollout.engine.gpu_memory_utilization=0.45)"
         )
+    run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))  # after the refusal: none left behind
+    cfg = load_config(args.config, [f"run_dir={run_dir}", *fixed, *args.overrides])
     setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     from runtime.launcher import prepare_run_dir
 
@@ -354,7 +356,11 @@ def main() -> None:
     }
     if "role_updating_tokens_per_s" in update:
         result["role_updating_over_bare"] = update["role_updating_tokens_per_s"] / bare_rate
-    print(json.dumps(result))
+    text = json.dumps(result)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

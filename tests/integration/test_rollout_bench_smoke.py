@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,12 +21,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)
-def test_rollout_benchmark_quick_is_like_for_like() -> None:
+def test_rollout_benchmark_quick_is_like_for_like(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "rollout.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "rollout.py"), "--quick", "--update-every", "0.2"]
+    cmd += ["--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
+    assert json.loads(out.read_text()) == result  # --out holds the printed JSON
     args = result["engine_args"]
     assert args["equal"] is True and args["bare"] == args["role"]
     assert args["role"]["worker_extension_cls"] == "roles.weights.worker_ext.TandemWorkerExtension"

@@ -67,6 +67,7 @@ def test_a_gpu_share_two_engines_cannot_hold_is_refused(
     # The refusal comes before the benchmark sets up logging: that would point this test
     # process's global logger at a stderr capture closed after the test (5 later tests failed).
     monkeypatch.setattr(rollout, "setup_logging", lambda *a, **k: pytest.fail("logging set up before the refusal"))
+    monkeypatch.setattr(rollout.tempfile, "mkdtemp", lambda **k: pytest.fail("run directory made before the refusal"))
     monkeypatch.setattr(sys, "argv", ["rollout.py", "--config", "configs/bench_h200x2.yaml"])
     with pytest.raises(SystemExit) as exit_info:
         rollout.main()
