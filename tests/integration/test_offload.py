@@ -6,6 +6,7 @@ real FSDP2 actor on 2 gloo ranks, and its state survives a checkpoint round trip
 from __future__ import annotations
 
 import copy
+import faulthandler
 import os
 from pathlib import Path
 
@@ -78,6 +79,10 @@ def _moments(engine: FSDPEngine) -> list[torch.Tensor]:
 
 
 def worker(rank: int, port: int, model: str, out: str) -> None:
+    # A native abort in a spawned rank (once, in a loaded fresh-clone suite: "malloc(): unaligned
+    # tcache chunk detected", not reproduced in 24 runs since) shows only as a signal; this
+    # prints the Python stack of the rank that died beside it.
+    faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     import torch.distributed as dist
