@@ -55,15 +55,22 @@ each variant's samples_per_s and of the per-repeat async/sync ratio), `speedup` 
 ratio, and `variants` = each variant's median-samples/s run. With one repeat the output is
 as before (no `repeats`, no `spread`).
 
+`--gpus 0,1` runs the repeats side by side, one per GPU at a time (benchmarks/gpu_slots.py):
+each repeat's runs, sync then async, go to one GPU (their launches see only it:
+`CUDA_VISIBLE_DEVICES`), and the next repeat goes to the first GPU that is free; each repeat
+in the JSON names its `gpu`. Only for configs placed on one GPU. On a 2x H200 host three
+repeats take two repeats' time.
+
     .venv/bin/python benchmarks/async_vs_sync.py [--config configs/bench_h200x2.yaml] [key=value ...]
         [--colocated] [--rollout-bench FILE] [--out benchmarks/results/async_vs_sync_h200x2.json]
-        [--repeats 3 [--measured-steps 20]]
+        [--repeats 3 [--measured-steps 20] [--gpus 0,1]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -75,6 +82,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.placement import entries, role_counts
@@ -284,12 +292,16 @@ def prompt_tokens_mean(cfg: RunConfig, model_path: Path, limit: int = 256) -> fl
     return statistics.fmean(len(dataset.next().prompt_ids) for _ in range(min(limit, len(dataset))))
 
 
-def launch(config: Path, overrides: list[str], log_path: Path, timeout_s: float) -> float:
-    """`tandem launch` in a subprocess; its wall time. A failed run ends the benchmark."""
+def launch(
+    config: Path, overrides: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> float:
+    """`tandem launch` in a subprocess (`env` added to this process's environment); its wall
+    time. A failed run ends the benchmark."""
     cmd = [sys.executable, "-m", "runtime.cli", "launch", str(config), *overrides]
     started = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})  # fmt: skip
         try:
             code = proc.wait(timeout=timeout_s)
             why = f"exited {code}"
@@ -328,6 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measured-steps", type=int,
                         help="steps kept per run (sets total_steps); default 20 with --repeats > 1")  # fmt: skip
     parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
+    parser.add_argument("--gpus", help="spread the repeats over these GPUs (e.g. 0,1), one repeat per GPU at a time")
     parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
                         help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
@@ -337,6 +350,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.measured_steps = 20
     if args.measured_steps is not None and args.measured_steps < 1:
         parser.error(f"--measured-steps must be at least 1 (got {args.measured_steps})")
+    try:
+        args.gpus = parse_gpus(args.gpus)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -362,14 +379,20 @@ def finished(cfg: RunConfig) -> bool:
 
 
 def run_variant(
-    config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy, *, reuse: bool = False
+    config: Path,
+    overrides: list[str],
+    args: argparse.Namespace,
+    policy: Policy,
+    *,
+    reuse: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Launch one variant and summarise its run; with `reuse`, a finished run is summarised
-    without launching it again."""
+    """Launch one variant (`env` added to its environment) and summarise its run; with
+    `reuse`, a finished run is summarised without launching it again."""
     cfg = load_config(config, overrides)
     launch_s = None  # a reused run's launch time is not known here
     if not (reuse and finished(cfg)):
-        launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s)
+        launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s, env)
     records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
     trainer_ranks = role_counts(cfg)["trainer"]
@@ -412,18 +435,28 @@ def main(argv: list[str] | None = None) -> None:
     stamp = f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_root = (args.run_root or ROOT / "runs" / "async_vs_sync" / stamp).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
+    if args.gpus:
+        try:
+            check_one_gpu(base, config.name)
+        except ValueError as exc:
+            raise SystemExit(f"async_vs_sync: {exc}") from None
     policy = setup_policy(base, run_root)
-    repeats = [
-        {name: run_variant(config, overrides, args, policy, reuse=args.reuse) for name, overrides in runs.items()}
-        for runs in plan_runs(config, base, args, policy, run_root)
-    ]  # alternating: every repeat runs each variant once, in order
+
+    def repeat_job(runs: dict[str, list[str]]) -> Job[dict[str, Any]]:
+        return lambda env: {name: run_variant(config, overrides, args, policy, reuse=args.reuse, env=env)
+                            for name, overrides in runs.items()}  # fmt: skip
+
+    # Alternating: every repeat runs each variant once, in order, on one GPU (--gpus: repeats side by side).
+    spread = run_spread([repeat_job(runs) for runs in plan_runs(config, base, args, policy, run_root)], args.gpus)
+    repeats = [r for r, _ in spread]
     rollout_bench = json.loads(args.rollout_bench.read_text()) if args.rollout_bench else None
     variants = repeats[0]
     extra: dict[str, Any] = {}
     if args.repeats > 1:
         agg = aggregate_repeats(repeats)
         variants = agg["median_runs"]
-        extra = {"repeats": [{"repeat": i, **compare(r, None), "variants": r} for i, r in enumerate(repeats)],
+        extra = {"repeats": [{"repeat": i, "gpu": gpu, **compare(r, None), "variants": r}
+                             for i, (r, gpu) in enumerate(spread)],
                  "spread": agg["spread"], "measured_steps": args.measured_steps}  # fmt: skip
     result = {
         "benchmark": "async_vs_sync",
@@ -436,6 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         "prompt_tokens_mean": policy.prompt_tokens,
         "peak_tflops_per_gpu": args.peak_tflops,
         "run_root": str(run_root),
+        "gpus": args.gpus,
         **compare(variants, rollout_bench),
         "variants": variants,
         **extra,

@@ -23,9 +23,11 @@ has accepted it on this machine's GPUs: a point it refuses is recorded with the 
 mean lengths 8 and 16) for a CPU smoke test. The plot is a page of the project's report
 tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless Chromium,
 runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
+`--gpus 0,1` runs the points side by side, each point's sync and async runs on one GPU
+(benchmarks/gpu_slots.py; each point in the JSON names its `gpu`).
 
     .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \
-        --plot benchmarks/results [--steps 12] [key=value ...]
+        --plot benchmarks/results [--steps 12] [--gpus 0,1] [key=value ...]
     .venv/bin/python benchmarks/scaling.py --axis length --points tiny --steps 2 --warmup-steps 1   # CPU
 """
 
@@ -47,6 +49,7 @@ from benchmarks.async_vs_sync import (
     setup_policy,
     variant_overrides,
 )
+from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
@@ -117,8 +120,11 @@ def refusal(cfg: RunConfig) -> str | None:
     return None
 
 
-def run_point(point: Point, args: argparse.Namespace, run_root: Path) -> dict[str, Any]:
-    """Sync and async at one point, or why the memory plan refuses it."""
+def run_point(
+    point: Point, args: argparse.Namespace, run_root: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Sync and async at one point (`env` added to their launches' environment), or why the
+    memory plan refuses it."""
     config = (ROOT / point.config).resolve()
     base_overrides = [
         *point.overrides,
@@ -139,10 +145,14 @@ def run_point(point: Point, args: argparse.Namespace, run_root: Path) -> dict[st
     for name, extra in plans.items():
         overrides = [*base_overrides, *policy.overrides, f"name={config.stem}-{point.name}-{name}",
                      f"run_dir={root / name}", *extra]  # fmt: skip
-        variants[name] = run_variant(config, overrides, args, policy)
+        variants[name] = run_variant(config, overrides, args, policy, env=env)
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
     headline = {k: v for k, v in compare(variants, None).items() if k in HEADLINE}
     return {**out, "params": policy.params, **figures, **headline, "refused": None, "variants": variants}
+
+
+def point_job(point: Point, args: argparse.Namespace, run_root: Path) -> Job[dict[str, Any]]:
+    return lambda env: run_point(point, args, run_root, env)
 
 
 def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
@@ -196,7 +206,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-root", type=Path, help="default: runs/scaling/AXIS-<time>")
     p.add_argument("--plot", type=Path, help="write scaling_AXIS.html and .png here")
     p.add_argument("--out", type=Path, help="also write the JSON here")
-    return p.parse_intermixed_args(argv)
+    p.add_argument("--gpus", help="run the points side by side on these GPUs (e.g. 0,1), one point per GPU at a time")
+    args = p.parse_intermixed_args(argv)
+    try:
+        args.gpus = parse_gpus(args.gpus)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,12 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     chosen = [pt for pt in points(args.axis, args.points, args.sigma) if not args.only or pt.name in args.only]
     if not chosen:
         raise SystemExit(f"scaling: no point named {args.only} on axis {args.axis} ({args.points})")
+    if args.gpus:
+        for pt in chosen:
+            try:
+                check_one_gpu(load_config(ROOT / pt.config, [*pt.overrides, *args.overrides]), pt.config)
+            except ValueError as exc:
+                raise SystemExit(f"scaling: {exc}") from None
     run_root = (args.run_root or ROOT / "runs" / "scaling" / f"{args.axis}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     label = {"model": "parameters (billions; tiny: hidden size)", "length": "mean response tokens"}[args.axis]
     result: dict[str, Any] = {
         "benchmark": "scaling", "axis": args.axis, "scale": args.points, "x_label": label, "staleness": args.staleness,
-        "warmup_steps": args.warmup_steps, "overrides": args.overrides, "run_root": str(run_root),
-        "points": [run_point(pt, args, run_root) for pt in chosen],
+        "warmup_steps": args.warmup_steps, "overrides": args.overrides, "run_root": str(run_root), "gpus": args.gpus,
+        "points": [{**point, "gpu": gpu} for point, gpu in run_spread([point_job(pt, args, run_root) for pt in chosen],
+                                                                      args.gpus)],
     }  # fmt: skip
     if args.plot:
         result["plot"] = plot(result, args.plot)

@@ -120,7 +120,13 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     env = _base_env(cfg, run_dir, opts)
     if cfg.resume == "auto":
         env[checkpoint.RESUME_ENV] = resume
-    log.info("launching", node=opts.node_rank, processes=[s.name for s in specs], run_dir=str(run_dir))
+    log.info(
+        "launching",
+        node=opts.node_rank,
+        processes=[s.name for s in specs],
+        run_dir=str(run_dir),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )  # what placement's `devices` index
     console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
     if plan is not None and plan.gpu_gb:
         console.note(plan_summary(plan))

@@ -33,9 +33,16 @@ def _scaling(tmp_path: Path, *argv: str) -> dict:
 @pytest.mark.timeout(1600)
 def test_length_axis_runs_sync_and_async_on_the_budgets(tmp_path: Path) -> None:
     result = _scaling(tmp_path, "--axis", "length", "--only", "mean-8", "--steps", "2", "--warmup-steps", "1",
-                      "--staleness", "1", "--plot", str(tmp_path / "plot"), "checkpoint.final=false")  # fmt: skip
+                      "--staleness", "1", "--plot", str(tmp_path / "plot"), "checkpoint.final=false",
+                      "--gpus", "7")  # fmt: skip
     (point,) = result["points"]
     assert point["point"] == "mean-8" and point["refused"] is None and point["x"] == 8
+    # --gpus: the point's launches saw only "GPU 7" (on this CPU machine, an environment value and nothing more)
+    assert point["gpu"] == "7" and result["gpus"] == ["7"]
+    for variant in ("sync", "async"):
+        launcher_log = Path(result["run_root"]) / "mean-8" / variant / "logs" / "launcher-0.jsonl"
+        launching = next(r for r in map(json.loads, launcher_log.read_text().splitlines()) if r["event"] == "launching")
+        assert launching["cuda_visible_devices"] == "7"
     for variant in ("sync", "async"):
         assert point[f"{variant}_samples_per_s"] > 0 and point[f"{variant}_trainer_mfu"] > 0
         assert point[f"{variant}_weight_sync_s"] > 0

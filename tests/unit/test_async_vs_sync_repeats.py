@@ -62,3 +62,12 @@ def test_bad_repeat_counts_are_refused(capsys: pytest.CaptureFixture[str]) -> No
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_gpus_are_refused_for_a_config_on_two_gpus_before_anything_runs(tmp_path: Path) -> None:
+    from benchmarks.async_vs_sync import main
+
+    with pytest.raises(SystemExit, match=r"places roles on GPUs \[0, 1\]: run it without --gpus"):
+        main(["--config", str(ROOT / "configs" / "bench_h200x2.yaml"), "--gpus", "0,1", "--run-root", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []  # no model made, nothing launched
+    assert parse_args(["--gpus", "0,1"]).gpus == ["0", "1"]
