@@ -211,7 +211,7 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
     import benchmarks.async_vs_sync as bench
 
     launched: list[str] = []
-    monkeypatch.setattr(bench, "launch", lambda config, overrides, log, timeout: launched.append(log.stem) or 1.0)
+    monkeypatch.setattr(bench, "launch", lambda config, overrides, log, timeout, env: launched.append(log.stem) or 1.0)
     monkeypatch.setattr(bench, "memory_figures", lambda cfg, records: {})
     policy = bench.Policy(params=10**9, prompt_tokens=10.0, overrides=[])
     args = parse_args(["--config", "configs/tiny_cpu.yaml", "--reuse"])
