@@ -340,7 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measured-steps", type=int,
                         help="steps kept per run (sets total_steps); default 20 with --repeats > 1")  # fmt: skip
     parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
-    parser.add_argument("--gpus", help="spread the repeats over these GPUs (e.g. 0,1), one repeat per GPU at a time")
+    parser.add_argument("--gpus", type=parse_gpus, help="spread the repeats over these GPUs (e.g. 0,1)")
     parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
                         help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
@@ -350,10 +350,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.measured_steps = 20
     if args.measured_steps is not None and args.measured_steps < 1:
         parser.error(f"--measured-steps must be at least 1 (got {args.measured_steps})")
-    try:
-        args.gpus = parse_gpus(args.gpus)
-    except ValueError as exc:
-        parser.error(str(exc))
     return args
 
 

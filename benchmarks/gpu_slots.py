@@ -19,6 +19,7 @@ one job, on one GPU.
 
 from __future__ import annotations
 
+import argparse
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -30,13 +31,11 @@ T = TypeVar("T")
 Job = Callable[[dict[str, str]], T]
 
 
-def parse_gpus(text: str | None) -> list[str] | None:
-    """`--gpus 0,1` as ["0", "1"] (None when not given); a repeated or empty entry is refused."""
-    if text is None:
-        return None
+def parse_gpus(text: str) -> list[str]:
+    """`--gpus 0,1` as ["0", "1"] (argparse's `type`); a repeated or empty entry is refused."""
     gpus = [g.strip() for g in text.split(",")]
     if any(not g for g in gpus) or len(set(gpus)) != len(gpus):
-        raise ValueError(f"--gpus {text!r}: give distinct GPU indices separated by commas, e.g. 0,1")
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct GPU indices separated by commas, e.g. 0,1")
     return gpus
 
 

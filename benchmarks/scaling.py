@@ -206,13 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-root", type=Path, help="default: runs/scaling/AXIS-<time>")
     p.add_argument("--plot", type=Path, help="write scaling_AXIS.html and .png here")
     p.add_argument("--out", type=Path, help="also write the JSON here")
-    p.add_argument("--gpus", help="run the points side by side on these GPUs (e.g. 0,1), one point per GPU at a time")
-    args = p.parse_intermixed_args(argv)
-    try:
-        args.gpus = parse_gpus(args.gpus)
-    except ValueError as exc:
-        p.error(str(exc))
-    return args
+    p.add_argument("--gpus", type=parse_gpus, help="run the points side by side on these GPUs (e.g. 0,1)")
+    return p.parse_intermixed_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -70,4 +70,4 @@ def test_gpus_are_refused_for_a_config_on_two_gpus_before_anything_runs(tmp_path
     with pytest.raises(SystemExit, match=r"places roles on GPUs \[0, 1\]: run it without --gpus"):
         main(["--config", str(ROOT / "configs" / "bench_h200x2.yaml"), "--gpus", "0,1", "--run-root", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []  # no model made, nothing launched
-    assert parse_args(["--gpus", "0,1"]).gpus == ["0", "1"]
+    assert parse_args(["--gpus", "0,1"]).gpus == ["0", "1"] and parse_args([]).gpus is None
