@@ -116,6 +116,7 @@ class WeightSender:
         self.timeout_s = timeout_s
         self.transfer = transfer
         self.targets: dict[str, RpcEndpoint] = {}
+        self._connections = 0  # DEALERs made so far: each has its own routing identity
 
     @property
     def backend(self) -> str:
@@ -130,8 +131,16 @@ class WeightSender:
                 await self._forget(name)
         new = [n for n in wanted if n not in self.targets]
         for name in new:
+            # A fresh identity per connection: a rollout's ROUTER (handover off) silently drops
+            # a reconnect under the identity of a connection it has not yet seen close, as
+            # after a failed target is forgotten and its rollout listed again.
+            self._connections += 1
             ep = connect_dealer(
-                self.ctx, wanted[name], name=f"weights:{name}", identity=self.identity, options=self.options
+                self.ctx,
+                wanted[name],
+                name=f"weights:{name}",
+                identity=f"{self.identity}.{self._connections}",
+                options=self.options,
             )
             ep.start()
             self.targets[name] = ep

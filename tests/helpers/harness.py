@@ -42,6 +42,7 @@ class RoleHarness:
         self.server: RpcEndpoint | None = None
         self._registered = asyncio.Event()
         self._completions: dict[str, wire.Completion] = {}  # arrived before their `completion` call
+        self._dealers = 0  # DEALERs made by `connect` (each gets its own routing identity)
 
     async def start(self, timeout: float = 300.0) -> wire.PeerInfo:
         run_dir = prepare_run_dir(self.cfg)
@@ -112,11 +113,20 @@ class RoleHarness:
         return self._completions.pop(request_id)
 
     def connect(self, address: str, name: str = "client") -> RpcEndpoint:
-        """A DEALER to one of the role's own servers (e.g. a rollout's weights socket)."""
+        """A DEALER to one of the role's own servers (e.g. a rollout's weights socket).
+
+        Each DEALER gets its own routing identity (`name` plus a counter): servers bind with
+        ROUTER_HANDOVER off, so a reconnect under the identity of a connection the server has
+        not yet seen close would be refused, and its requests silently dropped."""
         from transport.sockets import connect_dealer
 
+        self._dealers += 1
         ep = connect_dealer(
-            self.zmq, address, name=name, identity=name, options=addresses.channel_options(self.cfg, self.cfg.run_dir)
+            self.zmq,
+            address,
+            name=name,
+            identity=f"{name}-{self._dealers}",
+            options=addresses.channel_options(self.cfg, self.cfg.run_dir),
         )
         ep.start()
         return ep

@@ -21,7 +21,8 @@ from roles.weights.errors import WeightSyncError
 from roles.weights.layout import BucketPacker, PackedBucket, unpack
 from roles.weights.sender import ThreadSource, WeightSender
 from transport import wire
-from transport.endpoint import ChannelOptions
+from transport.endpoint import ChannelOptions, Envelope
+from transport.sockets import bind_router
 
 CPU = torch.device("cpu")
 
@@ -153,3 +154,29 @@ async def test_when_every_target_fails_the_export_is_still_drained() -> None:
     ctx.destroy(linger=0)
     assert set(result.failed) == {"rollout-0"} and not result.applied
     assert pulled == list(range(6))
+
+
+async def test_a_rollout_forgotten_and_listed_again_at_once_answers_the_new_connection() -> None:
+    """A rollout's ROUTER refuses (silently) a connection under a routing identity it still
+    holds, so each connection the sender makes has its own: reconnecting to a live rollout
+    straight after forgetting it (a failed update, then the controller's next peer list)
+    must reach it. Real ZeroMQ sockets; with one identity most reconnects were dropped."""
+    ctx = zmq.asyncio.Context()
+    server = bind_router(ctx, "tcp://127.0.0.1:0", name="rollout-0")
+
+    async def ack(env: Envelope) -> wire.Message:
+        return wire.Ack()
+
+    server.start(ack)
+    sender = WeightSender(ctx, ChannelOptions(), "trainer-0", 5.0, Recorder(1, {}))
+    peer = wire.PeerInfo(role="rollout", rank=0, address=server.address)
+    try:
+        for _ in range(10):
+            assert await sender.set_targets([peer]) == ["rollout-0"]
+            reply = await sender.targets["rollout-0"].request(wire.Ack(), timeout=5)
+            assert isinstance(reply, wire.Ack)
+            assert await sender.set_targets([]) == [] and sender.targets == {}
+    finally:
+        await sender.aclose()
+        await server.aclose()
+        ctx.destroy(linger=0)
