@@ -55,6 +55,15 @@ each variant's samples_per_s and of the per-repeat async/sync ratio), `speedup` 
 ratio, and `variants` = each variant's median-samples/s run. With one repeat the output is
 as before (no `repeats`, no `spread`).
 
+`--add-to FILE` adds this invocation's repeats to those of an earlier JSON of this benchmark
+(a repeats file, or a one-repeat one) and reports the spread over all of them: repeats too
+long for one sitting (three long-tail pairs take about 31 minutes on one H200) can be taken
+in several. The earlier file must have the same config, overrides, staleness, warm-up,
+params and measured steps (the first that differs is named). Every repeat records when and
+where it ran (`measured_at`, `host`, `commit`: `$TANDEM_COMMIT`, else git's HEAD with
+`-dirty` for a changed tree): each repeat's sync and async runs share a machine, so its ratio
+is like for like even when repeats do not.
+
 `--gpus 0,1` runs the repeats side by side, one per GPU at a time (benchmarks/gpu_slots.py):
 each repeat's runs, sync then async, go to one GPU (their launches see only it:
 `CUDA_VISIBLE_DEVICES`), and the next repeat goes to the first GPU that is free; each repeat
@@ -63,7 +72,7 @@ repeats take two repeats' time.
 
     .venv/bin/python benchmarks/async_vs_sync.py [--config configs/bench_h200x2.yaml] [key=value ...]
         [--colocated] [--rollout-bench FILE] [--out benchmarks/results/async_vs_sync_h200x2.json]
-        [--repeats 3 [--measured-steps 20] [--gpus 0,1]]
+        [--repeats 3 [--measured-steps 20] [--gpus 0,1]] [--add-to EARLIER.json]
 """
 
 from __future__ import annotations
@@ -71,6 +80,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -338,15 +348,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs of every variant")
     parser.add_argument("--measured-steps", type=int,
-                        help="steps kept per run (sets total_steps); default 20 with --repeats > 1")  # fmt: skip
+                        help="steps kept per run (sets total_steps); 20 with --repeats > 1 or --add-to")  # fmt: skip
     parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
     parser.add_argument("--gpus", type=parse_gpus, help="spread the repeats over these GPUs (e.g. 0,1)")
+    parser.add_argument("--add-to", type=Path, metavar="FILE",
+                        help="an earlier JSON of this benchmark: its repeats are kept and these added")  # fmt: skip
     parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
                         help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
     args = parser.parse_intermixed_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (got {args.repeats})")
-    if args.measured_steps is None and args.repeats > 1:
+    if args.measured_steps is None and (args.repeats > 1 or args.add_to):
         args.measured_steps = 20
     if args.measured_steps is not None and args.measured_steps < 1:
         parser.error(f"--measured-steps must be at least 1 (got {args.measured_steps})")
@@ -437,23 +449,29 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"async_vs_sync: {exc}") from None
     policy = setup_policy(base, run_root)
+    earlier = earlier_repeats(args, config, base, policy) if args.add_to else []
 
     def repeat_job(runs: dict[str, list[str]]) -> Job[dict[str, Any]]:
         return lambda env: {name: run_variant(config, overrides, args, policy, reuse=args.reuse, env=env)
                             for name, overrides in runs.items()}  # fmt: skip
 
     # Alternating: every repeat runs each variant once, in order, on one GPU (--gpus: repeats side by side).
-    spread = run_spread([repeat_job(runs) for runs in plan_runs(config, base, args, policy, run_root)], args.gpus)
-    repeats = [r for r, _ in spread]
+    jobs = [repeat_job(runs) for runs in plan_runs(config, base, args, policy, run_root, first=len(earlier))]
+    where = provenance()
+    new = [{"gpu": gpu, **where, "variants": r} for r, gpu in run_spread(jobs, args.gpus)]
+    every = [*earlier, *new]
+    repeats = [e["variants"] for e in every]
     rollout_bench = json.loads(args.rollout_bench.read_text()) if args.rollout_bench else None
     variants = repeats[0]
     extra: dict[str, Any] = {}
-    if args.repeats > 1:
+    if len(every) > 1:
         agg = aggregate_repeats(repeats)
         variants = agg["median_runs"]
-        extra = {"repeats": [{"repeat": i, "gpu": gpu, **compare(r, None), "variants": r}
-                             for i, (r, gpu) in enumerate(spread)],
+        extra = {"repeats": [{"repeat": i, **{k: v for k, v in e.items() if k != "variants"},
+                              **compare(e["variants"], None), "variants": e["variants"]} for i, e in enumerate(every)],
                  "spread": agg["spread"], "measured_steps": args.measured_steps}  # fmt: skip
+    else:
+        extra = where
     result = {
         "benchmark": "async_vs_sync",
         "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
@@ -476,18 +494,19 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def plan_runs(
-    config: Path, base: RunConfig, args: argparse.Namespace, policy: Policy, run_root: Path
+    config: Path, base: RunConfig, args: argparse.Namespace, policy: Policy, run_root: Path, first: int = 0
 ) -> list[dict[str, list[str]]]:
     """Each repeat's overrides per variant, checked before any run starts (a bad variant
-    fails at once). One repeat: run directories `RUN_ROOT/NAME`; more: `RUN_ROOT/NAME-R`."""
+    fails at once). One repeat: run directories `RUN_ROOT/NAME`; more (or `first`, the number
+    of earlier repeats, above 0): `RUN_ROOT/NAME-R`, R counted from `first`."""
     colocated = args.colocated_gpu_util if args.colocated else None
     out = []
-    for rep in range(args.repeats):
+    for rep in range(first, first + args.repeats):
         runs: dict[str, list[str]] = {}
         for name, extra in variant_overrides(base, args.staleness, colocated).items():
             if args.only and name not in args.only:
                 continue
-            tag = name if args.repeats == 1 else f"{name}-{rep}"
+            tag = name if args.repeats == 1 and not first else f"{name}-{rep}"
             common = [*args.overrides, *policy.overrides, f"name={config.stem}-{tag}", f"run_dir={run_root / tag}"]
             steps = steps_override(load_config(config, [*args.overrides, *extra]), args.warmup_steps,
                                    args.measured_steps)  # fmt: skip
@@ -495,6 +514,60 @@ def plan_runs(
             check_config(load_config(config, runs[name]))
         out.append(runs)
     return out
+
+
+def provenance() -> dict[str, Any]:
+    """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, and `commit`
+    (`$TANDEM_COMMIT` where set, as on a machine whose copy of the tree has no true git
+    history; else git's short HEAD, `-dirty` with uncommitted changes; None without git)."""
+    commit = os.environ.get("TANDEM_COMMIT") or None
+    if commit is None:
+        try:
+            head = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=30)  # fmt: skip
+            commit = (head.stdout.strip() or None) if head.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            commit = None
+    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "commit": commit}  # fmt: skip
+
+
+SAME_AS_EARLIER = ("config", "overrides", "staleness", "warmup_steps", "params")
+
+
+def earlier_repeats(args: argparse.Namespace, config: Path, base: RunConfig, policy: Policy) -> list[dict[str, Any]]:
+    """The repeats of `args.add_to` (an earlier JSON of this benchmark), each with its
+    `variants` and what it recorded of `gpu`, `measured_at`, `host` and `commit`; a file
+    measured otherwise than this invocation is refused, naming the first field that differs."""
+    path: Path = args.add_to
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"async_vs_sync: --add-to {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(old, dict) or old.get("benchmark") != "async_vs_sync" or "variants" not in old:
+        raise SystemExit(f"async_vs_sync: --add-to {path}: not a result of benchmarks/async_vs_sync.py")
+    now = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+           "overrides": args.overrides, "staleness": args.staleness, "warmup_steps": args.warmup_steps,
+           "params": policy.params}  # fmt: skip
+    for key in SAME_AS_EARLIER:
+        if old.get(key) != now[key]:
+            raise SystemExit(f"async_vs_sync: --add-to {path}: {key} was {old.get(key)!r}, now {now[key]!r}")
+    keep = ("gpu", "measured_at", "host", "commit")
+    if "repeats" in old:
+        found = [{**{k: r.get(k) for k in keep}, "variants": r["variants"]} for r in old["repeats"]]
+    else:
+        found = [{"gpu": old.get("gpus"), **{k: old.get(k) for k in keep[1:]}, "variants": old["variants"]}]
+    colocated = args.colocated_gpu_util if args.colocated else None
+    wanted = {n for n in variant_overrides(base, args.staleness, colocated) if not args.only or n in args.only}
+    for i, rep in enumerate(found):
+        if set(rep["variants"]) != wanted:
+            raise SystemExit(f"async_vs_sync: --add-to {path}: repeat {i} ran {sorted(rep['variants'])}, "
+                             f"now {sorted(wanted)}")  # fmt: skip
+        for name, run in rep["variants"].items():
+            if run.get("steps") != args.measured_steps:
+                raise SystemExit(f"async_vs_sync: --add-to {path}: repeat {i}'s {name} run kept {run.get('steps')} "
+                                 f"measured steps, now {args.measured_steps} (--measured-steps)")  # fmt: skip
+    return found
 
 
 def emit(result: dict[str, Any], out: Path | None) -> None:

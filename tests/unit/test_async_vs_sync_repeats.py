@@ -3,6 +3,7 @@ measured steps, every one a valid config) and the spread it reports over them.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,80 @@ def test_gpus_are_refused_for_a_config_on_two_gpus_before_anything_runs(tmp_path
         main(["--config", str(ROOT / "configs" / "bench_h200x2.yaml"), "--gpus", "0,1", "--run-root", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []  # no model made, nothing launched
     assert parse_args(["--gpus", "0,1"]).gpus == ["0", "1"] and parse_args([]).gpus is None
+
+
+def _fake_launches(monkeypatch: pytest.MonkeyPatch, rates: dict[str, list[float]]) -> list[str]:
+    """`launch` replaced by one that writes a finished run's metrics.jsonl (every step at the
+    next rate of its variant in `rates`); the launcher, vLLM and torch are not what is tested
+    here, the bookkeeping over repeats is. Returns the run directories "launched"."""
+    import benchmarks.async_vs_sync as bench
+    from runtime.config_load import load_config as load
+
+    launched: list[str] = []
+
+    def launch(config: Path, overrides: list[str], log: Path, timeout: float, env: object) -> float:
+        cfg = load(config, overrides)
+        variant = Path(cfg.run_dir).name.split("-")[0]
+        rate = rates[variant].pop(0)
+        rec = {"step_s": 1.0, "samples_per_s": rate, "tokens_per_s": 10 * rate, "gen_busy_s": 0.5,
+               "train_busy_s": 0.5, "weight_sync_s": 0.1, "staleness_mean": 0.0, "staleness_max": 0}  # fmt: skip
+        lines = [{"step": s, "wall_s": float(s), **rec} for s in range(1, cfg.trainer.total_steps + 1)]
+        Path(cfg.run_dir).mkdir(parents=True)
+        (Path(cfg.run_dir) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        launched.append(Path(cfg.run_dir).name)
+        return 1.0
+
+    monkeypatch.setattr(bench, "launch", launch)
+    monkeypatch.setattr(bench, "memory_figures", lambda cfg, records: {})
+    monkeypatch.setattr(bench, "setup_policy", lambda cfg, root: Policy(10**6, 10.0, []))
+    return launched
+
+
+def test_add_to_keeps_the_earlier_repeats_and_reports_the_spread_over_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.async_vs_sync import main
+
+    launched = _fake_launches(monkeypatch, {"sync": [10.0, 10.0, 8.0], "async": [25.0, 15.0, 20.0]})
+    common = ["--config", str(TINY), "--measured-steps", "3", "--staleness", "2", "rollout.n=4"]
+    first = tmp_path / "first.json"
+    monkeypatch.setenv("TANDEM_COMMIT", "aaaaaaa")
+    main([*common, "--run-root", str(tmp_path / "a"), "--out", str(first)])  # one pair, as a plain run
+    one = json.loads(first.read_text())
+    assert "repeats" not in one and one["speedup"] == 2.5 and one["commit"] == "aaaaaaa" and one["host"]
+    both = tmp_path / "both.json"
+    monkeypatch.setenv("TANDEM_COMMIT", "bbbbbbb")
+    main([*common, "--repeats", "2", "--add-to", str(first), "--run-root", str(tmp_path / "b"), "--out", str(both)])
+    assert launched == ["sync", "async", "sync-1", "async-1", "sync-2", "async-2"]  # numbered after the earlier one
+    result = json.loads(both.read_text())
+    assert [r["repeat"] for r in result["repeats"]] == [0, 1, 2]
+    assert [r["commit"] for r in result["repeats"]] == ["aaaaaaa", "bbbbbbb", "bbbbbbb"]
+    assert [r["speedup"] for r in result["repeats"]] == [2.5, 1.5, 2.5]
+    ratio = result["spread"]["speedup"]
+    assert (ratio["median"], ratio["min"], ratio["max"]) == (2.5, 1.5, 2.5) and result["speedup"] == 2.5
+    assert result["spread"]["sync"]["samples_per_s"]["samples"] == [10.0, 10.0, 8.0]
+    # A third invocation on top of the repeats file keeps all three.
+    again = tmp_path / "again.json"
+    _fake_launches(monkeypatch, {"sync": [10.0], "async": [30.0]})
+    main([*common, "--add-to", str(both), "--run-root", str(tmp_path / "c"), "--out", str(again)])
+    assert [r["speedup"] for r in json.loads(again.read_text())["repeats"]] == [2.5, 1.5, 2.5, 3.0]
+
+
+def test_add_to_refuses_a_file_measured_otherwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.async_vs_sync import main
+
+    _fake_launches(monkeypatch, {"sync": [10.0], "async": [20.0]})
+    common = ["--config", str(TINY), "--measured-steps", "3", "--staleness", "2"]
+    first = tmp_path / "first.json"
+    main([*common, "rollout.n=4", "--run-root", str(tmp_path / "a"), "--out", str(first)])
+    for argv, message in (
+        (["rollout.n=8"], r"overrides was \['rollout.n=4'\], now \['rollout.n=8'\]"),
+        (["rollout.n=4", "--staleness", "4"], "staleness was 2, now 4"),
+        (["rollout.n=4", "--measured-steps", "5"], r"repeat 0's sync run kept 3 measured steps, now 5"),
+        (["rollout.n=4", "--only", "sync"], r"repeat 0 ran \['async', 'sync'\], now \['sync'\]"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            main([*common, *argv, "--add-to", str(first), "--run-root", str(tmp_path / "b")])
+    (tmp_path / "other.json").write_text('{"benchmark": "rollout"}')
+    with pytest.raises(SystemExit, match=r"not a result of benchmarks/async_vs_sync\.py"):
+        main([*common, "--add-to", str(tmp_path / "other.json"), "--run-root", str(tmp_path / "b")])
