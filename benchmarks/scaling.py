@@ -25,15 +25,22 @@ tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless
 runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
 `--gpus 0,1` runs the points side by side, each point's sync and async runs on one GPU
 (benchmarks/gpu_slots.py; each point in the JSON names its `gpu`).
+`--add-to FILE` builds a curve over several sittings: the points of an earlier JSON of the
+same axis, scale, staleness, warm-up, steps, sigma and overrides are kept, except those run
+now (`--only`), which replace them; the result lists the axis's points in order. Each point
+records `measured_at`, `host` and `commit` (as benchmarks/async_vs_sync.py): its sync and
+async runs share one machine, so its ratio is like for like; samples/s across points from
+different machines are not.
 
     .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \
-        --plot benchmarks/results [--steps 12] [--gpus 0,1] [key=value ...]
+        --plot benchmarks/results [--steps 12] [--gpus 0,1] [--only 3b --add-to EARLIER.json] [key=value ...]
     .venv/bin/python benchmarks/scaling.py --axis length --points tiny --steps 2 --warmup-steps 1   # CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +52,7 @@ from benchmarks.async_vs_sync import (
     H200_BF16_DENSE_TFLOPS,
     compare,
     emit,
+    provenance,
     run_variant,
     setup_policy,
     variant_overrides,
@@ -148,11 +156,36 @@ def run_point(
         variants[name] = run_variant(config, overrides, args, policy, env=env)
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
     headline = {k: v for k, v in compare(variants, None).items() if k in HEADLINE}
-    return {**out, "params": policy.params, **figures, **headline, "refused": None, "variants": variants}
+    return {**out, **provenance(), "params": policy.params, **figures, **headline, "refused": None,
+            "variants": variants}  # fmt: skip
 
 
 def point_job(point: Point, args: argparse.Namespace, run_root: Path) -> Job[dict[str, Any]]:
     return lambda env: run_point(point, args, run_root, env)
+
+
+SAME_AS_EARLIER = ("axis", "scale", "staleness", "warmup_steps", "steps", "sigma", "overrides")
+
+
+def earlier_points(path: Path, now: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points of `path`, an earlier JSON of this benchmark measured as `now` says (its
+    SAME_AS_EARLIER fields); one measured otherwise is refused, naming the first field that differs."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"scaling: --add-to {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(old, dict) or old.get("benchmark") != "scaling" or not isinstance(old.get("points"), list):
+        raise SystemExit(f"scaling: --add-to {path}: not a result of benchmarks/scaling.py")
+    for key in SAME_AS_EARLIER:
+        if old.get(key) != now[key]:
+            raise SystemExit(f"scaling: --add-to {path}: {key} was {old.get(key)!r}, now {now[key]!r}")
+    return list(old["points"])
+
+
+def merged(order: list[Point], earlier: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The axis's points in `order`: each one run now, else its earlier result, else left out."""
+    found = {p["point"]: p for p in earlier} | {p["point"]: p for p in new}
+    return [found[pt.name] for pt in order if pt.name in found]
 
 
 def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
@@ -207,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, help="write scaling_AXIS.html and .png here")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--gpus", type=parse_gpus, help="run the points side by side on these GPUs (e.g. 0,1)")
+    p.add_argument("--add-to", type=Path, metavar="FILE", help="an earlier JSON of this axis: keep its other points")
     return p.parse_intermixed_args(argv)
 
 
@@ -227,10 +261,13 @@ def main(argv: list[str] | None = None) -> None:
     label = {"model": "parameters (billions; tiny: hidden size)", "length": "mean response tokens"}[args.axis]
     result: dict[str, Any] = {
         "benchmark": "scaling", "axis": args.axis, "scale": args.points, "x_label": label, "staleness": args.staleness,
-        "warmup_steps": args.warmup_steps, "overrides": args.overrides, "run_root": str(run_root), "gpus": args.gpus,
-        "points": [{**point, "gpu": gpu} for point, gpu in run_spread([point_job(pt, args, run_root) for pt in chosen],
-                                                                      args.gpus)],
+        "warmup_steps": args.warmup_steps, "steps": args.steps, "sigma": args.sigma, "overrides": args.overrides,
+        "run_root": str(run_root), "gpus": args.gpus,
     }  # fmt: skip
+    earlier = earlier_points(args.add_to, result) if args.add_to else []
+    ran = [{**point, "gpu": gpu} for point, gpu in run_spread([point_job(pt, args, run_root) for pt in chosen],
+                                                              args.gpus)]  # fmt: skip
+    result["points"] = merged(points(args.axis, args.points, args.sigma), earlier, ran)
     if args.plot:
         result["plot"] = plot(result, args.plot)
     emit(result, args.out)

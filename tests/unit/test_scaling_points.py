@@ -49,3 +49,34 @@ def test_a_point_that_cannot_fit_is_refused_with_the_plans_reason() -> None:
     assert why is not None and why.startswith("memory plan: GPU 0 of node 0 needs ")
     assert refusal(load_config(seven.config, [*seven.overrides, "memory.gpu_gb=141", "memory.host_gb=512"])) is None
     assert refusal(load_config("configs/tiny_cpu.yaml")) is None
+
+
+def test_add_to_grows_a_curve_over_sittings(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`--add-to`: the earlier file's points are kept, a point run again replaces its old
+    result, the axis order holds, and a file measured otherwise is refused before anything
+    runs. `run_point` is a stand-in here: the launches are the smoke test's business."""
+    import json
+
+    import benchmarks.scaling as scaling
+
+    ran: list[str] = []
+
+    def run_point(point, args, run_root, env=None):  # type: ignore[no-untyped-def]
+        ran.append(point.name)
+        return {"point": point.name, "x": point.x, "refused": None, "sitting": len(ran), **scaling.provenance()}
+
+    monkeypatch.setattr(scaling, "run_point", run_point)
+    first, second, third = (tmp_path / f"{n}.json" for n in ("first", "second", "third"))
+    common = ["--axis", "model", "--steps", "12", "--run-root", str(tmp_path / "runs")]
+    scaling.main([*common, "--only", "3b", "--only", "0.5b", "--out", str(first)])
+    scaling.main([*common, "--only", "1.5b", "--only", "3b", "--add-to", str(first), "--out", str(second)])
+    result = json.loads(second.read_text())
+    assert [(p["point"], p["sitting"]) for p in result["points"]] == [("0.5b", 1), ("1.5b", 3), ("3b", 4)]
+    assert all(p["measured_at"] and "commit" in p for p in result["points"])
+    for argv, message in ((["--steps", "6"], "steps was 12, now 6"), (["--staleness", "4"], "staleness was 2, now 4"),
+                          (["rollout.n=4"], r"overrides was \[\], now \['rollout.n=4'\]")):  # fmt: skip
+        with pytest.raises(SystemExit, match=message):
+            scaling.main([*common, *argv, "--only", "7b", "--add-to", str(second), "--out", str(third)])
+    with pytest.raises(SystemExit, match="axis was 'model', now 'length'"):
+        scaling.main(["--axis", "length", "--steps", "12", "--only", "mean-512", "--add-to", str(second)])
+    assert ran == ["0.5b", "3b", "1.5b", "3b"] and not third.exists()  # the refused ones ran nothing
