@@ -93,6 +93,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
+from benchmarks.json_out import print_json
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.placement import entries, role_counts
@@ -572,11 +573,7 @@ def earlier_repeats(args: argparse.Namespace, config: Path, base: RunConfig, pol
 
 def emit(result: dict[str, Any], out: Path | None) -> None:
     """Print `result` as one JSON line (floats rounded), and write it to `out` too."""
-    text = json.dumps(rounded(result))
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    print(text)
+    print_json(rounded(result), out)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ kernels that agree differ by about 1e-2 at most). A kernel that fails records it
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.json_out import print_json
 from benchmarks.trainer import case_lengths
 
 KERNELS = ("torch", "fa4", "cudnn", "sdpa_padded")
@@ -249,11 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim},
         "warmup": args.warmup, "iters": args.iters, "cases": cases,
     }  # fmt: skip
-    text = json.dumps(result)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

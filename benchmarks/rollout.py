@@ -67,6 +67,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 # The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
+from benchmarks.json_out import print_json
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
@@ -356,11 +357,7 @@ def main() -> None:
     }
     if "role_updating_tokens_per_s" in update:
         result["role_updating_over_bare"] = update["role_updating_tokens_per_s"] / bare_rate
-    text = json.dumps(result)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":
