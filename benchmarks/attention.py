@@ -15,7 +15,8 @@ tokens), each kernel on the same bf16 inputs:
   GQA), CUDA only; a candidate, not wired into the engine;
 * `sdpa_padded`: `scaled_dot_product_attention` on a `[sequences, heads, length, dim]` batch
   (only where every sequence has the same length, so nothing is padded), on CUDA under cuDNN's
-  backend (`SDPBackend.CUDNN_ATTENTION`), on the CPU under the default choice.
+  backend (`SDPBackend.CUDNN_ATTENTION`, K and V repeated to the query heads), on the CPU under
+  the default choice (GQA native).
 
 Per kernel: the median over `--iters` timed calls (after `--warmup`) of the forward alone
 (`fwd_ms`) and of forward plus backward (`fwd_bwd_ms`), the attention TFLOP/s of the latter
@@ -107,8 +108,10 @@ def _sdpa_padded(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scal
     if q.is_cuda:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        groups = q.shape[1] // k.shape[1]  # K/V repeated, as for `cudnn`: cuDNN's SDPA may refuse enable_gqa
+        kb, vb = (x.repeat_interleave(groups, dim=1) if groups > 1 else x for x in (kb, vb))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
     else:
         out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(q.shape)
