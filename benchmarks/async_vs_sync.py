@@ -93,7 +93,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
-from benchmarks.json_out import print_json
+from benchmarks.json_out import print_json, read_earlier
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.placement import entries, role_counts
@@ -450,7 +450,10 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"async_vs_sync: {exc}") from None
     policy = setup_policy(base, run_root)
-    earlier = earlier_repeats(args, config, base, policy) if args.add_to else []
+    measured_as = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+                   "overrides": args.overrides, "staleness": args.staleness, "warmup_steps": args.warmup_steps,
+                   "params": policy.params}  # fmt: skip
+    earlier = earlier_repeats(args, base, measured_as) if args.add_to else []
 
     def repeat_job(runs: dict[str, list[str]]) -> Job[dict[str, Any]]:
         return lambda env: {name: run_variant(config, overrides, args, policy, reuse=args.reuse, env=env)
@@ -475,11 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         extra = where
     result = {
         "benchmark": "async_vs_sync",
-        "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-        "overrides": args.overrides,
-        "staleness": args.staleness,
-        "warmup_steps": args.warmup_steps,
-        "params": policy.params,
+        **measured_as,
         "policy_bytes_bf16": policy.params * BF16_BYTES,
         "prompt_tokens_mean": policy.prompt_tokens,
         "peak_tflops_per_gpu": args.peak_tflops,
@@ -533,26 +532,14 @@ def provenance() -> dict[str, Any]:
             "commit": commit}  # fmt: skip
 
 
-SAME_AS_EARLIER = ("config", "overrides", "staleness", "warmup_steps", "params")
-
-
-def earlier_repeats(args: argparse.Namespace, config: Path, base: RunConfig, policy: Policy) -> list[dict[str, Any]]:
+def earlier_repeats(args: argparse.Namespace, base: RunConfig, measured_as: dict[str, Any]) -> list[dict[str, Any]]:
     """The repeats of `args.add_to` (an earlier JSON of this benchmark), each with its
     `variants` and what it recorded of `gpu`, `measured_at`, `host` and `commit`; a file
-    measured otherwise than this invocation is refused, naming the first field that differs."""
+    measured otherwise than this invocation (`measured_as`: config, overrides, staleness,
+    warm-up, params; then its variants and measured steps) is refused, naming the first
+    field that differs."""
     path: Path = args.add_to
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"async_vs_sync: --add-to {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(old, dict) or old.get("benchmark") != "async_vs_sync" or "variants" not in old:
-        raise SystemExit(f"async_vs_sync: --add-to {path}: not a result of benchmarks/async_vs_sync.py")
-    now = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-           "overrides": args.overrides, "staleness": args.staleness, "warmup_steps": args.warmup_steps,
-           "params": policy.params}  # fmt: skip
-    for key in SAME_AS_EARLIER:
-        if old.get(key) != now[key]:
-            raise SystemExit(f"async_vs_sync: --add-to {path}: {key} was {old.get(key)!r}, now {now[key]!r}")
+    old = read_earlier(path, "async_vs_sync", "variants", measured_as)
     keep = ("gpu", "measured_at", "host", "commit")
     if "repeats" in old:
         found = [{**{k: r.get(k) for k in keep}, "variants": r["variants"]} for r in old["repeats"]]

@@ -40,7 +40,6 @@ different machines are not.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +57,7 @@ from benchmarks.async_vs_sync import (
     variant_overrides,
 )
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
+from benchmarks.json_out import read_earlier
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
@@ -167,19 +167,13 @@ def point_job(point: Point, args: argparse.Namespace, run_root: Path) -> Job[dic
 SAME_AS_EARLIER = ("axis", "scale", "staleness", "warmup_steps", "steps", "sigma", "overrides")
 
 
-def earlier_points(path: Path, now: dict[str, Any]) -> list[dict[str, Any]]:
-    """The points of `path`, an earlier JSON of this benchmark measured as `now` says (its
+def earlier_points(path: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points of `path`, an earlier JSON of this benchmark measured as `result` says (its
     SAME_AS_EARLIER fields); one measured otherwise is refused, naming the first field that differs."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"scaling: --add-to {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(old, dict) or old.get("benchmark") != "scaling" or not isinstance(old.get("points"), list):
+    old = read_earlier(path, "scaling", "points", {key: result[key] for key in SAME_AS_EARLIER})
+    if not isinstance(old["points"], list):
         raise SystemExit(f"scaling: --add-to {path}: not a result of benchmarks/scaling.py")
-    for key in SAME_AS_EARLIER:
-        if old.get(key) != now[key]:
-            raise SystemExit(f"scaling: --add-to {path}: {key} was {old.get(key)!r}, now {now[key]!r}")
-    return list(old["points"])
+    return old["points"]
 
 
 def merged(order: list[Point], earlier: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
