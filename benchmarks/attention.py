@@ -10,9 +10,10 @@ tokens), each kernel on the same bf16 inputs:
   transformers-layout entry point the model calls;
 * `fa4`: the engine's `trainer.attention_kernel=fa4` path (flash-attn-4's CuTe kernels), where
   the package imports;
-* `cudnn`: cuDNN's varlen attention (`aten._cudnn_attention_forward/backward` with cumulative
-  sequence lengths, K and V repeated to the query heads: torch's own cuDNN varlen path refuses
-  GQA), CUDA only; a candidate, not wired into the engine;
+* `cudnn`: the engine's `trainer.attention_kernel=cudnn` path (cuDNN's varlen attention through
+  `aten._cudnn_attention_forward/backward` with cumulative sequence lengths, GQA native),
+  CUDA only; `cudnn_repeat`: the same op with K and V repeated to the query heads first (in
+  case cuDNN's GQA is the slower or the failing part);
 * `sdpa_padded`: `scaled_dot_product_attention` on a `[sequences, heads, length, dim]` batch
   (only where every sequence has the same length, so nothing is padded), on CUDA under cuDNN's
   backend (`SDPBackend.CUDNN_ATTENTION`, K and V repeated to the query heads), on the CPU under
@@ -26,8 +27,8 @@ counts them), `vs_torch` (the `torch` kernel's time over this one's: above 1 is 
 difference from the `torch` kernel's relative to that tensor's largest magnitude (bf16
 kernels that agree differ by about 1e-2 at most). A kernel that fails records its one-line `error` and the others go on.
 
-    python3 benchmarks/attention.py [--cases fixed_4k length_mix] [--kernels torch fa4 cudnn sdpa_padded] \\
-        [--out benchmarks/results/attention_h200x1.json]
+    python3 benchmarks/attention.py [--cases fixed_4k length_mix] \\
+        [--kernels torch fa4 cudnn cudnn_repeat sdpa_padded] [--out benchmarks/results/attention_h200x1.json]
     .venv/bin/python benchmarks/attention.py --quick       # CPU: tiny shapes, checks the harness
 """
 
@@ -50,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.json_out import print_json
 from benchmarks.trainer import case_lengths
 
-KERNELS = ("torch", "fa4", "cudnn", "sdpa_padded")
+KERNELS = ("torch", "fa4", "cudnn", "cudnn_repeat", "sdpa_padded")
 # A kernel: (q, k, v as [T, H, D] with K/V at their own head count, cu int32 [N + 1], longest, scale) -> [T, H, D]
 Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
@@ -73,30 +74,12 @@ def _engine(forward: Callable[..., tuple[Tensor, None]]) -> Kernel:
     return run
 
 
-class _CudnnVarlen(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float) -> Tensor:
-        out, lse, *_, seed, offset, _ = torch.ops.aten._cudnn_attention_forward(
-            q, k, v, None, cu, cu, longest, longest, True, 0.0, True, False, scale=scale
-        )
-        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
-        ctx.longest, ctx.scale = longest, scale
-        return out  # type: ignore[no-any-return]
+def _cudnn_repeat(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float) -> Tensor:
+    from roles.training.varlen_cudnn import cudnn_varlen
 
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(
-            g.contiguous(), q, k, v, out, lse, seed, offset, torch.empty(0, device=q.device), cu, cu,
-            ctx.longest, ctx.longest, 0.0, True, scale=ctx.scale,
-        )  # fmt: skip
-        return dq, dk, dv, None, None, None
-
-
-def _cudnn(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float) -> Tensor:
     groups = q.shape[1] // k.shape[1]
-    k, v = (x.repeat_interleave(groups, dim=1) if groups > 1 else x for x in (k, v))
-    return _CudnnVarlen.apply(q, k, v, cu, longest, scale)  # type: ignore[no-any-return]
+    k, v = (x.repeat_interleave(groups, dim=1).contiguous() if groups > 1 else x for x in (k, v))
+    return cudnn_varlen(q, k, v, cu, longest, scale)[0]
 
 
 def _sdpa_padded(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float) -> Tensor:
@@ -108,7 +91,7 @@ def _sdpa_padded(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scal
     if q.is_cuda:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        groups = q.shape[1] // k.shape[1]  # K/V repeated, as for `cudnn`: cuDNN's SDPA may refuse enable_gqa
+        groups = q.shape[1] // k.shape[1]  # K/V repeated, as for `cudnn_repeat`: cuDNN's SDPA may refuse enable_gqa
         kb, vb = (x.repeat_interleave(groups, dim=1) if groups > 1 else x for x in (kb, vb))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
@@ -130,10 +113,12 @@ def kernel(name: str, device: torch.device) -> Kernel:
 
         _interface()  # the package, or the engine's one-line reason
         return _engine(fa4_attention_forward)
-    if name == "cudnn":
+    if name in ("cudnn", "cudnn_repeat"):
         if device.type != "cuda":
-            raise ValueError("cudnn needs a CUDA GPU")
-        return _cudnn
+            raise ValueError(f"{name} needs a CUDA GPU (on the CPU the engine's cudnn setting takes the torch path)")
+        from roles.training.varlen_cudnn import cudnn_attention_forward
+
+        return _engine(cudnn_attention_forward) if name == "cudnn" else _cudnn_repeat
     if name == "sdpa_padded":
         return _sdpa_padded
     raise ValueError(f"unknown kernel {name!r} (known: {', '.join(KERNELS)})")

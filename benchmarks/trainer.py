@@ -362,8 +362,9 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
         _free(device)
     result["num_params"] = num_params
     result.update(summary(result["cases"]))
-    fa4 = "trainer.attention_kernel=fa4" in engine_overrides
-    result["attention_kernel_cuda"] = "fa4 (flash-attn-4)" if fa4 else cuda_kernel()  # the engine's
+    named = {"trainer.attention_kernel=fa4": "fa4 (flash-attn-4)", "trainer.attention_kernel=cudnn": "cudnn varlen"}
+    chosen = [named[o] for o in engine_overrides if o in named]
+    result["attention_kernel_cuda"] = chosen[-1] if chosen else cuda_kernel()  # the engine's
     return result
 
 

@@ -512,11 +512,12 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         ),
     ] = "torch"
     attention_kernel: Annotated[
-        Literal["torch", "fa4"],
+        Literal["torch", "fa4", "cudnn"],
         Doc(
             description="FSDP actor with packing, on CUDA: the varlen attention kernels; torch = PyTorch's "
             "FlashAttention-2 varlen (varlen_attn), fa4 = flash-attn-4's CuTe kernels, forward and backward "
-            "(FA3-class on Hopper; needs the flash-attn-4 package; compiles its kernels on first use)."
+            "(FA3-class on Hopper; needs the flash-attn-4 package; compiles its kernels on first use), cudnn = "
+            "cuDNN's fused attention on ragged tensors through PyTorch's own entry points (needs cuDNN 9)."
         ),
     ] = "torch"
     device: Annotated[

@@ -51,12 +51,22 @@ def _check_kernels(cfg: RunConfig) -> None:
 
 
 def _check_attention_kernel(cfg: RunConfig) -> None:
-    """`trainer.attention_kernel=fa4`: flash-attn-4's CUDA kernels in the packed FSDP actor."""
-    if cfg.trainer.attention_kernel != "fa4":
+    """`trainer.attention_kernel=fa4|cudnn`: flash-attn-4's or cuDNN's CUDA kernels in the packed FSDP actor."""
+    kernel = cfg.trainer.attention_kernel
+    if kernel == "torch":
         return
-    _check_fsdp_gpu_option(cfg, "trainer.attention_kernel=fa4", "its kernels run on GPUs only")
+    option = f"trainer.attention_kernel={kernel}"
+    _check_fsdp_gpu_option(cfg, option, "its kernels run on GPUs only")
     if not cfg.trainer.packing:
-        raise ConfigError("trainer.attention_kernel=fa4 needs trainer.packing=true (it is the packed varlen kernel)")
+        raise ConfigError(f"{option} needs trainer.packing=true (it is the packed varlen kernel)")
+    if kernel == "cudnn":
+        import torch  # only for this option: the launcher's checks stay torch-free otherwise
+
+        version = torch.backends.cudnn.version() if torch.cuda.is_available() else 90000  # checked where it runs
+        if not version or version < 90000:
+            has = f"cuDNN {version}" if version else "no cuDNN"
+            raise ConfigError(f"{option} needs cuDNN 9 or later (this torch has {has})")
+        return
     try:
         importlib.metadata.distribution("flash-attn-4")
     except importlib.metadata.PackageNotFoundError:

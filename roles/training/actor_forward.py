@@ -22,7 +22,12 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
 from roles.training.token_stats import TokenStatsHead, install_token_stats_head
 from roles.training.varlen import register_varlen_attention
+from roles.training.varlen_cudnn import register_cudnn_attention
 from roles.training.varlen_fa4 import register_fa4_attention
+
+_PACKED_BACKENDS = {
+    "torch": register_varlen_attention, "fa4": register_fa4_attention, "cudnn": register_cudnn_attention
+}  # fmt: skip
 
 
 def setup_actor_model(
@@ -34,10 +39,11 @@ def setup_actor_model(
     `compile_blocks` compiles each transformer block in place (names and weights unchanged)
     and the chunked head's per-chunk math; `kernels` (roles/training/kernels.py) are put in
     before either; `attention_kernel` "fa4" packs through flash-attn-4's kernels
-    (roles/training/varlen_fa4.py) instead of PyTorch's varlen FlashAttention-2."""
+    (roles/training/varlen_fa4.py), "cudnn" through cuDNN's (roles/training/varlen_cudnn.py),
+    instead of PyTorch's varlen FlashAttention-2."""
     attn = "sdpa"
     if packing:
-        attn = register_fa4_attention() if attention_kernel == "fa4" else register_varlen_attention()
+        attn = _PACKED_BACKENDS[attention_kernel]()
     model = load_causal_lm(
         model_path, dtype, device, gradient_checkpointing=gradient_checkpointing, attn_implementation=attn
     )

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from roles.training.varlen import varlen_attention_forward
+from roles.training.varlen import packed_cuda_backend
 
 VARLEN_FA4_ATTENTION = "tandem_varlen_fa4"
 FA4_DISTRIBUTION = "flash-attn-4"
@@ -92,19 +92,13 @@ def _backward(ctx: Any, g_out: Tensor, g_lse: Tensor | None) -> tuple[Tensor | N
 fa4_varlen.register_autograd(_backward, setup_context=_setup)
 
 
-def fa4_attention_forward(
-    module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
-) -> tuple[Tensor, None]:
-    """transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`
-    (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing)."""
-    cu, max_len, scaling = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q"), kwargs.get("scaling")
-    half = query.dtype in (torch.float16, torch.bfloat16)
-    if not (query.is_cuda and half) or cu is None or max_len is None or query.shape[0] != 1:
-        return varlen_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    q_THD, k_THD, v_THD = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
-    out_THD, _ = fa4_varlen(q_THD, k_THD, v_THD, cu.int(), int(max_len), scale)
-    return out_THD.unsqueeze(0), None
+def _fa4_packed(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
+    return fa4_varlen(q_THD, k_THD, v_THD, cu, max_len, scale)[0]
+
+
+# transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`
+# (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing)
+fa4_attention_forward = packed_cuda_backend(_fa4_packed)
 
 
 def register_fa4_attention() -> str:

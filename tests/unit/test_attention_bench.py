@@ -30,11 +30,11 @@ def test_quick_run_compares_the_engines_kernel_with_sdpa(tmp_path: Path) -> None
     assert torch_k["fwd_ms"] > 0 and torch_k["fwd_bwd_ms"] > 0 and torch_k["vs_torch"] == 1.0
     assert padded["fwd_bwd_ms"] > 0 and padded["tflops"] > 0
     assert 0 < padded["max_rel_diff"] < 0.03  # the same attention, rounded differently in bf16
-    for name in ("fa4", "cudnn"):
+    for name in ("fa4", "cudnn", "cudnn_repeat"):
         error = fixed["kernels"][name]["error"]
         assert error.startswith("ValueError: ") and "CUDA GPU" in error
     mix = result["cases"]["length_mix"]
-    assert len(set(mix["kernels"])) == 4 and mix["kernels"]["torch"]["fwd_bwd_ms"] > 0
+    assert len(set(mix["kernels"])) == 5 and mix["kernels"]["torch"]["fwd_bwd_ms"] > 0
     assert "one length" in mix["kernels"]["sdpa_padded"]["error"]
 
 

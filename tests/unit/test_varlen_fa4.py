@@ -7,7 +7,7 @@
 * off CUDA or in fp32 the backend is roles/training/varlen.py's path, value for value;
 * a launch that cannot run it is refused with one line naming the field.
 
-The kernels themselves against PyTorch's FA2 varlen: tests/gpu/test_fa4_gpu.py.
+The kernels themselves against PyTorch's FA2 varlen: tests/gpu/test_attention_kernels_gpu.py.
 """
 
 from __future__ import annotations
