@@ -25,6 +25,12 @@ tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless
 runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
 `--gpus 0,1` runs the points side by side, each point's sync and async runs on one GPU
 (benchmarks/gpu_slots.py; each point in the JSON names its `gpu`).
+`--import POINT=FILE` takes a point from a result of benchmarks/async_vs_sync.py that measured
+exactly what the point would run (same config, overrides including `--steps`, staleness,
+warm-up and measured steps, with `measured_at` and `commit`): the figures are its two runs'
+and its headline's, and the point records `imported_from`; anything else is refused naming
+the field. It saves re-running a point a section of BENCHMARKS.md already measured (the 1.5B
+and 7B recipes).
 `--add-to FILE` builds a curve over several sittings: the points of an earlier JSON of the
 same axis, scale, staleness, warm-up, steps, sigma and overrides are kept, except those run
 now (`--only`), which replace them; the result lists the axis's points in order. Each point
@@ -32,14 +38,16 @@ records `measured_at`, `host` and `commit` (as benchmarks/async_vs_sync.py): its
 async runs share one machine, so its ratio is like for like; samples/s across points from
 different machines are not.
 
-    .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \
-        --plot benchmarks/results [--steps 12] [--gpus 0,1] [--only 3b --add-to EARLIER.json] [key=value ...]
+    .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \\
+        --plot benchmarks/results [--steps 12] [--gpus 0,1] [--only 3b --add-to EARLIER.json] \\
+        [--import 7b=benchmarks/results/async_vs_sync_h200x1_7b.json] [key=value ...]
     .venv/bin/python benchmarks/scaling.py --axis length --points tiny --steps 2 --warmup-steps 1   # CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,11 +142,7 @@ def run_point(
     """Sync and async at one point (`env` added to their launches' environment), or why the
     memory plan refuses it."""
     config = (ROOT / point.config).resolve()
-    base_overrides = [
-        *point.overrides,
-        *args.overrides,
-        *(["trainer.total_steps=" + str(args.steps)] * bool(args.steps)),
-    ]
+    base_overrides = point_base_overrides(point, args)
     base = load_config(config, base_overrides)
     plans = variant_overrides(base, args.staleness, None)
     out: dict[str, Any] = {"point": point.name, "x": point.x, "config": point.config, "overrides": base_overrides}
@@ -158,6 +162,51 @@ def run_point(
     headline = {k: v for k, v in compare(variants, None).items() if k in HEADLINE}
     return {**out, **provenance(), "params": policy.params, **figures, **headline, "refused": None,
             "variants": variants}  # fmt: skip
+
+
+def point_base_overrides(point: Point, args: argparse.Namespace) -> list[str]:
+    """The overrides every run of `point` gets (before the variant's own): the point's, the
+    command line's, and `trainer.total_steps` where `--steps` sets it."""
+    return [*point.overrides, *args.overrides, *(["trainer.total_steps=" + str(args.steps)] * bool(args.steps))]
+
+
+def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`point` from `path`, a result of benchmarks/async_vs_sync.py that measured exactly what
+    run_point would (its config, overrides, staleness, warm-up and number of steps; `measured_at`
+    and `commit` recorded): the same figures, taken from its two runs and its headline, and
+    `imported_from`. One measured otherwise is refused with a one-line reason naming the field."""
+
+    def refuse(why: str) -> SystemExit:
+        return SystemExit(f"scaling: --import {point.name}={path}: {why}")
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise refuse(f"cannot read it ({exc})") from None
+    if not isinstance(old, dict) or old.get("benchmark") != "async_vs_sync":
+        raise refuse("not a result of benchmarks/async_vs_sync.py")
+    want = {"config": point.config, "overrides": point_base_overrides(point, args), "staleness": args.staleness,
+            "warmup_steps": args.warmup_steps}  # fmt: skip
+    for key, value in want.items():
+        if old.get(key) != value:
+            raise refuse(f"its {key} is {old.get(key)!r}, this point's is {value!r}")
+    for key in ("measured_at", "commit"):
+        if not old.get(key):
+            raise refuse(f"it records no {key} (where and when it ran must be known)")
+    variants = old.get("variants")
+    if not isinstance(variants, dict) or set(variants) != {"sync", "async"}:
+        raise refuse("its variants are not one sync and one async run")
+    total = load_config(ROOT / point.config, want["overrides"]).trainer.total_steps
+    measured = variants["sync"].get("steps")  # a point's sync run measures every step after the warm-up
+    if measured != total - args.warmup_steps:
+        raise refuse(f"its sync run measured {measured} steps, this point's would measure {total - args.warmup_steps} "
+                     f"(trainer.total_steps {total} less {args.warmup_steps} warm-up)")  # fmt: skip
+    figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
+    headline = {k: old.get(k) for k in HEADLINE}  # as the file has them (older results lack speedup_tokens)
+    stamp = {k: old.get(k) for k in ("measured_at", "host", "commit", "provenance_note") if k in old}
+    return {"point": point.name, "x": point.x, "config": point.config, "overrides": want["overrides"], **stamp,
+            "params": old.get("params"), **figures, **headline, "refused": None, "variants": variants,
+            "imported_from": str(path)}  # fmt: skip
 
 
 def point_job(point: Point, args: argparse.Namespace, run_root: Path) -> Job[dict[str, Any]]:
@@ -235,6 +284,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--gpus", type=parse_gpus, help="run the points side by side on these GPUs (e.g. 0,1)")
     p.add_argument("--add-to", type=Path, metavar="FILE", help="an earlier JSON of this axis: keep its other points")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="POINT=FILE",
+        help="take POINT from an async_vs_sync.py result that measured exactly it (repeatable)",
+    )
     return p.parse_intermixed_args(argv)
 
 
@@ -242,8 +299,16 @@ def main(argv: list[str] | None = None) -> None:
     import time
 
     args = parse_args(argv)
-    chosen = [pt for pt in points(args.axis, args.points, args.sigma) if not args.only or pt.name in args.only]
-    if not chosen:
+    axis_points = {pt.name: pt for pt in points(args.axis, args.points, args.sigma)}
+    imports: dict[str, Path] = {}
+    for item in args.imports:
+        name, _, path = item.partition("=")
+        if name not in axis_points or not path:
+            raise SystemExit(f"scaling: --import {item}: give POINT=FILE with POINT one of {', '.join(axis_points)}")
+        imports[name] = Path(path)
+    imported = [imported_point(axis_points[name], path, args) for name, path in imports.items()]
+    chosen = [pt for pt in axis_points.values() if (not args.only or pt.name in args.only) and pt.name not in imports]
+    if not chosen and not imported:
         raise SystemExit(f"scaling: no point named {args.only} on axis {args.axis} ({args.points})")
     if args.gpus:
         for pt in chosen:
@@ -261,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     earlier = earlier_points(args.add_to, result) if args.add_to else []
     ran = [{**point, "gpu": gpu} for point, gpu in run_spread([point_job(pt, args, run_root) for pt in chosen],
                                                               args.gpus)]  # fmt: skip
-    result["points"] = merged(points(args.axis, args.points, args.sigma), earlier, ran)
+    result["points"] = merged(list(axis_points.values()), earlier, [*imported, *ran])
     if args.plot:
         result["plot"] = plot(result, args.plot)
     emit(result, args.out)

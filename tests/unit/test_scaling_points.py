@@ -3,6 +3,8 @@ loads and validates, and the memory plan's refusal of a point that cannot fit is
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -80,3 +82,46 @@ def test_add_to_grows_a_curve_over_sittings(tmp_path, monkeypatch) -> None:  # t
     with pytest.raises(SystemExit, match="axis was 'model', now 'length'"):
         scaling.main(["--axis", "length", "--steps", "12", "--only", "mean-512", "--add-to", str(second)])
     assert ran == ["0.5b", "3b", "1.5b", "3b"] and not third.exists()  # the refused ones ran nothing
+
+
+def test_import_takes_a_point_that_async_vs_sync_measured_exactly(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`--import 1.5b=FILE` with the committed 1.5B result (10 steps, staleness 2): the point's
+    figures are that file's, its headline the file's, its provenance the
+    file's; the other points still run; a file that measured anything else is refused."""
+    import json
+
+    import benchmarks.scaling as scaling
+
+    monkeypatch.setattr(scaling, "run_point", lambda point, args, run_root, env=None: {
+        "point": point.name, "x": point.x, "refused": None})  # fmt: skip
+    measured = json.loads(Path("benchmarks/results/async_vs_sync_h200x1.json").read_text())
+    out = tmp_path / "model.json"
+    common = ["--axis", "model", "--run-root", str(tmp_path / "runs"), "--out", str(out)]
+    scaling.main(
+        [*common, "--steps", "10", "--only", "0.5b", "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"]
+    )
+    got = {p["point"]: p for p in json.loads(out.read_text())["points"]}
+    assert list(got) == ["0.5b", "1.5b"]
+    point = got["1.5b"]
+    assert point["speedup"] == measured["speedup"] == 1.613
+    assert point["sync_samples_per_s"] == measured["variants"]["sync"]["samples_per_s"]
+    assert point["async_trainer_mfu"] == measured["variants"]["async"]["trainer_mfu"]
+    assert (point["commit"], point["measured_at"]) == ("093f3cd", "2026-12-04T02:14:00Z")
+    assert point["imported_from"].endswith("async_vs_sync_h200x1.json") and point["overrides"] == [
+        "trainer.total_steps=10"
+    ]
+
+    no_commit = tmp_path / "no_commit.json"
+    no_commit.write_text(json.dumps({k: v for k, v in measured.items() if k != "commit"}))
+    fixed512 = "benchmarks/results/async_vs_sync_h200x1_fixed512.json"
+    for argv, message in (
+        (["--steps", "12", "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"],
+         r"its overrides is \['trainer.total_steps=10'\], this point's is \['trainer.total_steps=12'\]"),
+        (["--steps", "10", "--import", "3b=benchmarks/results/async_vs_sync_h200x1.json"],
+         "its config is 'configs/bench_h200x1.yaml', this point's is 'configs/bench_h200x1_3b.yaml'"),
+        (["--steps", "10", "--import", f"1.5b={no_commit}"], "it records no commit"),
+        (["--import", f"1.5b={fixed512}"], "its sync run measured 20 steps, this point's would measure 18"),
+        (["--steps", "10", "--import", "13b=x.json"], "give POINT=FILE with POINT one of 0.5b, 1.5b, 3b, 7b"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit, match=message):
+            scaling.main([*common, *argv])
