@@ -7,10 +7,11 @@ flash-attn-4's CuTe DSL kernels (`flash_attn.cute.interface._flash_attn_fwd` /
 `_flash_attn_bwd`: FA3-class kernels on Hopper, FA4 on Blackwell; GQA native, no repeat of
 K/V); anything else (CPU, fp32) takes roles/training/varlen.py's path unchanged.
 
-The kernels run as two opaque custom ops (`tandem::fa4_varlen`, `tandem::fa4_varlen_backward`)
-with fake implementations, so `trainer.compile` traces them without entering the CuTe DSL (which
-dynamo cannot trace: it compiles kernels on first call). The first call of each shape class
-(dtype, head dims, GQA ratio) JIT-compiles its kernels, seconds to a minute once per process.
+The kernels run as two opaque custom ops (`tandem::fa4_varlen`, `tandem::fa4_varlen_backward`,
+roles/training/varlen_ops.py) with fake implementations, so `trainer.compile` traces them
+without entering the CuTe DSL (which dynamo cannot trace: it compiles kernels on first call).
+The first call of each shape class (dtype, head dims, GQA ratio) JIT-compiles its kernels,
+seconds to a minute once per process.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from roles.training.varlen import packed_cuda_backend
+from roles.training.varlen_ops import packed_attention_op, transformers_backend
 
 VARLEN_FA4_ATTENTION = "tandem_varlen_fa4"
 FA4_DISTRIBUTION = "flash-attn-4"
@@ -38,8 +38,7 @@ def _interface() -> Any:
     return interface
 
 
-@torch.library.custom_op("tandem::fa4_varlen", mutates_args=())
-def fa4_varlen(
+def _fa4_forward(
     q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float
 ) -> tuple[Tensor, Tensor]:
     """Causal varlen attention: (`out` `[T, H, D]`, `lse` float32 `[H, T]`)."""
@@ -50,18 +49,10 @@ def fa4_varlen(
     return result[0], result[1]
 
 
-@fa4_varlen.register_fake
-def _(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
-    lse = q_THD.new_empty((q_THD.shape[1], q_THD.shape[0]), dtype=torch.float32)
-    return torch.empty_like(q_THD), lse
-
-
-@torch.library.custom_op("tandem::fa4_varlen_backward", mutates_args=())
-def fa4_varlen_backward(
+def _fa4_backward(
     q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(dq, dk, dv) of `fa4_varlen` for the output gradient `g_out`."""
     grads = _interface()._flash_attn_bwd(
         q_THD, k_THD, v_THD, out, g_out, lse, softmax_scale=scale, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
         max_seqlen_q=max_len, max_seqlen_k=max_len,
@@ -69,41 +60,10 @@ def fa4_varlen_backward(
     return grads[0], grads[1], grads[2]
 
 
-@fa4_varlen_backward.register_fake
-def _(
-    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
-    scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    return torch.empty_like(q_THD), torch.empty_like(k_THD), torch.empty_like(v_THD)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, cu, max_len, scale = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu)
-    ctx.max_len, ctx.scale = max_len, scale
-
-
-def _backward(ctx: Any, g_out: Tensor, g_lse: Tensor | None) -> tuple[Tensor | None, ...]:
-    q, k, v, out, lse, cu = ctx.saved_tensors  # lse feeds nothing downstream: its gradient is None
-    dq, dk, dv = fa4_varlen_backward(q, k, v, out, lse, g_out.contiguous(), cu, ctx.max_len, ctx.scale)
-    return dq, dk, dv, None, None, None
-
-
-fa4_varlen.register_autograd(_backward, setup_context=_setup)
-
-
-def _fa4_packed(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
-    return fa4_varlen(q_THD, k_THD, v_THD, cu, max_len, scale)[0]
+fa4_varlen = packed_attention_op("fa4_varlen", _fa4_forward, _fa4_backward)
 
 
 # transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`
-# (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing)
-fa4_attention_forward = packed_cuda_backend(_fa4_packed)
-
-
-def register_fa4_attention() -> str:
-    """Register the backend with transformers (idempotent); returns its name."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(VARLEN_FA4_ATTENTION, fa4_attention_forward)
-    return VARLEN_FA4_ATTENTION
+# (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing),
+# and its registration with transformers (idempotent; returns VARLEN_FA4_ATTENTION)
+fa4_attention_forward, register_fa4_attention = transformers_backend(VARLEN_FA4_ATTENTION, fa4_varlen)
