@@ -31,6 +31,8 @@ warm-up and measured steps, with `measured_at` and `commit`): the figures are it
 and its headline's, and the point records `imported_from`; anything else is refused naming
 the field. It saves re-running a point a section of BENCHMARKS.md already measured (the 1.5B
 and 7B recipes).
+`--no-run` runs nothing and writes (and with `--plot` draws) what `--add-to` and `--import`
+give, e.g. to draw on a machine with Chromium a curve measured on one without.
 `--add-to FILE` builds a curve over several sittings: the points of an earlier JSON of the
 same axis, scale, staleness, warm-up, steps, sigma and overrides are kept, except those run
 now (`--only`), which replace them; the result lists the axis's points in order. Each point
@@ -284,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--gpus", type=parse_gpus, help="run the points side by side on these GPUs (e.g. 0,1)")
     p.add_argument("--add-to", type=Path, metavar="FILE", help="an earlier JSON of this axis: keep its other points")
+    p.add_argument("--no-run", action="store_true", help="run no point: keep --add-to's and --import's (and --plot)")
     p.add_argument(
         "--import",
         dest="imports",
@@ -308,7 +311,11 @@ def main(argv: list[str] | None = None) -> None:
         imports[name] = Path(path)
     imported = [imported_point(axis_points[name], path, args) for name, path in imports.items()]
     chosen = [pt for pt in axis_points.values() if (not args.only or pt.name in args.only) and pt.name not in imports]
-    if not chosen and not imported:
+    if args.no_run:
+        if args.only or not (args.add_to or imported):
+            raise SystemExit("scaling: --no-run takes no --only, and needs --add-to or --import (the points to keep)")
+        chosen = []
+    elif not chosen and not imported:
         raise SystemExit(f"scaling: no point named {args.only} on axis {args.axis} ({args.points})")
     if args.gpus:
         for pt in chosen:

@@ -125,3 +125,29 @@ def test_import_takes_a_point_that_async_vs_sync_measured_exactly(tmp_path, monk
     ):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             scaling.main([*common, *argv])
+
+
+def test_no_run_writes_and_plots_the_kept_points(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`--no-run`: nothing is launched; the imported points come out in the axis's order, and
+    `--plot` writes the report page (a PNG too where Chromium is found); without points to keep,
+    or with --only, it is refused."""
+    import json
+
+    import benchmarks.scaling as scaling
+
+    def run_point(*_: object, **__: object) -> None:
+        raise AssertionError("--no-run launched a point")
+
+    monkeypatch.setattr(scaling, "run_point", run_point)
+    out, plots = tmp_path / "model.json", tmp_path / "plots"
+    imports = ["--import", "7b=benchmarks/results/async_vs_sync_h200x1_7b.json",
+               "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"]  # fmt: skip
+    scaling.main(["--axis", "model", "--steps", "10", "--no-run", *imports, "--out", str(out), "--plot", str(plots)])
+    result = json.loads(out.read_text())
+    assert [p["point"] for p in result["points"]] == ["1.5b", "7b"]
+    assert [p["speedup"] for p in result["points"]] == [1.613, 1.03]
+    page = (plots / "scaling_model.html").read_text()
+    assert "1.5b" in page and "7b" in page and Path(result["plot"]["html"]) == plots / "scaling_model.html"
+    for argv in (["--no-run"], ["--no-run", "--only", "3b", *imports]):
+        with pytest.raises(SystemExit, match="--no-run takes no --only, and needs --add-to or --import"):
+            scaling.main(["--axis", "model", "--steps", "10", *argv])
