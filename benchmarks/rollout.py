@@ -32,9 +32,10 @@ and so on) after one warm-up batch each, so a drift of the machine lands on both
 engine's batch rates spread by about 8 % there). Throughput is output tokens per second
 over the whole batch; `role_over_bare` is the ratio of the two sides' medians over `--reps`
 repetitions, `role_over_bare_pairs` each repetition's role / bare and
-`role_over_bare_pair_median` their median. `--update-every S` adds a run of the role with a
-whole-model weight update pushed every S seconds while it generates
-(`role_updating_tokens_per_s`, `role_updating_over_bare`). The update figure is the median
+`role_over_bare_pair_median` their median. `--update-every S` adds `--reps` pairs of role batches,
+one plain and one with a whole-model weight update pushed every S seconds while it generates
+(`role_updating_tokens_per_s`, `role_updating_over_bare`; `role_updating_over_role`, the
+median of each pair's updating / plain, is the updates' cost alone, free of drift). The update figure is the median
 time of a whole update of the model, sent as the trainer sends it (buckets of
 `weight_sync.bucket_mb`, by the backend `weight_sync.backend` picks for a trainer on GPU 0
 beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to the
@@ -227,14 +228,17 @@ async def role_batch(harness: Any, prompts: list[list[int]], max_tokens: int, ta
 async def role_updating(
     harness: Any, side: Any, tensors: dict, prompts: list[list[int]], max_tokens: int, reps: int, every_s: float
 ) -> dict[str, Any]:
-    """`reps` batches through the role while a whole-model update is pushed at once and then
-    every `every_s` seconds (`updates_during`: how many were pushed)."""
+    """`reps` pairs of batches through the role, alternating: one plain, one while a
+    whole-model update is pushed at once and then every `every_s` seconds until it ends
+    (`updates_during`: how many were pushed), so machine drift lands on both alike and
+    `role_updating_over_role` (the median of each pair's updating / plain) is the updates'
+    cost alone."""
     pushed: list[float] = []
-    stop = asyncio.Event()
+    version = 5  # weight_updates pushed 1..5; the role takes versions up to trainer.total_steps
 
-    async def updater() -> None:
-        version = 5  # weight_updates pushed 1..5; the role takes versions up to trainer.total_steps
-        while True:  # the first update at once, then one every `every_s` until the batches end
+    async def updater(stop: asyncio.Event) -> None:
+        nonlocal version
+        while True:  # the first update at once, then one every `every_s` until the batch ends
             version += 1
             result = await side.push(version, tensors)
             if result.failed:
@@ -244,14 +248,20 @@ async def role_updating(
                 await asyncio.wait_for(stop.wait(), every_s)
                 return
 
-    task = asyncio.create_task(updater())
-    try:
-        rates = [await role_batch(harness, prompts, max_tokens, f"u{rep}") for rep in range(reps)]
-    finally:
-        stop.set()
-        await task
+    plain: list[float] = []
+    rates: list[float] = []
+    for rep in range(reps):
+        plain.append(await role_batch(harness, prompts, max_tokens, f"p{rep}"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(updater(stop))
+        try:
+            rates.append(await role_batch(harness, prompts, max_tokens, f"u{rep}"))
+        finally:
+            stop.set()
+            await task
     return {"update_every_s": every_s, "role_updating_tokens_per_s": statistics.median(rates),
-            "role_updating_runs": rates, "updates_during": len(pushed),
+            "role_updating_runs": rates, "role_plain_runs": plain, "updates_during": len(pushed),
+            "role_updating_over_role": statistics.median(u / p for u, p in zip(rates, plain, strict=True)),
             "updating_update_s_median": statistics.median(pushed) if pushed else None}  # fmt: skip
 
 

@@ -43,4 +43,6 @@ def test_rollout_benchmark_quick_is_like_for_like(tmp_path: Path) -> None:
     assert len(pairs) == 2 and result["role_over_bare_pairs"] == pytest.approx(pairs)  # --quick: 2 repetitions
     assert min(pairs) <= result["role_over_bare_pair_median"] <= max(pairs)
     assert result["updates_during"] >= 1 and result["role_updating_over_bare"] > 0
+    paired = [u / p for u, p in zip(result["role_updating_runs"], result["role_plain_runs"], strict=True)]
+    assert len(paired) == 2 and min(paired) <= result["role_updating_over_role"] <= max(paired)
     assert '"engine_args"' in done.stderr  # both sets printed
