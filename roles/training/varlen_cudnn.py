@@ -23,27 +23,31 @@ from torch import Tensor
 from roles.training.varlen_ops import packed_attention_op, transformers_backend
 
 VARLEN_CUDNN_ATTENTION = "tandem_varlen_cudnn"
-_native_lse_shape: dict[tuple[int, int], tuple[int, ...]] = {}  # (H, T) -> the shape cuDNN's forward gave
+_tokens_first = False  # whether this torch's cuDNN forward gives the log-sum-exp as [T, H] or [T, H, 1]
+_trailing_one = False  # ... with a trailing dimension of 1
 
 
 def _lse_to_heads_first(lse: Tensor, heads: int, tokens: int) -> Tensor:
     """cuDNN's log-sum-exp as float32 `[H, T]` (torch gives `[H, T]`, or `[T, H(, 1)]` in
-    some versions); remembers the original shape for the backward."""
-    _native_lse_shape[(heads, tokens)] = tuple(lse.shape)
-    if tuple(lse.shape) == (heads, tokens):
-        return lse
-    if lse.numel() == heads * tokens and lse.shape[0] == tokens:
-        return lse.reshape(tokens, heads).t().contiguous()
+    some versions); remembers which for `_lse_for_backward` (one layout per process: the
+    torch build decides it, not the batch)."""
+    global _tokens_first, _trailing_one
     shape = tuple(lse.shape)
+    if shape == (heads, tokens):
+        _tokens_first = _trailing_one = False
+        return lse
+    if shape in ((tokens, heads), (tokens, heads, 1)):
+        _tokens_first, _trailing_one = True, len(shape) == 3
+        return lse.reshape(tokens, heads).t().contiguous()
     raise RuntimeError(f"cuDNN varlen attention: log-sum-exp of shape {shape} for {heads} heads, {tokens} tokens")
 
 
 def _lse_for_backward(lse_HT: Tensor) -> Tensor:
-    heads, tokens = lse_HT.shape
-    native = _native_lse_shape.get((heads, tokens), (heads, tokens))
-    if native == (heads, tokens):
+    """The log-sum-exp back in the layout the forward gave."""
+    if not _tokens_first:
         return lse_HT
-    return lse_HT.t().contiguous().reshape(native)
+    lse_TH = lse_HT.t().contiguous()
+    return lse_TH.unsqueeze(-1) if _trailing_one else lse_TH
 
 
 def _cudnn_forward(
