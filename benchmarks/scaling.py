@@ -49,7 +49,6 @@ different machines are not.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,20 +177,14 @@ def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[s
     and `commit` recorded): the same figures, taken from its two runs and its headline, and
     `imported_from`. One measured otherwise is refused with a one-line reason naming the field."""
 
-    def refuse(why: str) -> SystemExit:
-        return SystemExit(f"scaling: --import {point.name}={path}: {why}")
+    option = f"--import {point.name}={path}"
 
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise refuse(f"cannot read it ({exc})") from None
-    if not isinstance(old, dict) or old.get("benchmark") != "async_vs_sync":
-        raise refuse("not a result of benchmarks/async_vs_sync.py")
+    def refuse(why: str) -> SystemExit:
+        return SystemExit(f"scaling: {option}: {why}")
+
     want = {"config": point.config, "overrides": point_base_overrides(point, args), "staleness": args.staleness,
             "warmup_steps": args.warmup_steps}  # fmt: skip
-    for key, value in want.items():
-        if old.get(key) != value:
-            raise refuse(f"its {key} is {old.get(key)!r}, this point's is {value!r}")
+    old = read_earlier(path, "async_vs_sync", "variants", want, asker="scaling", option=option)
     for key in ("measured_at", "commit"):
         if not old.get(key):
             raise refuse(f"it records no {key} (where and when it ran must be known)")
@@ -205,7 +198,7 @@ def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[s
                      f"(trainer.total_steps {total} less {args.warmup_steps} warm-up)")  # fmt: skip
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
     headline = {k: old.get(k) for k in HEADLINE}  # as the file has them (older results lack speedup_tokens)
-    stamp = {k: old.get(k) for k in ("measured_at", "host", "commit", "provenance_note") if k in old}
+    stamp: dict[str, Any] = {k: old[k] for k in ("measured_at", "host", "commit", "provenance_note") if k in old}
     return {"point": point.name, "x": point.x, "config": point.config, "overrides": want["overrides"], **stamp,
             "params": old.get("params"), **figures, **headline, "refused": None, "variants": variants,
             "imported_from": str(path)}  # fmt: skip

@@ -116,9 +116,9 @@ def test_import_takes_a_point_that_async_vs_sync_measured_exactly(tmp_path, monk
     fixed512 = "benchmarks/results/async_vs_sync_h200x1_fixed512.json"
     for argv, message in (
         (["--steps", "12", "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"],
-         r"its overrides is \['trainer.total_steps=10'\], this point's is \['trainer.total_steps=12'\]"),
+         r"--import 1.5b=\S+: overrides was \['trainer.total_steps=10'\], now \['trainer.total_steps=12'\]"),
         (["--steps", "10", "--import", "3b=benchmarks/results/async_vs_sync_h200x1.json"],
-         "its config is 'configs/bench_h200x1.yaml', this point's is 'configs/bench_h200x1_3b.yaml'"),
+         "config was 'configs/bench_h200x1.yaml', now 'configs/bench_h200x1_3b.yaml'"),
         (["--steps", "10", "--import", f"1.5b={no_commit}"], "it records no commit"),
         (["--import", f"1.5b={fixed512}"], "its sync run measured 20 steps, this point's would measure 18"),
         (["--steps", "10", "--import", "13b=x.json"], "give POINT=FILE with POINT one of 0.5b, 1.5b, 3b, 7b"),
