@@ -32,11 +32,11 @@ and so on) after one warm-up batch each, so a drift of the machine lands on both
 engine's batch rates spread by about 8 % there). Throughput is output tokens per second
 over the whole batch; `role_over_bare` is the ratio of the two sides' medians over `--reps`
 repetitions, `role_over_bare_pairs` each repetition's role / bare and
-`role_over_bare_pair_median` their median. `--update-every S` adds `--reps` pairs of role batches,
-one plain and one with a whole-model weight update pushed every S seconds while it generates
-(`role_updating_tokens_per_s`, `role_updating_over_bare`; `role_updating_over_role`, the
-median of each pair's updating / plain, is the updates' cost alone, free of drift). The update figure is the median
-time of a whole update of the model, sent as the trainer sends it (buckets of
+`role_over_bare_pair_median` their median. `--update-every S` adds `--reps` pairs of role
+batches, one plain and one with a whole-model weight update pushed every S seconds while it
+generates (`role_updating_tokens_per_s`, `role_updating_over_bare`; `role_updating_over_role`,
+the median of each pair's updating / plain, is the updates' cost alone, free of drift). The
+update figure is the median time of a whole update of the model, sent as the trainer sends it (buckets of
 `weight_sync.bucket_mb`, by the backend `weight_sync.backend` picks for a trainer on GPU 0
 beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to the
 `WeightsApplied` reply, with the phase split and the role's own receive / load / total times.

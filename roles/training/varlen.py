@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -154,29 +153,6 @@ def varlen_attention_forward(
             out_HTD = _cpu_varlen(q, k, v, cu_seq_lens_q.tolist(), scale)
         out_THD = out_HTD.transpose(0, 1)
     return out_THD.unsqueeze(0).contiguous(), None
-
-
-# A packed CUDA kernel: (q, k, v `[T, H, D]` contiguous, cu int32 `[N + 1]`, longest, scale) -> out `[T, H, D]`
-PackedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
-
-
-def packed_cuda_backend(kernel: PackedKernel) -> Callable[..., tuple[Tensor, None]]:
-    """A transformers attention backend that runs `kernel` on CUDA fp16/bf16 packed rows and
-    `varlen_attention_forward` on everything else (CPU, fp32, a call without the packing), so
-    another kernel keeps this module's contract and its CPU path value for value."""
-
-    def forward(
-        module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
-    ) -> tuple[Tensor, None]:
-        cu, max_len, scaling = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q"), kwargs.get("scaling")
-        half = query.dtype in (torch.float16, torch.bfloat16)
-        if not (query.is_cuda and half) or cu is None or max_len is None or query.shape[0] != 1:
-            return varlen_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        q_THD, k_THD, v_THD = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
-        return kernel(q_THD, k_THD, v_THD, cu.int(), int(max_len), scale).unsqueeze(0), None
-
-    return forward
 
 
 def register_varlen_attention() -> str:

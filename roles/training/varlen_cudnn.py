@@ -11,8 +11,8 @@ Needs cuDNN 9 (torch's CUDA wheels bundle it).
 The kernels run as two opaque custom ops (`tandem::cudnn_varlen`, `tandem::cudnn_varlen_backward`,
 roles/training/varlen_ops.py) with fake implementations, so `trainer.compile` traces them (the
 aten ops have no fake kernel for the varlen case). The forward's log-sum-exp crosses between
-them as float32 `[H, T]`, the layout the fake promises; `_lse_to_heads_first` / `_lse_for_backward` convert from and to
-whatever this torch's cuDNN path gives and takes.
+them as float32 `[H, T]`, the layout the fake promises; `_lse_to_heads_first` and
+`_lse_for_backward` convert from and to whatever this torch's cuDNN path gives and takes.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ an op as one node without entering the kernel (which dynamo may not trace: a DSL
 kernels on first call, an aten op with no fake kernel for the varlen case). The forward
 returns (`out` `[T, H, D]`, `lse` float32 `[H, T]`); the backward gets them back with the
 output's gradient and returns (dq, dk, dv) of q/k/v's shapes (GQA: k and v may have fewer
-heads). roles/training/varlen_fa4.py and roles/training/varlen_cudnn.py use it.
+heads). `transformers_backend(backend, op)` puts such an op behind transformers' attention
+signature, with roles/training/varlen.py's path for whatever it does not serve.
+roles/training/varlen_fa4.py and roles/training/varlen_cudnn.py use both.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from roles.training.varlen import packed_cuda_backend
+from roles.training.varlen import varlen_attention_forward
 
 # (q, k, v `[T, H, D]`, cu int32 `[N + 1]`, longest, scale) -> (out `[T, H, D]`, lse float32 `[H, T]`)
 Forward = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], tuple[Tensor, Tensor]]
@@ -70,15 +72,23 @@ def packed_attention_op(name: str, forward: Forward, backward: Backward) -> Any:
 
 
 def transformers_backend(backend: str, op: Any) -> tuple[Callable[..., tuple[Tensor, None]], Callable[[], str]]:
-    """For a forward op of `packed_attention_op`: (the transformers attention function that runs
-    it on CUDA fp16/bf16 packed rows and roles/training/varlen.py's path on everything else,
-    a function registering that as attention implementation `backend` and returning the name;
-    idempotent)."""
+    """For a forward op of `packed_attention_op`: (the transformers attention function that
+    runs it on CUDA fp16/bf16 packed rows and roles/training/varlen.py's
+    `varlen_attention_forward` on everything else: CPU, fp32, a call without the packing; so
+    the kernel keeps that module's contract and its CPU path value for value), and a function
+    registering that as attention implementation `backend` and returning the name (idempotent)."""
 
-    def kernel(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
-        return op(q_THD, k_THD, v_THD, cu, max_len, scale)[0]  # type: ignore[no-any-return]
-
-    attention_forward = packed_cuda_backend(kernel)
+    def attention_forward(
+        module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+    ) -> tuple[Tensor, None]:
+        cu, max_len, scaling = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q"), kwargs.get("scaling")
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        if not (query.is_cuda and half) or cu is None or max_len is None or query.shape[0] != 1:
+            return varlen_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        q_THD, k_THD, v_THD = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
+        out_THD, _ = op(q_THD, k_THD, v_THD, cu.int(), int(max_len), scale)
+        return out_THD.unsqueeze(0), None
 
     def register() -> str:
         from transformers import AttentionInterface
