@@ -286,6 +286,15 @@ class FSDPConfig(msgspec.Struct, **_STRUCT):
     param_dtype: Annotated[
         Literal["bfloat16", "float16", "float32"], Doc(description="Dtype the trainer keeps master params in.")
     ] = "float32"
+    one_rank_accumulation: Annotated[
+        Literal["unsharded", "reduced"],
+        Doc(
+            description="One rank, several micro-batches: `unsharded` = FSDP2 adds each micro-batch's gradient into "
+            "an unsharded copy in the reduce dtype and reduces once per step; `reduced` = each micro-batch's "
+            "gradient goes through FSDP2's reduction (its own stream) and is added to the sharded gradient. "
+            "The same sums; parameters stay gathered either way (docs/fsdp.md)."
+        ),
+    ] = "unsharded"
 
 
 class OptimConfig(msgspec.Struct, **_STRUCT):

@@ -180,10 +180,11 @@ class FSDPEngineBase(ABC):
         """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""
         acc: dict[str, float] = {}
         once = gradient_sync_once(self.model) if len(mbs) > 1 else None
+        reduce_each = self.cfg.fsdp.one_rank_accumulation == "reduced"
         try:
             for i, mb in enumerate(mbs):
                 if once is not None:
-                    sync_after(once, i == len(mbs) - 1)
+                    sync_after(once, i == len(mbs) - 1, reduce_each=reduce_each)
                 real = float(mb.attention_mask_BT.sum())
                 self._input_tokens[0] += real
                 self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())

@@ -42,7 +42,8 @@ copies and casts (a quarter of the H200's time in a 1.5B step): the blocks then 
 parameters from forward to backward (`reshard_after_forward=False`, +1 bf16 copy of the
 weights), and `gradient_sync_once(model)` says so: the engine keeps the parameters
 gathered over the micro-batches of an optimizer step and reduces the gradients once,
-after the last (FSDP2 accumulates them in the reduce dtype meanwhile: the same sums).
+after the last (FSDP2 accumulates them in the reduce dtype meanwhile: the same sums), or
+after every micro-batch with `fsdp.one_rank_accumulation=reduced` (see `sync_after`).
 """
 
 from __future__ import annotations
@@ -116,11 +117,15 @@ def gradient_sync_once(model: nn.Module) -> FSDPModule | None:
     return model if isinstance(model, FSDPModule) and dist.get_world_size() == 1 else None
 
 
-def sync_after(model: FSDPModule, last: bool) -> None:
-    """The coming backward reduces gradients and reshards parameters only if `last`; else
-    FSDP2 accumulates the gradients (in the reduce dtype) and the parameters stay gathered
-    for the next micro-batch's forward. `sync_after(model, True)` restores the default."""
-    model.set_requires_gradient_sync(last)
+def sync_after(model: FSDPModule, last: bool, *, reduce_each: bool = False) -> None:
+    """The coming backward reshards parameters only if `last`: else they stay gathered for
+    the next micro-batch's forward. It reduces gradients if `last` or `reduce_each`; else
+    FSDP2 adds them into an unsharded copy in the reduce dtype (one mixed-dtype add per
+    parameter in the backward's stream), where `reduce_each` copies them into its flat
+    reduce buffer on its own stream and adds them to the sharded gradient: the same sums
+    in the same order (`fsdp.one_rank_accumulation`). `sync_after(model, True)` restores
+    the default."""
+    model.set_requires_gradient_sync(last or reduce_each)
     model.set_reshard_after_backward(last)
 
 

@@ -142,6 +142,23 @@ def test_one_rank_reduces_gradients_once_per_step(model_dir: Path, reference: Re
         torch.testing.assert_close(g, reference[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_reducing_each_micro_batch_gives_the_same_sums(model_dir: Path) -> None:
+    """`fsdp.one_rank_accumulation=reduced` reduces every micro-batch's bf16 gradients into
+    the sharded fp32 ones, the parameters still gathered until the last: bit for bit the
+    gradients of the default, which adds them into FSDP2's unsharded fp32 copy."""
+    mixed = ("trainer.micro_batch_tokens=128", "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
+    _, want = _step(_engine(model_dir, *mixed), _batch())
+    engine = _engine(model_dir, *mixed, "fsdp.one_rank_accumulation=reduced")
+    calls = {name: _record(engine.model, name) for name in ("set_requires_gradient_sync", "set_reshard_after_backward")}
+    metrics, grads = _step(engine, _batch())
+    assert metrics["micro_batches"] == 4
+    assert calls["set_requires_gradient_sync"] == [True] * 5
+    assert calls["set_reshard_after_backward"] == [False, False, False, True, True]
+    assert grads.keys() == want.keys() and all(g.dtype == torch.float32 for g in grads.values())
+    for name, g in grads.items():
+        assert torch.equal(g, want[name]), name
+
+
 def test_compiled_blocks_and_head_equal_eager_and_do_not_recompile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
