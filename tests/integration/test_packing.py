@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from roles.training import logit_kernels
@@ -142,15 +143,19 @@ def test_one_rank_reduces_gradients_once_per_step(model_dir: Path, reference: Re
         torch.testing.assert_close(g, reference[1][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_reducing_each_micro_batch_gives_the_same_sums(model_dir: Path) -> None:
+def test_reducing_each_micro_batch_gives_the_same_sums(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`fsdp.one_rank_accumulation=reduced` reduces every micro-batch's bf16 gradients into
     the sharded fp32 ones, the parameters still gathered until the last: bit for bit the
     gradients of the default, which adds them into FSDP2's unsharded fp32 copy."""
     mixed = ("trainer.micro_batch_tokens=128", "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
+    gathers = _count(monkeypatch, FSDPParam, "init_unsharded_param")  # once per parameter per gather
     _, want = _step(_engine(model_dir, *mixed), _batch())
+    gathered_once = len(gathers)
     engine = _engine(model_dir, *mixed, "fsdp.one_rank_accumulation=reduced")
     calls = {name: _record(engine.model, name) for name in ("set_requires_gradient_sync", "set_reshard_after_backward")}
+    gathers.clear()
     metrics, grads = _step(engine, _batch())
+    assert 0 < len(gathers) == gathered_once  # the parameters stayed gathered over the 4 micro-batches
     assert metrics["micro_batches"] == 4
     assert calls["set_requires_gradient_sync"] == [True] * 5
     assert calls["set_reshard_after_backward"] == [False, False, False, True, True]
@@ -189,6 +194,19 @@ def test_compiled_blocks_and_head_equal_eager_and_do_not_recompile(
     finally:
         logit_kernels._compiled.cache_clear()
         torch._dynamo.reset()
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[None]:
+    """One entry per call of `module.name` from now on (the call still goes through)."""
+    seen: list[None] = []
+    real = getattr(module, name)
+
+    def counting(*args: object, **kwargs: object) -> object:
+        seen.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return seen
 
 
 def _record(obj: object, name: str) -> list[bool]:
