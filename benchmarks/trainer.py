@@ -43,6 +43,17 @@ the most GPU time and the N operators (with input shapes) whose own kernels took
 `--trace DIR` also writes each profiled step's Chrome trace there. `--loops engine` skips
 the bare loop (no ratios then).
 
+`--variant NAME KEY=VALUE...` (repeatable; needs the engine loop): after the loops, the engine
+once more per variant with those options added, on the same cases and batches, then the base
+engine again (`base_again`, with `drift`: its step time over the first run's, so the machine's
+drift over the run shows beside the ratios). `variants.NAME.cases.CASE` holds the loop's
+figures plus `speedup` (the mean of the base's two step times over the variant's) and
+`last_loss_diff` (|the last timed step's loss - the base's|: the same updates from the same
+weights on the same batch, so a variant that changes the sums shows here; FA2's backward is
+not bit-deterministic, so on CUDA equal sums still differ in the last digits). Each entry
+has every loop's keys, including `last_loss`; `--profile` profiles each variant as well. A
+variant that fails to start or to step is recorded as `error` (one line) and the rest run.
+
 `--engine-option trainer.kernels=liger` (roles/training/kernels.py) needs `--loops engine`: Liger
 patches transformers' Qwen2 module for the whole process, so a bare loop after it would run
 Liger's kernels too.
@@ -54,6 +65,8 @@ Liger's kernels too.
     python3 benchmarks/trainer.py --quick --out /tmp/trainer_quick.json
     python3 benchmarks/trainer.py --cases fixed_4k --loops engine --profile 15 \
         --engine-option trainer.compile=true --out /tmp/trainer_compiled.json
+    python3 benchmarks/trainer.py --cases fixed_4k --loops engine --engine-option trainer.compile=true \
+        --variant reduced fsdp.one_rank_accumulation=reduced --out /tmp/trainer_accumulation.json
 """
 
 from __future__ import annotations
@@ -69,7 +82,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -204,10 +217,17 @@ def _padded_groups(spans: list[tuple[int, int]], budget: int) -> list[list[tuple
 
 
 # --- measuring -------------------------------------------------------------------------------
+class Measured(NamedTuple):
+    first_loss: float  # the first (warm-up) step's, on the initial weights
+    last_loss: float  # the last timed step's, after warmup + steps - 1 updates
+    step_s: float  # seconds per timed step
+    peak_gb: float
+
+
 def measure(
     step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, warmup: int, steps: int
-) -> tuple[float, float, float] | None:
-    """(first step's loss, seconds per timed step, peak GB), or None when it ran out of memory."""
+) -> Measured | None:
+    """The losses, seconds per timed step and peak GB, or None when it ran out of memory."""
     try:
         return _measure(step, batch, device, warmup, steps)
     except torch.OutOfMemoryError:
@@ -217,7 +237,7 @@ def measure(
 
 def _measure(
     step: Callable[[TrainBatch], float], batch: TrainBatch, device: torch.device, warmup: int, steps: int
-) -> tuple[float, float, float]:
+) -> Measured:
     first = step(batch)
     for _ in range(warmup - 1):
         step(batch)
@@ -225,12 +245,13 @@ def _measure(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
+    last = first
     for _ in range(steps):
-        step(batch)
+        last = step(batch)
     _sync(device)
     elapsed = (time.perf_counter() - start) / steps
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
-    return first, elapsed, peak
+    return Measured(first, last, elapsed, peak)
 
 
 KERNEL_CLASSES = (  # the first pattern a kernel's name matches names its class
@@ -344,28 +365,92 @@ def run_cases(args: argparse.Namespace, model_dir: Path, device: torch.device, o
             if measured is None:
                 result["cases"][case][name] = {"oom": True}
                 continue
-            first, seconds, peak = measured
-            flops = train_flops(cases[case], num_params, hidden, layers)
-            flops_6n = train_flops(cases[case], num_params, hidden, layers, attention=False)
-            peak_flops = args.peak_tflops * 1e12
-            result["cases"][case][name] = {
-                "step_s": seconds, "tokens_per_s": sum(cases[case]) / seconds, "mfu": flops / seconds / peak_flops,
-                "mfu_6n": flops_6n / seconds / peak_flops, "peak_gb": peak, "first_loss": first,
-            }  # fmt: skip
+            result["cases"][case][name] = entry = figures(measured, cases[case], num_params, hidden, layers, args)
             if name == "bare":
-                result["cases"][case][name]["budget"] = bare_budget[0]
+                entry["budget"] = bare_budget[0]
             elif args.profile:
                 trace = args.trace / f"{case}.json.gz" if args.trace else None
-                result["cases"][case][name]["profile"] = profile_step(step, batch, device, args.profile, trace)
-            print(json.dumps({case: {name: result["cases"][case][name]}}), file=sys.stderr, flush=True)
+                entry["profile"] = profile_step(step, batch, device, args.profile, trace)
+            print(json.dumps({case: {name: entry}}), file=sys.stderr, flush=True)
         del model, step
         _free(device)
     result["num_params"] = num_params
     result.update(summary(result["cases"]))
+    if args.variant:
+        result["variants"] = run_variants(args, model_dir, device, engine_overrides, batches, cases, result["cases"])
     named = {"trainer.attention_kernel=fa4": "fa4 (flash-attn-4)", "trainer.attention_kernel=cudnn": "cudnn varlen"}
     chosen = [named[o] for o in engine_overrides if o in named]
     result["attention_kernel_cuda"] = chosen[-1] if chosen else cuda_kernel()  # the engine's
     return result
+
+
+def figures(
+    m: Measured, lengths: list[int], num_params: int, hidden: int, layers: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One loop's entry for one case: speed, MFU both ways, peak memory, losses."""
+    peak_flops = args.peak_tflops * 1e12
+    flops = train_flops(lengths, num_params, hidden, layers)
+    flops_6n = train_flops(lengths, num_params, hidden, layers, attention=False)
+    return {
+        "step_s": m.step_s, "tokens_per_s": sum(lengths) / m.step_s, "mfu": flops / m.step_s / peak_flops,
+        "mfu_6n": flops_6n / m.step_s / peak_flops, "peak_gb": m.peak_gb, "first_loss": m.first_loss,
+        "last_loss": m.last_loss,
+    }  # fmt: skip
+
+
+def run_variants(
+    args: argparse.Namespace,
+    model_dir: Path,
+    device: torch.device,
+    base_options: list[str],
+    batches: dict[str, TrainBatch],
+    cases: dict[str, list[int]],
+    measured: dict[str, Any],
+) -> dict[str, Any]:
+    """Each `--variant NAME KEY=VALUE...`: the engine with the base options plus its own, on
+    the same cases; then the base engine once more (`base_again`), so machine drift over the
+    run shows beside the ratios. Per variant and case: `speedup` (the base's step time, the
+    mean of its two runs, over the variant's) and `last_loss_diff` against the base."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    runs = [(name, options) for name, *options in args.variant] + [("base_again", [])]
+    out: dict[str, Any] = {}
+    for name, options in runs:
+        out[name] = {"options": options, "cases": {}}
+        try:
+            model, step = engine_loop(model_dir, [*base_options, *options])
+        except Exception as exc:  # a variant that cannot start is recorded, the others still run
+            out[name]["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
+            _free(device)
+            continue
+        num_params = sum(p.numel() for p in model.model.parameters())
+        for case, batch in batches.items():
+            try:
+                m = measure(step, batch, device, args.warmup, args.steps)
+                entry: dict[str, Any] = (
+                    {"oom": True} if m is None else figures(m, cases[case], num_params, hidden, layers, args)
+                )
+                if m is not None and name != "base_again" and args.profile:
+                    entry["profile"] = profile_step(step, batch, device, args.profile, None)
+            except Exception as exc:
+                entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            out[name]["cases"][case] = entry
+            print(json.dumps({case: {name: entry}}), file=sys.stderr, flush=True)
+        del model, step
+        _free(device)
+    for case in batches:
+        base, again = measured[case].get("engine", {}), out["base_again"]["cases"].get(case, {})
+        if "step_s" not in base or "step_s" not in again:
+            continue
+        base_s = (base["step_s"] + again["step_s"]) / 2
+        again["drift"] = again["step_s"] / base["step_s"]
+        for name, _ in runs[:-1]:
+            entry = out[name]["cases"].get(case, {})
+            if "step_s" in entry:
+                entry["speedup"] = base_s / entry["step_s"]
+                entry["last_loss_diff"] = abs(entry["last_loss"] - base["last_loss"])
+    return out
 
 
 def summary(c: dict[str, Any]) -> dict[str, Any]:
@@ -418,8 +503,13 @@ def _step_memory(model_dir: Path, options: list[str], batch: TrainBatch, device:
         measured = measure(step, batch, device, 1, 1)
         if measured is None:
             return {"oom": True, "resident_gb": resident}
-        _, seconds, peak = measured
-        return {"peak_gb": peak, "resident_gb": resident, "above_resident_gb": peak - resident, "step_s": seconds}
+        peak = measured.peak_gb
+        return {
+            "peak_gb": peak,
+            "resident_gb": resident,
+            "above_resident_gb": peak - resident,
+            "step_s": measured.step_s,
+        }
     finally:
         del engine, step
         _free(device)
@@ -443,7 +533,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile an engine step per case, top N kernels")
     p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="with --profile: Chrome traces here")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    p.add_argument(
+        "--variant", action="append", nargs="+", default=[], metavar=("NAME", "KEY=VALUE"),
+        help="after the loops, the engine with these options added (repeatable); needs --loops engine",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.variant and ("engine" not in args.loops or args.memory_16k):
+        p.error("--variant compares engine runs: it needs the engine loop (--loops engine) and no --memory-16k")
+    if any("trainer.kernels=liger" in options for options in args.variant):
+        p.error("--variant with trainer.kernels=liger: Liger patches transformers' Qwen2 module for the whole "
+                "process, so every run after it would run Liger's kernels too; give it as --engine-option")  # fmt: skip
+    for name, *options in args.variant:
+        if not options or name == "base_again" or any("=" not in o for o in options) or "=" in name:
+            p.error(f"--variant {name} {' '.join(options)}: give a name, then KEY=VALUE options")
     if "trainer.kernels=liger" in args.engine_option and "bare" in args.loops:
         p.error("trainer.kernels=liger patches transformers' Qwen2 module for the whole process, so the bare "
                 "loop would run Liger's kernels too: add --loops engine")  # fmt: skip

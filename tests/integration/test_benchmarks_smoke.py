@@ -63,3 +63,39 @@ def test_trainer_benchmark_quick(tmp_path: Path) -> None:
         assert sum(profile["share"].values()) == pytest.approx(1.0, abs=1e-3) and len(profile["top"]) == 3
         assert len(profile["ops"]) == 3 and all(op["ms"] > 0 for op in profile["ops"])
         assert (tmp_path / "traces" / f"{case}.json.gz").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_trainer_benchmark_variants(tmp_path: Path) -> None:
+    """`--variant` runs the engine again with its options, then the base once more: a variant
+        with the same sums (reduced accumulation) has the base's losses after the same updates,
+        one that changes them (another learning rate) does not, one that cannot start (FSDP offload on the
+    CPU) is recorded as an error while the rest run."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "trainer.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "trainer.py"), "--quick", "--cases", "length_mix", "--loops",
+         "engine", "--steps", "2", "--variant", "reduced", "fsdp.one_rank_accumulation=reduced", "--variant",
+         "lr", "trainer.optim.lr=1e-3", "--variant", "bad", "fsdp.cpu_offload=true", "--model-dir",
+         str(tmp_path), "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    base = result["cases"]["length_mix"]["engine"]
+    variants = result["variants"]
+    assert list(variants) == ["reduced", "lr", "bad", "base_again"]
+    assert "fsdp.cpu_offload" in variants["bad"]["error"] and not variants["bad"]["cases"]
+    assert variants["reduced"]["options"] == ["fsdp.one_rank_accumulation=reduced"]
+    again, reduced, lr = (variants[name]["cases"]["length_mix"] for name in ("base_again", "reduced", "lr"))
+    assert again["last_loss"] == base["last_loss"] and again["drift"] > 0
+    assert reduced["last_loss"] == base["last_loss"] and reduced["last_loss_diff"] == 0.0
+    assert reduced["first_loss"] == lr["first_loss"] == base["first_loss"]
+    assert lr["last_loss_diff"] > 0 and reduced["speedup"] > 0 and lr["speedup"] > 0
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "trainer.py"), "--quick", "--loops", "bare", "--variant", "x",
+         "trainer.compile=true", "--out", str(tmp_path / "no.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--variant compares engine runs" in refused.stderr
