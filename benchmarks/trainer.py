@@ -417,6 +417,9 @@ def run_variants(
     out: dict[str, Any] = {}
     for name, options in runs:
         out[name] = {"options": options, "cases": {}}
+        # Each engine compiles its own blocks afresh: code compiled for an earlier engine must
+        # not count against dynamo's recompile limit (past it, blocks would run eager unseen).
+        torch._dynamo.reset()
         try:
             model, step = engine_loop(model_dir, [*base_options, *options])
         except Exception as exc:  # a variant that cannot start is recorded, the others still run
