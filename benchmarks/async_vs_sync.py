@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -93,7 +92,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
-from benchmarks.json_out import print_json, read_earlier
+from benchmarks.json_out import print_json, provenance, read_earlier
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.placement import entries, role_counts
@@ -514,22 +513,6 @@ def plan_runs(
             check_config(load_config(config, runs[name]))
         out.append(runs)
     return out
-
-
-def provenance() -> dict[str, Any]:
-    """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, and `commit`
-    (`$TANDEM_COMMIT` where set, as on a machine whose copy of the tree has no true git
-    history; else git's short HEAD, `-dirty` with uncommitted changes; None without git)."""
-    commit = os.environ.get("TANDEM_COMMIT") or None
-    if commit is None:
-        try:
-            head = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=30)  # fmt: skip
-            commit = (head.stdout.strip() or None) if head.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired):
-            commit = None
-    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "commit": commit}  # fmt: skip
 
 
 def earlier_repeats(args: argparse.Namespace, base: RunConfig, measured_as: dict[str, Any]) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.json_out import print_json
+from benchmarks.json_out import print_json, provenance
 from benchmarks.trainer import case_lengths
 
 KERNELS = ("torch", "fa4", "cudnn", "cudnn_repeat", "sdpa_padded")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "attention", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim},
-        "warmup": args.warmup, "iters": args.iters, "cases": cases,
+        "warmup": args.warmup, "iters": args.iters, "cases": cases, **provenance(),
     }  # fmt: skip
     print_json(result, args.out)
 

@@ -30,7 +30,10 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.json_out import ROOT, provenance
+
 ROLES = ["controller-0", "rollout-0", "reward-0", "trainer-0", "trainer-1"]
 PEER_TIMEOUT_S = 10.0
 STALL_TIMEOUT_S = 20.0
@@ -106,9 +109,8 @@ def main() -> None:
         res = scenario(fault, target)
         print(json.dumps(res), file=sys.stderr)
         results.append(res)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     report = {
-        "benchmark": "faults", "commit": commit.stdout.strip(), "machine": f"{platform.node()} {os.cpu_count()} cpus",
+        "benchmark": "faults", **provenance(), "machine": f"{platform.node()} {os.cpu_count()} cpus",
         "peer_timeout_s": PEER_TIMEOUT_S, "stall_timeout_s": STALL_TIMEOUT_S, "kill_bound_s": KILL_BOUND_S,
         "all_within_bound": all(r["within_bound"] for r in results), "scenarios": results,
     }  # fmt: skip

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.json_out import provenance
 from runtime.gpu_memory import gpu_processes
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.every_s)
     result = {"command": command, "exit_code": proc.returncode, "seconds": round(time.monotonic() - started, 1),
               "peak_gb_by_process": {k: round(v, 2) for k, v in sorted(peaks.items())},
-              "peak_gb_all_processes": round(total_peak, 2)}  # fmt: skip
+              "peak_gb_all_processes": round(total_peak, 2), **provenance()}  # fmt: skip
     print(json.dumps(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

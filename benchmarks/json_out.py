@@ -1,10 +1,17 @@
-"""How a benchmark hands its result over: one JSON object on stdout, and the same text in a file."""
+"""How a benchmark hands its result over: one JSON object on stdout, and the same text in a file,
+stamped with when, where and from what code it ran (`provenance`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def print_json(result: dict[str, Any], out: Path | None) -> None:
@@ -15,6 +22,22 @@ def print_json(result: dict[str, Any], out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     print(text)
+
+
+def provenance() -> dict[str, Any]:
+    """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, and `commit`
+    (`$TANDEM_COMMIT` where set, as on a machine whose copy of the tree has no true git
+    history; else git's short HEAD, `-dirty` with uncommitted changes; None without git)."""
+    commit = os.environ.get("TANDEM_COMMIT") or None
+    if commit is None:
+        try:
+            head = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=30)  # fmt: skip
+            commit = (head.stdout.strip() or None) if head.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            commit = None
+    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "commit": commit}  # fmt: skip
 
 
 def read_earlier(

@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.json_out import provenance
 from runtime.config_load import load_config
 
 H200_BF16_DENSE_TFLOPS = 989.0
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results.append({"config": config, "error": (proc.stderr or proc.stdout)[-3000:]})
         print(json.dumps(results[-1]), flush=True)
-    out = {"results": results}
+    out = {"results": results, **provenance()}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2))

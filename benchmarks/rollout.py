@@ -68,7 +68,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 # The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
-from benchmarks.json_out import print_json
+from benchmarks.json_out import print_json, provenance
 from runtime.config import RunConfig
 from runtime.config_load import load_config
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
@@ -364,6 +364,7 @@ def main() -> None:
         "env": {k: os.environ[k] for k in ROLE_ENV_DEFAULTS},
         "event_loop": f"uvloop {uvloop.__version__}",
         **update,
+        **provenance(),
     }
     if "role_updating_tokens_per_s" in update:
         result["role_updating_over_bare"] = update["role_updating_tokens_per_s"] / bare_rate

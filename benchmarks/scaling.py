@@ -60,13 +60,12 @@ from benchmarks.async_vs_sync import (
     H200_BF16_DENSE_TFLOPS,
     compare,
     emit,
-    provenance,
     run_variant,
     setup_policy,
     variant_overrides,
 )
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
-from benchmarks.json_out import read_earlier
+from benchmarks.json_out import provenance, read_earlier
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.json_out import ROOT, provenance
 
 
 def launch(config: str, run_dir: Path, schedule: bool, overrides: list[str]) -> float:
@@ -65,7 +66,6 @@ def main() -> None:
     root = Path(args.run_root or tempfile.mkdtemp(prefix="tandem-schedule-overhead-"))
     walls: dict[str, list[float]] = {"true": [], "false": []}
     records: list[int] = []
-    started = time.time()
     for i in range(args.pairs):
         for schedule in (True, False):
             run_dir = root / f"{'with' if schedule else 'without'}-{i}"
@@ -77,7 +77,7 @@ def main() -> None:
     result = {
         "benchmark": "schedule_overhead",
         "config": args.config,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        **provenance(),
         "wall_s_with": walls["true"],
         "wall_s_without": walls["false"],
         "median_with_s": with_s,

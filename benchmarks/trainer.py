@@ -89,6 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
+from benchmarks.json_out import provenance
 from roles.training.varlen import cuda_kernel
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
@@ -568,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     else:  # as the bench configs train: bf16 compute, fp32 master weights and reduction
         overrides.append("fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
     run = run_memory if args.memory_16k else run_cases
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
+    result = {
+        "benchmark": "trainer", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, **provenance(),
+    }  # fmt: skip
     result.update(run(args, model_dir, device, overrides))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -64,6 +64,7 @@ import uvloop
 import zmq
 import zmq.asyncio
 
+from benchmarks.json_out import provenance
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 from transport import wire
@@ -424,6 +425,7 @@ def main() -> None:
         "targets": targets,
         "seconds": round(time.time() - started, 1),
         "loadavg_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        **provenance(),
     }
     print(json.dumps(result))
 

@@ -40,6 +40,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.json_out import provenance
+
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for the JSON
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
@@ -221,13 +224,12 @@ def main() -> None:
 
     prepare_run_dir(cfg)
     names = args.backends.split(",") if args.backends else backends(cpu_only=args.quick)
-    started = time.time()
     bucket_mbs = [int(x) for x in args.bucket_mb.split(",")] if args.bucket_mb else [cfg.weight_sync.bucket_mb]
     rows = asyncio.run(run(cfg, names, args.updates, bucket_mbs, args.busy))
     result = {
         "benchmark": "weight_sync",
         "config": args.config,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        **provenance(),
         "machine": {
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "python": platform.python_version(),

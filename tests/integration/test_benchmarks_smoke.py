@@ -56,6 +56,7 @@ def test_trainer_benchmark_quick(tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result == json.loads(out.read_text())
     assert result["loss_match"] is True and result["mfu_4k"] > 0 and result["speedup_length_mix"] > 0
+    assert result["benchmark"] == "trainer" and result["measured_at"].endswith("Z") and result["commit"]
     for case in ("fixed_4k", "length_mix"):
         for loop in ("engine", "bare"):
             assert result["cases"][case][loop]["tokens_per_s"] > 0
