@@ -291,7 +291,7 @@ class FSDPConfig(msgspec.Struct, **_STRUCT):
         Doc(
             description="One rank, several micro-batches: `unsharded` = FSDP2 adds each micro-batch's gradient into "
             "an unsharded copy in the reduce dtype and reduces once per step; `reduced` = each micro-batch's "
-            "gradient goes through FSDP2's reduction (its own stream) and is added to the sharded gradient. "
+            "gradient is cast into FSDP2's flat reduce buffer and added to the sharded gradient on its reduce stream. "
             "The same sums; parameters stay gathered either way (docs/fsdp.md)."
         ),
     ] = "unsharded"

@@ -121,10 +121,10 @@ def sync_after(model: FSDPModule, last: bool, *, reduce_each: bool = False) -> N
     """The coming backward reshards parameters only if `last`: else they stay gathered for
     the next micro-batch's forward. It reduces gradients if `last` or `reduce_each`; else
     FSDP2 adds them into an unsharded copy in the reduce dtype (one mixed-dtype add per
-    parameter in the backward's stream), where `reduce_each` copies them into its flat
-    reduce buffer on its own stream and adds them to the sharded gradient: the same sums
-    in the same order (`fsdp.one_rank_accumulation`). `sync_after(model, True)` restores
-    the default."""
+    parameter in the backward's stream), where `reduce_each` casts each block's into its
+    flat reduce buffer (one kernel) and adds that to the sharded gradient on the reduce
+    stream: the same sums in the same order (`fsdp.one_rank_accumulation`).
+    `sync_after(model, True)` restores the default."""
     model.set_requires_gradient_sync(last or reduce_each)
     model.set_reshard_after_backward(last)
 
