@@ -48,7 +48,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.json_out import print_json, provenance
+from benchmarks.json_out import one_line_error, print_json, provenance
 from benchmarks.trainer import case_lengths
 
 KERNELS = ("torch", "fa4", "cudnn", "cudnn_repeat", "sdpa_padded")
@@ -194,7 +194,7 @@ def run_case(lengths: list[int], names: list[str], args: argparse.Namespace, dev
                 r["vs_torch"] = reference[1] / r["fwd_bwd_ms"]
                 r["max_rel_diff"] = max_rel_diff(tensors, reference[0])
         except Exception as exc:  # one kernel's failure is its result; the others still run
-            results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            results[name] = {"error": one_line_error(exc)}
             continue
         results[name] = r
         del tensors

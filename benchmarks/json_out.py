@@ -24,6 +24,13 @@ def print_json(result: dict[str, Any], out: Path | None) -> None:
     print(text)
 
 
+def one_line_error(exc: BaseException) -> str:
+    """How a result records a part that failed while the others went on: the exception's
+    type and the first line of its message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def provenance() -> dict[str, Any]:
     """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, and `commit`
     (`$TANDEM_COMMIT` where set, as on a machine whose copy of the tree has no true git

@@ -89,7 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from benchmarks.json_out import provenance
+from benchmarks.json_out import one_line_error, provenance
 from roles.training.varlen import cuda_kernel
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
@@ -424,7 +424,7 @@ def run_variants(
         try:
             model, step = engine_loop(model_dir, [*base_options, *options])
         except Exception as exc:  # a variant that cannot start is recorded, the others still run
-            out[name]["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            out[name]["error"] = one_line_error(exc)
             print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
             _free(device)
             continue
@@ -438,7 +438,7 @@ def run_variants(
                 if m is not None and name != "base_again" and args.profile:
                     entry["profile"] = profile_step(step, batch, device, args.profile, None)
             except Exception as exc:
-                entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                entry = {"error": one_line_error(exc)}
             out[name]["cases"][case] = entry
             print(json.dumps({case: {name: entry}}), file=sys.stderr, flush=True)
         del model, step
