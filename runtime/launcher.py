@@ -46,6 +46,7 @@ from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan
 from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.process_groups import wait_gone
+from runtime.rendezvous import listen_for_worlds, store_fd
 from runtime.run_dir import check_run_dir, lock_run_dir
 from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
@@ -113,8 +114,9 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     if opts.join:
         specs = plan_join(cfg, opts.node_rank)
     else:
-        rendezvous = opts.master_port + 1 if opts.master_port else _free_port()
+        rendezvous = opts.master_port + 1 if opts.master_port else 0
         specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=rendezvous)
+    listeners = [] if opts.join or opts.master_port else listen_for_worlds(specs, opts.master_addr)
     if any(s.devices for s in specs):
         check_devices(specs, num_gpus)  # the processes actually planned (a --join launcher's too)
     env = _base_env(cfg, run_dir, opts)
@@ -132,6 +134,8 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
         console.note(plan_summary(plan))
     follower = LogFollower(run_dir / "logs", from_end=True)
     procs = [_spawn(s, run_dir, env) for s in specs]
+    for sock in listeners:  # each world's rank 0 has its own copy now
+        sock.close()
     return Supervisor(cfg, run_dir, procs, console, follower).watch()
 
 
@@ -329,12 +333,17 @@ def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
     cmd += ["--rank", str(spec.rank), "--node", str(spec.node)]
     popen = subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=(words.write_fd,),
+        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=_inherited_fds(spec, words),
     )  # fmt: skip
     out.close()
     words.child_started()
     log.info("spawned", proc=spec.name, pid=popen.pid)
     return Proc(spec=spec, popen=popen, words=words)
+
+
+def _inherited_fds(spec: ProcSpec, words: LastWords) -> tuple[int, ...]:
+    store = store_fd(spec)
+    return (words.write_fd,) if store is None else (words.write_fd, store)
 
 
 def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, str]:

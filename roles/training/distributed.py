@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import RunConfig
+from runtime.rendezvous import STORE_FD_ENV
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
@@ -37,6 +38,30 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        backend=backend, device_id=device if device.type == "cuda" else None, timeout=timedelta(seconds=timeout_s)
+        backend=backend,
+        store=_world_store(rank, world, timeout),
+        rank=rank,
+        world_size=world,
+        device_id=device if device.type == "cuda" else None,
+        timeout=timeout,
+    )
+
+
+def _world_store(rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
+    """The world's TCPStore on MASTER_ADDR:MASTER_PORT, served by rank 0: on the listening
+    socket its launcher bound and handed over where there is one (runtime.rendezvous), else
+    on a socket it binds now (a port given with --master-port). Every rank makes its own
+    store this one way, so they all see the same keys. Rank 0 waits, at most `timeout`, for
+    every rank to connect."""
+    fd = os.environ.get(STORE_FD_ENV, "")
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0,
+        timeout=timeout,
+        master_listen_fd=int(fd) if rank == 0 and fd.isdigit() else None,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,10 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.helpers.ports import free_port
+from tests.helpers.ports import rendezvous_file
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, provider: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, model_dir: str, tp: int, pp: int, provider: str) -> None:
     from megatron.core import parallel_state as ps
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -38,8 +37,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
         transformer_config,
     )
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(model_dir))
     config = transformer_config(dims, tp=tp, pp=pp, dtype=torch.float32, recompute=False)
@@ -69,7 +67,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
 def main() -> None:
     model_dir, tp, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     provider = sys.argv[4] if len(sys.argv) > 4 else ""
-    mp.spawn(_worker, args=(tp * pp, free_port(), model_dir, tp, pp, provider), nprocs=tp * pp, join=True)
+    mp.spawn(_worker, args=(tp * pp, rendezvous_file(), model_dir, tp, pp, provider), nprocs=tp * pp, join=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ actor engine on CPU in float32 with a large lr and no gradient clip (changes sho
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ import torch.distributed as dist
 
 from roles.trainer.engine_fsdp import FSDPEngine
 from runtime.config_load import load_config
-from tests.helpers.ports import free_port
+from tests.helpers.ports import world_of_one
 from transport.wire import TrainBatch
 
 PROMPT, RESPONSE, NUM_SEQS = 4, 6, 8
@@ -29,16 +28,14 @@ ONE_GPU_ENGINE = ["trainer.device=cuda", "trainer.optim.lr=0.001", "trainer.opti
 
 def one_rank_world() -> None:
     if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
+        world_of_one("gloo")
 
 
 def one_rank_cuda_world() -> None:
     """A world of one NCCL rank on GPU 0 (a no-op without CUDA or once initialised)."""
     if torch.cuda.is_available() and not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+        world_of_one("nccl", device_id=torch.device("cuda", 0))
 
 
 def toy_engine(model: Path, *overrides: str) -> FSDPEngine:

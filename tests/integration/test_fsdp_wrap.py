@@ -32,7 +32,7 @@ from roles.training.fsdp import (
     wrap_model_with_fsdp,
 )
 from runtime.config import FSDPConfig, MixedPrecisionConfig
-from tests.helpers.ports import free_port
+from tests.helpers.ports import rendezvous_file
 
 WORLD_SIZE = 2
 MAX_GRAD_NORM = 0.1  # well below the batch's gradient norm (~1.5), so clipping scales
@@ -216,12 +216,12 @@ def reference(pristine: torch.nn.Module) -> dict:
     return {"loss": loss.detach(), "grads": grads, "norm": norm, "params": params}
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
+def worker(rank: int, rendezvous: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     os.environ.pop("LOCAL_WORLD_SIZE", None)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=rendezvous,
         rank=rank,
         world_size=WORLD_SIZE,
         timeout=timedelta(seconds=60),
@@ -249,7 +249,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
 def spawned(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Every rank's verdicts from one 2-process run of all cases."""
     out_dir = tmp_path_factory.mktemp("fsdp_wrap")
-    mp.spawn(worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(worker, args=(rendezvous_file(out_dir), str(out_dir)), nprocs=WORLD_SIZE, join=True)
     return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 

@@ -16,7 +16,7 @@ import torch
 
 from runtime.tiny_model import make_tiny_model
 from tests.conftest import ROOT
-from tests.helpers.ports import free_port
+from tests.helpers.ports import rendezvous_file
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +60,14 @@ def test_critic_value_model_loads_the_policy_trunk_with_a_zero_scalar_head(tiny_
     assert result["head"] == {"output_layer.score.weight": 0.0}
 
 
-def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
-    import os
+def _gather_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
 
     import torch.distributed as dist
 
     from roles.training.megatron_engine import gather_shards
     from transport.wire import TrainBatch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     lengths = [[3, 5], [], [4]][rank]  # rank 1 holds no sequence
     n = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int64)
@@ -91,7 +89,7 @@ def test_replica_ranks_gather_each_others_shards_in_rank_order(tmp_path: Path) -
     """What the Megatron engine does first: TP/PP ranks of a replica train the same sequences."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_gather_worker, args=(3, free_port(), str(tmp_path)), nprocs=3, join=True)
+    mp.spawn(_gather_worker, args=(3, rendezvous_file(tmp_path), str(tmp_path)), nprocs=3, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
     want_ids = torch.cat([torch.arange(100, 108), torch.arange(300, 304)])
     for r in results:

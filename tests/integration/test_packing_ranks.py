@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from roles.trainer.engine_fsdp import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
-from tests.helpers.ports import free_port
+from tests.helpers.ports import rendezvous_file, world_of_one
 from transport.wire import TrainBatch
 
 SHARDS = [[250, 10, 12], [20 + i for i in range(30)]]  # rank 0: one long, two short; rank 1: many short
@@ -67,8 +67,9 @@ def _step(engine: FSDPEngine, batch: TrainBatch) -> dict[str, Any]:
     return {"metrics": engine.train_step(batch), "grads": grads}
 
 
-def worker(rank: int, port: int, model: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+def worker(rank: int, rendezvous: str, model: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     torch.set_num_threads(1)
     engine = FSDPEngine(
         load_config(None, [*BASE, "trainer.logprob_chunk_tokens=16", f"trainer.micro_batch_tokens={BUDGET}"]),
@@ -84,14 +85,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_two_ranks_run_equal_micro_batch_counts_and_match_one_padded_rank(model_dir: Path, tmp_path: Path) -> None:
-    mp.spawn(worker, args=(free_port(), str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(worker, args=(rendezvous_file(tmp_path), str(model_dir), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     counts = [r["metrics"]["micro_batches"] for r in ranks]
     assert counts == [5, 5]  # rank 1's 1035 tokens need 5 bins of 256; rank 0's 3 sequences, 2 empty ones
     assert all(r["metrics"]["padding_fraction"] == 0.0 for r in ranks)
     if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo")
+        world_of_one("gloo")
     padded = ["trainer.packing=false", "trainer.logprob_chunk_tokens=0", "trainer.micro_batch_tokens=100000"]
     ref_engine = FSDPEngine(load_config(None, [*BASE, *padded]), model_dir)
     ref = _step(ref_engine, _whole())

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The H200 measurements that open issues still owe (docs/gpu-verification.md, "Not yet
+# verified"), as queues for the lent device machine. In the tree, not in an ignored folder,
+# because a new checkout starts without the ignored ones.
+#
+# The device machine has python3.12, torch and CUDA but no vLLM: ../shared/device/
+# prepare_vllm_carry.sh builds .carry0, .carry1 and .carry2 in this checkout first. The
+# machine is released about 30 s after a call ends, so the calls go back to back in one
+# batch, each with its carry:
+#   bash benchmarks/h200_owed.sh carry 0                          carry [".carry0"], timeout 300
+#   bash benchmarks/h200_owed.sh carry 1                          carry [".carry1"], timeout 120
+#   TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh carry 2 issue30 issue34
+#                                                                 carry [".carry2"], timeout 300
+#   bash benchmarks/h200_owed.sh poll 540                         (again and again), timeout 600
+# `carry 2` installs vLLM and starts the named queues, one after the other, in the
+# background; `poll S` waits until they end or S seconds pass, then copies every JSON and
+# log written so far to $OUT. Each queue's steps are ordered by what they decide, so a cut
+# budget loses the least. TANDEM_COMMIT is the commit the JSON records (the machine's copy of
+# the tree has no git history): commit first, then start.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+Q=/root/q
+STASH=/root/stash
+SITE=/tmp/site
+
+device_env() {
+    export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
+    export PYTHONPATH="$SITE:$PWD"
+}
+
+carry() {
+    mkdir -p "$STASH"
+    case "$1" in
+    0)
+        cp -f .carry0/* "$STASH"/ &&
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$STASH"/*.whl &&
+            echo "carry 0: $(ls "$STASH" | wc -l) files installed"
+        ;;
+    1) cp -f .carry1/* "$STASH"/ && ls -l "$STASH" | grep part ;;
+    2)
+        cp -f .carry2/* "$STASH"/ &&
+            cat "$STASH"/vllm-*.whl.part* >/tmp/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl &&
+            (cd /tmp && sha256sum -c "$STASH"/vllm.sha256) &&
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" /tmp/vllm-*.whl ||
+            {
+                echo "carry 2 failed: if sha256sum failed the machine was replaced between steps; start at carry 0"
+                return 1
+            }
+        shift
+        mkdir -p "$Q"
+        [ -n "${TANDEM_COMMIT:-}" ] || echo "warning: TANDEM_COMMIT unset; the JSON records no commit"
+        nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 &
+        echo "started: $* (log $Q/queue.log)"
+        ;;
+    esac
+}
+
+step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "$(date -u +%H:%M:%S) start $name"
+    timeout "$limit" "$@" >"$Q/$name.log" 2>&1
+    echo "$(date -u +%H:%M:%S) end $name rc $?"
+}
+
+LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.length_dist.kind=lognormal
+    rollout.length_dist.mean_tokens=512 trainer.micro_batch_tokens=8192)
+
+issue30() {  # the long-tail repeat first (the acceptance's three), then the curves' points
+    R=benchmarks/results
+    step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml --staleness 8 \
+        --measured-steps 20 --run-root /root/lt --add-to $R/async_vs_sync_h200x1_longtail.json \
+        --out $Q/async_vs_sync_h200x1_longtail.json "${LONGTAIL[@]}"
+    step length_8192 300 python3 benchmarks/scaling.py --axis length --only mean-8192 --staleness 8 --steps 10 \
+        --run-root /root/sl --out $Q/scaling_length_h200x1.json
+    step model_0.5b 900 python3 benchmarks/scaling.py --axis model --steps 10 --only 0.5b --run-root /root/sm \
+        --add-to $R/scaling_model_h200x1.json --out $Q/scaling_model_h200x1.json
+    step model_3b 1200 python3 benchmarks/scaling.py --axis model --steps 10 --only 3b --run-root /root/sm3 \
+        --add-to $Q/scaling_model_h200x1.json --out $Q/scaling_model_h200x1.json
+    for point in mean-512 mean-2048; do
+        step "length_$point" 1200 python3 benchmarks/scaling.py --axis length --only $point --staleness 8 \
+            --steps 10 --run-root "/root/sl-$point" --add-to $Q/scaling_length_h200x1.json \
+            --out $Q/scaling_length_h200x1.json
+    done
+    cp -n $R/async_vs_sync_h200x1_fixed512.json $Q/ 2>/dev/null
+    for pair in 2 3; do
+        step "fixed512_$pair" 900 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml \
+            --measured-steps 20 --run-root "/root/fx$pair" --add-to $Q/async_vs_sync_h200x1_fixed512.json \
+            --out $Q/async_vs_sync_h200x1_fixed512.json
+    done
+}
+
+issue34() {  # attention kernels, then the compiled engine against its variants in one call
+    step attention 600 python3 benchmarks/attention.py --kernels torch cudnn cudnn_repeat sdpa_padded \
+        --out $Q/attention_h200x1.json
+    step cudnn_test 600 python3 -m pytest -m gpu tests/gpu/test_attention_kernels_gpu.py -k cudnn -s -o addopts=""
+    step trainer_variants 1500 python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
+        --profile 12 --engine-option trainer.compile=true \
+        --variant cudnn trainer.attention_kernel=cudnn \
+        --variant reduced fsdp.one_rank_accumulation=reduced \
+        --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced \
+        --variant bf16acc "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: bfloat16}" \
+        --out $Q/trainer_variants_h200x1.json
+}
+
+queues() {
+    device_env
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    for q in "$@"; do
+        echo "== $q"
+        "$q"
+    done
+    echo "$(date -u +%H:%M:%S) queues done"
+    touch "$Q/done"
+}
+
+poll() {  # poll SECONDS: wait for the queues (at most SECONDS), then copy what they wrote
+    local until=$((SECONDS + $1))
+    while [ ! -e "$Q/done" ] && [ $SECONDS -lt "$until" ]; do sleep 10; done
+    mkdir -p "$OUT/q"
+    cp -f "$Q"/*.json "$Q"/*.log "$OUT/q/" 2>/dev/null
+    for run in /root/lt /root/sl* /root/sm* /root/fx*; do  # each run's role logs, for a failure's cause
+        [ -d "$run" ] && tar czf "$OUT/q/$(basename "$run")-logs.tgz" --exclude='*.safetensors' --exclude='*.pt' \
+            -C "$(dirname "$run")" "$(basename "$run")" 2>/dev/null
+    done
+    cat "$Q/queue.log"
+    [ -e "$Q/done" ] && echo "all queues done"
+}
+
+"$@"
