@@ -100,6 +100,7 @@ issue34() {  # attention kernels, then the compiled engine against its variants 
         --variant reduced fsdp.one_rank_accumulation=reduced \
         --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced \
         --variant bf16acc "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: bfloat16}" \
+        --variant chunk4k trainer.logprob_chunk_tokens=4096 \
         --out $Q/trainer_variants_h200x1.json
 }
 
