@@ -19,7 +19,7 @@
 # the tree has no git history): commit first, then start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-Q=/root/q
+Q=${H200_QUEUE_DIR:-/root/q}  # what the queues write; poll copies it to $OUT/q
 STASH=/root/stash
 SITE=/tmp/site
 
@@ -120,9 +120,9 @@ poll() {  # poll SECONDS: wait for the queues (at most SECONDS), then copy what 
     while [ ! -e "$Q/done" ] && [ $SECONDS -lt "$until" ]; do sleep 10; done
     mkdir -p "$OUT/q"
     cp -f "$Q"/*.json "$Q"/*.log "$OUT/q/" 2>/dev/null
-    for run in /root/lt /root/sl* /root/sm* /root/fx*; do  # each run's role logs, for a failure's cause
-        [ -d "$run" ] && tar czf "$OUT/q/$(basename "$run")-logs.tgz" --exclude='*.safetensors' --exclude='*.pt' \
-            -C "$(dirname "$run")" "$(basename "$run")" 2>/dev/null
+    for run in /root/lt /root/sl* /root/sm* /root/fx*; do  # each run's role logs (only), for a failure's cause
+        [ -d "$run" ] && (cd "$run" && find . -type d -name logs -print0 |
+            tar czf "$OUT/q/$(basename "$run")-logs.tgz" --null -T -) 2>/dev/null
     done
     cat "$Q/queue.log"
     [ -e "$Q/done" ] && echo "all queues done"
