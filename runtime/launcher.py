@@ -46,7 +46,7 @@ from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan
 from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.process_groups import wait_gone
-from runtime.rendezvous import listen_for_worlds, store_fd
+from runtime.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
 from runtime.run_dir import check_run_dir, lock_run_dir
 from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
@@ -117,9 +117,13 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
         rendezvous = opts.master_port + 1 if opts.master_port else 0
         specs = plan_processes(cfg, opts.node_rank, master_addr=opts.master_addr, master_port=rendezvous)
     listeners = [] if opts.join or opts.master_port else listen_for_worlds(specs, opts.master_addr)
+    controller_port = opts.master_port
+    if not (opts.join or opts.master_port) and (opts.nnodes > 1 or not cfg.transport.use_ipc):  # TCP: hold it too
+        listeners.append(listen_for_controller(specs, cfg.transport.bind_host))
+        controller_port = listeners[-1].getsockname()[1]
     if any(s.devices for s in specs):
         check_devices(specs, num_gpus)  # the processes actually planned (a --join launcher's too)
-    env = _base_env(cfg, run_dir, opts)
+    env = _base_env(cfg, run_dir, opts, controller_port)
     if cfg.resume == "auto":
         env[checkpoint.RESUME_ENV] = resume
     log.info(
@@ -333,7 +337,7 @@ def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
     cmd += ["--rank", str(spec.rank), "--node", str(spec.node)]
     popen = subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=_inherited_fds(spec, words),
+        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=(words.write_fd, *inherited_fds(spec)),
     )  # fmt: skip
     out.close()
     words.child_started()
@@ -341,17 +345,12 @@ def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
     return Proc(spec=spec, popen=popen, words=words)
 
 
-def _inherited_fds(spec: ProcSpec, words: LastWords) -> tuple[int, ...]:
-    store = store_fd(spec)
-    return (words.write_fd,) if store is None else (words.write_fd, store)
-
-
-def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions) -> dict[str, str]:
+def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions, port: int) -> dict[str, str]:
+    """Every role's environment; `port` is the controller's TCP port (0 on ipc)."""
     env = {**ROLE_ENV_DEFAULTS, **os.environ}
     env["PYTHONUNBUFFERED"] = "1"
     env["TANDEM_NNODES"] = str(opts.nnodes)
     env["TANDEM_JOIN"] = opts.join
-    port = opts.master_port or (0 if cfg.transport.use_ipc else _free_port())
     env["TANDEM_CONTROLLER_PORT"] = str(port)
     if opts.join:
         env[addresses.CONTROLLER_ENV] = opts.join if "://" in opts.join else f"tcp://{opts.join}"
@@ -387,11 +386,3 @@ def _describe_exit(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

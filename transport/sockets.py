@@ -24,10 +24,20 @@ from transport.security import PLAIN_USER, ZAP_DOMAIN, apply_curve, ensure_authe
 
 
 def bind_router(
-    ctx: zmq.asyncio.Context, address: str, *, name: str, options: ChannelOptions = ChannelOptions()
+    ctx: zmq.asyncio.Context,
+    address: str,
+    *,
+    name: str,
+    options: ChannelOptions = ChannelOptions(),
+    listen_fd: int | None = None,
 ) -> RpcEndpoint:
-    """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`)."""
+    """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`).
+    With `listen_fd`, a TCP socket already bound to `address`'s port and listening (as the
+    launcher hands one over, runtime.rendezvous), the ROUTER serves on it (ZMQ_USE_FD)
+    and owns it from then on."""
     sock = ctx.socket(zmq.ROUTER)
+    if listen_fd is not None:
+        sock.setsockopt(zmq.USE_FD, listen_fd)
     _configure(sock, options)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     # No handover: a second connection with a live peer's identity cannot take its place.

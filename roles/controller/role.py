@@ -44,6 +44,7 @@ from runtime import addresses, base_model, checkpoint
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
+from runtime.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.role import FatalError, Role
 from runtime.run_token import read_token
 from transport import wire
@@ -76,7 +77,8 @@ class Controller(Role):
         self.noisy = Throttled(log)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
         bind = addresses.controller_bind_address(cfg, self.ctx.run_dir)
-        self.server = bind_router(self.zmq, bind, name="controller", options=opts)
+        listen_fd = handed_fd(CONTROLLER_FD_ENV) if bind.startswith("tcp://") else None  # the launcher's socket
+        self.server = bind_router(self.zmq, bind, name="controller", options=opts, listen_fd=listen_fd)
         self._build_stages(gae, wall_offset)
         self.server.start(self._on_message, on_peer_lost=self.membership.peer_lost)
         log.info("controller_listening", address=self.server.address, batch_size=self.ledger.gate.batch_size)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import RunConfig
-from runtime.rendezvous import STORE_FD_ENV
+from runtime.rendezvous import STORE_FD_ENV, handed_fd
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
@@ -56,12 +56,12 @@ def _world_store(rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
     on a socket it binds now (a port given with --master-port). Every rank makes its own
     store this one way, so they all see the same keys. Rank 0 waits, at most `timeout`, for
     every rank to connect."""
-    fd = os.environ.get(STORE_FD_ENV, "")
+    fd = handed_fd(STORE_FD_ENV) if rank == 0 else None
     return dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world,
         is_master=rank == 0,
         timeout=timeout,
-        master_listen_fd=int(fd) if rank == 0 and fd.isdigit() else None,
+        master_listen_fd=fd,
     )

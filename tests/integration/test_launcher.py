@@ -118,10 +118,15 @@ def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path: Path) -> Non
 
 
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    proc = launch(tmp_path / "run")
+    # On TCP rather than ipc sockets, so that one run covers the controller serving on the
+    # port the launcher bound and handed over (runtime.rendezvous) with every role reaching it.
+    proc = launch(tmp_path / "run", "transport.use_ipc=false")
     try:
         for name in ("controller-0", "reward-0", "trainer-0", "trainer-1"):
             wait_ready(tmp_path / "run", name, proc)
+        log = (tmp_path / "run" / "logs" / "controller-0.jsonl").read_text().splitlines()
+        listening = next(json.loads(ln) for ln in log if '"controller_listening"' in ln)
+        assert listening["address"].startswith("tcp://127.0.0.1:"), listening
         everything = tree(proc.pid)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)

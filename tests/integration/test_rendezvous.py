@@ -1,4 +1,5 @@
-"""The torch worlds' rendezvous ports are the run's from the launcher's bind on.
+"""The ports a launcher picks (torch worlds' rendezvous, the controller on TCP) are the run's
+from its bind on.
 
 The launcher used to pick a free port, close it and tell the ranks; in a loaded CI suite
 another process took it before trainer-0's TCPStore started and the run died of
@@ -8,6 +9,7 @@ real gloo world), and the port cannot be taken at any point in between.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import socket
@@ -19,7 +21,7 @@ import pytest
 
 from runtime.config_load import load_config
 from runtime.placement import ProcSpec, plan_processes
-from runtime.rendezvous import STORE_FD_ENV, listen_for_worlds, store_fd
+from runtime.rendezvous import STORE_FD_ENV, inherited_fds, listen_for_controller, listen_for_worlds
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK_CODE = """
@@ -53,9 +55,9 @@ def test_each_world_gets_its_own_held_port_and_only_rank_0_the_socket() -> None:
         critic_port = by_name["critic-0"].env["MASTER_PORT"]
         assert by_name["trainer-1"].env["MASTER_PORT"] == trainer_port != critic_port
         assert _taken(int(trainer_port)) and _taken(int(critic_port))
-        assert store_fd(by_name["trainer-0"]) is not None and store_fd(by_name["critic-0"]) is not None
-        assert store_fd(by_name["trainer-1"]) is None
-        assert "MASTER_PORT" not in by_name["rollout-0"].env and store_fd(by_name["rollout-0"]) is None
+        assert len(inherited_fds(by_name["trainer-0"])) == 1 == len(inherited_fds(by_name["critic-0"]))
+        assert inherited_fds(by_name["trainer-1"]) == ()
+        assert "MASTER_PORT" not in by_name["rollout-0"].env and inherited_fds(by_name["rollout-0"]) == ()
         assert len(listeners) == 2
     finally:
         for sock in listeners:
@@ -79,8 +81,7 @@ def test_rank_0_serves_on_the_launchers_socket_and_the_port_is_never_free() -> N
     env.pop(STORE_FD_ENV, None)
     procs = []
     for s in specs:
-        fd = store_fd(s)
-        pass_fds = () if fd is None else (fd,)
+        pass_fds = inherited_fds(s)
         out = subprocess.PIPE
         cmd = [sys.executable, "-c", RANK_CODE]
         procs.append(
@@ -92,3 +93,29 @@ def test_rank_0_serves_on_the_launchers_socket_and_the_port_is_never_free() -> N
     outs = [p.communicate(timeout=150)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all("sum 3.0" in out for out in outs), outs
+
+
+async def test_the_controller_serves_on_the_launchers_socket() -> None:
+    """ZMQ_USE_FD: the ROUTER takes the handed socket; a DEALER reaches it on the port."""
+    import zmq.asyncio
+
+    from transport.sockets import bind_router, connect_dealer
+
+    specs = [ProcSpec(role="controller", rank=0), ProcSpec(role="rollout", rank=0)]
+    sock = listen_for_controller(specs, "127.0.0.1")
+    port = sock.getsockname()[1]
+    (fd,) = inherited_fds(specs[0])
+    assert inherited_fds(specs[1]) == ()
+    ctx = zmq.asyncio.Context()
+    router = bind_router(ctx, f"tcp://127.0.0.1:{port}", name="controller", listen_fd=os.dup(fd))
+    sock.close()  # as the launcher does once the controller is spawned
+    dealer = connect_dealer(ctx, f"tcp://127.0.0.1:{port}", name="rollout", identity="rollout-0")
+    try:
+        assert _taken(port)
+        assert router.address == f"tcp://127.0.0.1:{port}"
+        await dealer.sock.send(b"hello")
+        assert await asyncio.wait_for(router.sock.recv_multipart(), 10) == [b"rollout-0", b"hello"]
+    finally:
+        dealer.sock.close(0)
+        router.sock.close(0)
+        ctx.term()
