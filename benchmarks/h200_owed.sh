@@ -49,7 +49,7 @@ carry() {
         shift
         mkdir -p "$Q"
         [ -n "${TANDEM_COMMIT:-}" ] || echo "warning: TANDEM_COMMIT unset; the JSON records no commit"
-        nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 &
+        setsid nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 </dev/null &  # outlives this call
         echo "started: $* (log $Q/queue.log)"
         ;;
     esac
