@@ -138,7 +138,7 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
         console.note(plan_summary(plan))
     follower = LogFollower(run_dir / "logs", from_end=True)
     procs = [_spawn(s, run_dir, env) for s in specs]
-    for sock in listeners:  # each world's rank 0 has its own copy now
+    for sock in listeners:  # the process serving each one has its own copy now
         sock.close()
     return Supervisor(cfg, run_dir, procs, console, follower).watch()
 

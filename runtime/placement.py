@@ -24,6 +24,9 @@ DEFAULT_PLACEMENT = (
 )
 
 
+TORCH_WORLDS = ("trainer", "critic")  # the roles whose ranks form a torch.distributed world of their own
+
+
 class PlacementError(ValueError):
     """A placement that cannot run."""
 
@@ -137,7 +140,7 @@ def visible_device_names(devices: list[int]) -> list[str]:
 def _add_dist_env(specs: list[ProcSpec], cfg: RunConfig, counts: dict[str, int], addr: str, port: int) -> None:
     per_node: dict[tuple[str, int], int] = {}
     for s in specs:
-        if s.role not in ("trainer", "critic"):
+        if s.role not in TORCH_WORLDS:
             continue
         local = per_node.get((s.role, s.node), 0)
         per_node[(s.role, s.node)] = local + 1

@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 import socket
 
-from runtime.placement import ProcSpec
+from runtime.placement import TORCH_WORLDS, ProcSpec
 
 STORE_FD_ENV = "TANDEM_STORE_FD"
 CONTROLLER_FD_ENV = "TANDEM_CONTROLLER_FD"
 FD_ENVS = (STORE_FD_ENV, CONTROLLER_FD_ENV)
-WORLDS = ("trainer", "critic")  # the roles whose ranks form a torch.distributed world
 
 
 def listen_for_worlds(specs: list[ProcSpec], addr: str) -> list[socket.socket]:
@@ -33,12 +32,12 @@ def listen_for_worlds(specs: list[ProcSpec], addr: str) -> list[socket.socket]:
     rank 0 also `STORE_FD_ENV`. The caller passes the fds on (`inherited_fds`) and closes
     its own sockets once the roles are spawned."""
     out: list[socket.socket] = []
-    for world in WORLDS:
+    for world in TORCH_WORLDS:
         ranks = [s for s in specs if s.role == world]
         first = next((s for s in ranks if s.rank == 0), None)
         if first is None:
             continue
-        sock = _listen(addr)
+        sock = listening_socket(addr)
         out.append(sock)
         for s in ranks:
             s.env["MASTER_PORT"] = str(sock.getsockname()[1])
@@ -51,7 +50,7 @@ def listen_for_controller(specs: list[ProcSpec], host: str) -> socket.socket:
     the controller's environment (`CONTROLLER_FD_ENV`); the caller tells every role the
     port and closes the socket once the roles are spawned."""
     controller = next(s for s in specs if s.role == "controller")
-    sock = _listen(host)
+    sock = listening_socket(host)
     controller.env[CONTROLLER_FD_ENV] = str(sock.fileno())
     return sock
 
@@ -69,7 +68,9 @@ def handed_fd(name: str) -> int | None:
     return int(fd) if fd.isdigit() else None
 
 
-def _listen(host: str) -> socket.socket:
+def listening_socket(host: str) -> socket.socket:
+    """A TCP socket bound to a free port of `host` only (IPv6 where `host` has a colon)
+    and listening, for a server to take over (a TCPStore's `master_listen_fd`, ZMQ_USE_FD)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.bind((host, 0))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import socket
 import threading
 import time
 import zlib
@@ -29,16 +28,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.rendezvous import listening_socket
+
 _ENV_LOCK = threading.Lock()
 
 
 def host_store(host: str, timeout_s: float) -> dist.TCPStore:
     """The TCPStore trainer rank 0 serves for its weight groups, on a free port (`.port`)
     of `host` only (by itself a TCPStore listens on every interface)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.bind((host, 0))
-    sock.listen(128)
+    sock = listening_socket(host)
     port = sock.getsockname()[1]
     return dist.TCPStore(  # the store owns the listening socket from here on
         host, port, is_master=True, wait_for_workers=False, timeout=_delta(timeout_s), master_listen_fd=sock.detach()
