@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from runtime.config import PlacementEntry, RunConfig
 from runtime.config_load import ConfigError
-from runtime.placement import entries
+from runtime.placement import TORCH_WORLDS, entries
 
 TRAINER_MIN_FRACTION = 0.2
 _EPS = 1e-9
@@ -52,7 +52,7 @@ def label(index: int, e: PlacementEntry) -> str:
 def uses_gpu(cfg: RunConfig, role: str) -> bool:
     if role == "controller":
         return False
-    if role in ("trainer", "critic"):
+    if role in TORCH_WORLDS:
         return cfg.trainer.device != "cpu"
     return True
 
@@ -63,7 +63,7 @@ def check_gpu_devices(cfg: RunConfig, device_count: int, node: int = 0) -> None:
         if node not in (e.nodes or [e.node]) or e.count == 0 or not uses_gpu(cfg, e.role):
             continue
         if e.devices and device_count == 0:
-            hint = "set trainer.device=cpu or remove" if e.role in ("trainer", "critic") else "remove"
+            hint = "set trainer.device=cpu or remove" if e.role in TORCH_WORLDS else "remove"
             raise ConfigError(
                 f"{label(i, e)} asks for GPU {e.devices[0]} but node {node} has no GPU ({hint} its devices)"
             )
@@ -71,7 +71,7 @@ def check_gpu_devices(cfg: RunConfig, device_count: int, node: int = 0) -> None:
             if d >= device_count:
                 have = "GPU 0" if device_count == 1 else f"GPUs 0-{device_count - 1}"
                 raise ConfigError(f"{label(i, e)} asks for GPU {d}, which does not exist: node {node} has only {have}")
-        if e.role in ("trainer", "critic") and cfg.trainer.device == "cuda" and device_count == 0:
+        if e.role in TORCH_WORLDS and cfg.trainer.device == "cuda" and device_count == 0:
             raise ConfigError(f"{label(i, e)}: trainer.device=cuda but node {node} has no GPU")
 
 

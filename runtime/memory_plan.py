@@ -43,7 +43,7 @@ from runtime.memory_model import (
     vllm_kv_cache_gb,
     weight_sync_items,
 )
-from runtime.placement import wants_gpus
+from runtime.placement import TORCH_WORLDS, wants_gpus
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)
@@ -87,9 +87,9 @@ class GpuPlan:
         """GB the GPU holds in each phase of the loop: contexts and the trainers'
         allocator slack (reserved beyond allocated) included."""
         context = sum(p.context_gb for p in self.processes)
-        context += sum(ALLOCATOR_SLACK * p.trainer_peak for p in self.processes if p.role in ("trainer", "critic"))
-        trainers = [p for p in self.processes if p.role in ("trainer", "critic")]
-        others = [p for p in self.processes if p.role not in ("trainer", "critic")]
+        context += sum(ALLOCATOR_SLACK * p.trainer_peak for p in self.processes if p.role in TORCH_WORLDS)
+        trainers = [p for p in self.processes if p.role in TORCH_WORLDS]
+        others = [p for p in self.processes if p.role not in TORCH_WORLDS]
         if self.rollout_sleeps:
             step = sum(p.trainer_peak for p in trainers) + sum(p.held("asleep") for p in others)
             update = sum(p.held("update") for p in trainers) + sum(p.held("awake") for p in others)
@@ -155,7 +155,7 @@ def build_plan(cfg: RunConfig, gpu_gb: float, host_gb: float, *, on_gpus: bool |
     if on_gpus is None:
         on_gpus = bool(gpu_gb) or wants_gpus(cfg)
     procs = placed_processes(cfg)
-    world = {role: sum(1 for p in procs if p.role == role) for role in ("trainer", "critic")}
+    world = {role: sum(1 for p in procs if p.role == role) for role in TORCH_WORLDS}
     by_gpu: dict[tuple[int, int | None, int], list[tuple[Placed, PlannedProcess]]] = {}  # (node, GPU, alone)
     for i, proc in enumerate(procs):
         on_gpu = on_gpus and uses_gpu(cfg, proc.role) and (proc.role != "reward" or bool(proc.devices))
@@ -187,7 +187,7 @@ def _plan_process(
     on_gpu: bool,
 ) -> PlannedProcess:  # fmt: skip
     context = CUDA_CONTEXT_GB if on_gpu else 0.0
-    if proc.role in ("trainer", "critic"):
+    if proc.role in TORCH_WORLDS:
         items = trainer_memory(cfg, shape, world[proc.role], critic=proc.role == "critic")
         if proc.role == "trainer" and proc.rank == 0 and on_gpu:
             items += weight_sync_items(cfg, shape, _backend(cfg, proc, procs))
@@ -340,7 +340,7 @@ def format_plan(plan: Plan) -> str:
             for i in p.items:
                 if i.gb or not i.host_gb:
                     lines.append(f"  {p.name:<12} {i.what:<52} {i.gb:7.1f}  {i.phase}")
-            if p.role in ("trainer", "critic"):
+            if p.role in TORCH_WORLDS:
                 lines.append(f"  {p.name:<12} {'peak (cuda_peak_gb)':<52} {p.trainer_peak:7.1f}")
             if p.context_gb:
                 lines.append(f"  {p.name:<12} {'CUDA context, NCCL (outside the allocator)':<52} {p.context_gb:7.1f}")
