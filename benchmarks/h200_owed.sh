@@ -12,6 +12,8 @@
 #   TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh carry 2 issue30 issue34
 #                                                                 carry [".carry2"], timeout 300
 #   bash benchmarks/h200_owed.sh poll 540                         (again and again), timeout 600
+# A queue that needs no vLLM (trainer_only) starts after `carry 0` alone:
+#   bash benchmarks/h200_owed.sh carry 0 && bash benchmarks/h200_owed.sh start trainer_only
 # `carry 2` installs vLLM and starts the named queues, one after the other, in the
 # background; `poll S` waits until they end or S seconds pass, then copies every JSON and
 # log written so far to $OUT. Each queue's steps are ordered by what they decide, so a cut
@@ -47,12 +49,16 @@ carry() {
                 return 1
             }
         shift
-        mkdir -p "$Q"
-        [ -n "${TANDEM_COMMIT:-}" ] || echo "warning: TANDEM_COMMIT unset; the JSON records no commit"
-        setsid nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 </dev/null &  # outlives this call
-        echo "started: $* (log $Q/queue.log)"
+        start "$@"
         ;;
     esac
+}
+
+start() {  # start QUEUE...: the queues, one after the other, in the background
+    mkdir -p "$Q"
+    [ -n "${TANDEM_COMMIT:-}" ] || echo "warning: TANDEM_COMMIT unset; the JSON records no commit"
+    setsid nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 </dev/null &  # outlives this call
+    echo "started: $* (log $Q/queue.log)"
 }
 
 step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.log
@@ -90,18 +96,25 @@ issue30() {  # the long-tail repeat first (the acceptance's three), then the cur
     done
 }
 
-issue34() {  # attention kernels, then the compiled engine against its variants in one call
-    step attention 600 python3 benchmarks/attention.py --kernels torch cudnn cudnn_repeat sdpa_padded \
-        --out $Q/attention_h200x1.json
-    step cudnn_test 600 python3 -m pytest -m gpu tests/gpu/test_attention_kernels_gpu.py -k cudnn -s -o addopts=""
+TRAINER_VARIANTS=(--variant cudnn trainer.attention_kernel=cudnn
+    --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced
+    --variant reduced fsdp.one_rank_accumulation=reduced)
+
+issue34() {  # the compiled engine against its variants first (what decides), then the attention kernels
     step trainer_variants 1500 python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
-        --profile 12 --engine-option trainer.compile=true \
-        --variant cudnn trainer.attention_kernel=cudnn \
-        --variant reduced fsdp.one_rank_accumulation=reduced \
-        --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced \
+        --profile 12 --engine-option trainer.compile=true "${TRAINER_VARIANTS[@]}" \
         --variant bf16acc "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: bfloat16}" \
         --variant chunk4k trainer.logprob_chunk_tokens=4096 \
         --out $Q/trainer_variants_h200x1.json
+    step attention 600 python3 benchmarks/attention.py --kernels torch cudnn cudnn_repeat sdpa_padded \
+        --out $Q/attention_h200x1.json
+    step cudnn_test 600 python3 -m pytest -m gpu tests/gpu/test_attention_kernels_gpu.py -k cudnn -s -o addopts=""
+}
+
+trainer_only() {  # issue 34's deciding run alone, needing no vLLM (carry 0, then `start trainer_only`)
+    step trainer_variants 900 python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
+        --profile 12 --engine-option trainer.compile=true "${TRAINER_VARIANTS[@]}" \
+        --out $Q/trainer_variants.json
 }
 
 queues() {
