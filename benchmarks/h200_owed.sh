@@ -11,6 +11,7 @@
 #   bash benchmarks/h200_owed.sh carry 1                          carry [".carry1"], timeout 120
 #   TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh carry 2 issue30 issue34
 #                                                                 carry [".carry2"], timeout 300
+#       (issue30 is `longtail` then `curves`; any queue function below may be named)
 #   bash benchmarks/h200_owed.sh poll 540                         (again and again), timeout 600
 # A queue that needs no vLLM (trainer_only) starts after `carry 0` alone:
 #   bash benchmarks/h200_owed.sh carry 0 && bash benchmarks/h200_owed.sh start trainer_only
@@ -72,11 +73,20 @@ step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.
 LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.length_dist.kind=lognormal
     rollout.length_dist.mean_tokens=512 trainer.micro_batch_tokens=8192)
 
+R=benchmarks/results
+
 issue30() {  # the long-tail repeat first (the acceptance's three), then the curves' points
-    R=benchmarks/results
+    longtail
+    curves
+}
+
+longtail() {
     step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml --staleness 8 \
         --measured-steps 20 --run-root /root/lt --add-to $R/async_vs_sync_h200x1_longtail.json \
         --out $Q/async_vs_sync_h200x1_longtail.json "${LONGTAIL[@]}"
+}
+
+curves() {
     step length_8192 300 python3 benchmarks/scaling.py --axis length --only mean-8192 --staleness 8 --steps 10 \
         --run-root /root/sl --out $Q/scaling_length_h200x1.json
     step model_0.5b 900 python3 benchmarks/scaling.py --axis model --steps 10 --only 0.5b --run-root /root/sm \
