@@ -11,7 +11,7 @@
 #   bash benchmarks/h200_owed.sh carry 1                          carry [".carry1"], timeout 120
 #   TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh carry 2 issue30 issue34
 #                                                                 carry [".carry2"], timeout 300
-#       (issue30 is `longtail` then `curves`; any queue function below may be named)
+#       (any queue function below may be named: issue30 is `curves`; `longtail` adds a repeat)
 #   bash benchmarks/h200_owed.sh poll 540                         (again and again), timeout 600
 # A queue that needs no vLLM (trainer_only) starts after `carry 0` alone:
 #   bash benchmarks/h200_owed.sh carry 0 && bash benchmarks/h200_owed.sh start trainer_only
@@ -75,12 +75,11 @@ LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.leng
 
 R=benchmarks/results
 
-issue30() {  # the long-tail repeat first (the acceptance's three), then the curves' points
-    longtail
+issue30() {  # the curves' points, then the fixed-512 repeats (the long-tail three are in, 2026-12-05)
     curves
 }
 
-longtail() {
+longtail() {  # one more long-tail repeat, added to the three
     step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml --staleness 8 \
         --measured-steps 20 --run-root /root/lt --add-to $R/async_vs_sync_h200x1_longtail.json \
         --out $Q/async_vs_sync_h200x1_longtail.json "${LONGTAIL[@]}"
