@@ -11,10 +11,10 @@
 #   bash benchmarks/h200_owed.sh carry 1                          carry [".carry1"], timeout 120
 #   TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh carry 2 issue30 issue34
 #                                                                 carry [".carry2"], timeout 300
-#       (any queue function below may be named: issue30 is `curves`; `longtail` adds a repeat)
+#       (any queue function below may be named: `longtail` adds a long-tail repeat)
 #   bash benchmarks/h200_owed.sh poll 540                         (again and again), timeout 600
 # A queue that needs no vLLM (trainer_only) starts after `carry 0` alone:
-#   bash benchmarks/h200_owed.sh carry 0 && bash benchmarks/h200_owed.sh start trainer_only
+#   bash benchmarks/h200_owed.sh carry 0 && TANDEM_COMMIT=<short sha> bash benchmarks/h200_owed.sh start trainer_only
 # `carry 2` installs vLLM and starts the named queues, one after the other, in the
 # background; `poll S` waits until they end or S seconds pass, then copies every JSON and
 # log written so far to $OUT. Each queue's steps are ordered by what they decide, so a cut
@@ -75,17 +75,13 @@ LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.leng
 
 R=benchmarks/results
 
-issue30() {  # the curves' points, then the fixed-512 repeats (the long-tail three are in, 2026-12-05)
-    curves
-}
-
 longtail() {  # one more long-tail repeat, added to the three
     step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml --staleness 8 \
         --measured-steps 20 --run-root /root/lt --add-to $R/async_vs_sync_h200x1_longtail.json \
         --out $Q/async_vs_sync_h200x1_longtail.json "${LONGTAIL[@]}"
 }
 
-curves() {
+issue30() {  # the curves' points, then the fixed-512 repeats (the long-tail three are in, 2026-12-05)
     step length_8192 300 python3 benchmarks/scaling.py --axis length --only mean-8192 --staleness 8 --steps 10 \
         --run-root /root/sl --out $Q/scaling_length_h200x1.json
     step model_0.5b 900 python3 benchmarks/scaling.py --axis model --steps 10 --only 0.5b --run-root /root/sm \
@@ -105,25 +101,29 @@ curves() {
     done
 }
 
-TRAINER_VARIANTS=(--variant cudnn trainer.attention_kernel=cudnn
-    --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced
-    --variant reduced fsdp.one_rank_accumulation=reduced)
+trainer_variants() {  # trainer_variants TIMEOUT_S [--variant ...]: the compiled engine against
+    # cudnn attention and reduced accumulation (and any variants given), in one call
+    local limit=$1
+    shift
+    step trainer_variants "$limit" python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
+        --profile 12 --engine-option trainer.compile=true \
+        --variant cudnn trainer.attention_kernel=cudnn \
+        --variant cudnn_reduced trainer.attention_kernel=cudnn fsdp.one_rank_accumulation=reduced \
+        --variant reduced fsdp.one_rank_accumulation=reduced "$@" \
+        --out $Q/trainer_variants_h200x1.json
+}
 
 issue34() {  # the compiled engine against its variants first (what decides), then the attention kernels
-    step trainer_variants 1500 python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
-        --profile 12 --engine-option trainer.compile=true "${TRAINER_VARIANTS[@]}" \
+    trainer_variants 1500 \
         --variant bf16acc "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: bfloat16}" \
-        --variant chunk4k trainer.logprob_chunk_tokens=4096 \
-        --out $Q/trainer_variants_h200x1.json
+        --variant chunk4k trainer.logprob_chunk_tokens=4096
     step attention 600 python3 benchmarks/attention.py --kernels torch cudnn cudnn_repeat sdpa_padded \
         --out $Q/attention_h200x1.json
     step cudnn_test 600 python3 -m pytest -m gpu tests/gpu/test_attention_kernels_gpu.py -k cudnn -s -o addopts=""
 }
 
 trainer_only() {  # issue 34's deciding run alone, needing no vLLM (carry 0, then `start trainer_only`)
-    step trainer_variants 900 python3 benchmarks/trainer.py --cases fixed_4k length_mix --loops engine \
-        --profile 12 --engine-option trainer.compile=true "${TRAINER_VARIANTS[@]}" \
-        --out $Q/trainer_variants.json
+    trainer_variants 900
 }
 
 queues() {
