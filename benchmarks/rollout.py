@@ -1,47 +1,41 @@
-"""Rollout role vs bare vLLM, and in-place weight-update time. Prints one JSON object.
+"""Rollout role vs vLLM's fastest bare drive, and in-place weight-update time. Prints one JSON object.
 
 In one run, on the same machine, like for like:
 
-* baseline: `AsyncLLM` driven directly in this process (every request at once, per-token
-  logprobs on), each request as the role runs it: `add_request` and its output queue (the
-  lighter path under `generate()`'s per-output generator), so the role's only extra work
-  is its own: messages, versions, the samples it builds;
+* baseline: vLLM's offline `LLM.generate` in this process with the engine core in-process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as vLLM's own offline path runs fastest), every
+  request of the batch at once, per-token logprobs on, the final output of each request only;
 * role: the rollout role as its own process, driven over its ZeroMQ channel exactly as
   the controller drives it (`Generate` in, one `Completion` per sample out).
 
-Both engines get the same `AsyncEngineArgs` (roles/generation/engine.py `engine_kwargs`; the
-role's are read back from its `engine_args` log line, and the benchmark refuses to report
-when the two sets differ: both are in the JSON, `engine_args`), the same prompts and vLLM
-`SamplingParams` (the role's, built by the role's own function; the JSON's `sampling`), the
-role's prefix-cache salt, and the same process treatment for the side that handles the
-engine's outputs, which the role's own process gets:
+The bare engine gets the role's engine arguments (roles/generation/engine.py `engine_kwargs`;
+the role's are read back from its `engine_args` log line) with `--bare-arg KEY=VALUE` on top
+(to try other arguments on the bare side: the JSON's `engine_args` holds both sets and names
+every argument that differs), the same prompts and vLLM `SamplingParams` (built by the role's
+own function; the JSON's `sampling`) and the role's prefix-cache salt. The side that handles
+the engine's outputs gets the role process's treatment:
 
 * the launcher's role environment (runtime/launcher_env.py): the script re-executes itself
   with it, since glibc reads its malloc tunables only when a process starts;
 * the garbage collector's view frozen once set up (runtime/gc_pauses.py `settle`, as
-  runtime/role.py does; `bench_gc_frozen` in the JSON);
-* uvloop as the event loop (`event_loop` in the JSON).
-
-On the H200 (6d23ac7) the role came out 1.07x the bare engine with asyncio's default loop,
-and still 1.05-1.07x with uvloop and interleaved batches (4 pairs: 3 at 1.06-1.08), while
-this process had neither the malloc tunables nor the frozen collector; those two are the
-remaining differences that run measured.
+  runtime/role.py does; `bench_gc_frozen` in the JSON).
 
 Both engines are resident at once and their batches alternate (bare first, then role first,
-and so on) after one warm-up batch each, so a drift of the machine lands on both sides (one
-engine's batch rates spread by about 8 % there). Throughput is output tokens per second
-over the whole batch; `role_over_bare` is the ratio of the two sides' medians over `--reps`
-repetitions, `role_over_bare_pairs` each repetition's role / bare and
-`role_over_bare_pair_median` their median. `--update-every S` adds `--reps` pairs of role
-batches, one plain and one with a whole-model weight update pushed every S seconds while it
-generates (`role_updating_tokens_per_s`, `role_updating_over_bare`; `role_updating_over_role`,
-the median of each pair's updating / plain, is the updates' cost alone, free of drift). The
-update figure is the median time of a whole update of the model, sent as the trainer sends it (buckets of
-`weight_sync.bucket_mb`, by the backend `weight_sync.backend` picks for a trainer on GPU 0
-beside the rollout: `ipc` on a GPU, `zmq` on the CPU), from the first bucket packed to the
-`WeightsApplied` reply, with the phase split and the role's own receive / load / total times.
+and so on) after one warm-up batch each, so a drift of the machine lands on both sides.
+Throughput is output tokens per second over the whole batch; `role_over_bare` is the ratio of
+the two sides' medians over `--reps` repetitions, `role_over_bare_pairs` each repetition's
+role / bare and `role_over_bare_pair_median` their median. `--update-every S` adds `--reps`
+pairs of role batches, one plain and one with a whole-model weight update pushed every S
+seconds while it generates (`role_updating_tokens_per_s`, `role_updating_over_bare`;
+`role_updating_over_role`, the median of each pair's updating / plain, is the updates' cost
+alone, free of drift). The update figure is the median time of a whole update of the model,
+sent as the trainer sends it (buckets of `weight_sync.bucket_mb`, by the backend
+`weight_sync.backend` picks for a trainer on GPU 0 beside the rollout: `ipc` on a GPU, `zmq`
+on the CPU), from the first bucket packed to the `WeightsApplied` reply, with the phase split
+and the role's own receive / load / total times.
 
-    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2] [--out FILE]
+    .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
+        [--bare-arg KEY=VALUE ...] [--out FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -67,6 +61,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 # The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+# vLLM's offline LLM runs its engine core in the calling process only with this set: its
+# fastest drive, the baseline. (The role's engine core is in its process whatever it says.)
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from benchmarks.json_out import print_json, provenance
 from runtime.config import RunConfig
@@ -115,16 +112,27 @@ def role_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     return found[-1]
 
 
-def check_same_args(bare: dict[str, Any], role: dict[str, Any]) -> None:
-    """Refuse (SystemExit naming every differing argument) unless the two sets are equal."""
+def differing_args(bare: dict[str, Any], role: dict[str, Any]) -> list[str]:
+    """Every argument the two sets do not share with the same value, as `key: bare X vs role Y`."""
 
     def shown(args: dict[str, Any], key: str) -> str:
         return repr(args[key]) if key in args else "<unset>"
 
-    differ = sorted(k for k in bare.keys() | role.keys() if k not in bare or k not in role or bare[k] != role[k])
-    if differ:
-        pairs = ", ".join(f"{k}: bare {shown(bare, k)} vs role {shown(role, k)}" for k in differ)
-        raise SystemExit(f"rollout benchmark: engine arguments differ ({pairs}); not reporting a ratio")
+    keys = sorted(k for k in bare.keys() | role.keys() if k not in bare or k not in role or bare[k] != role[k])
+    return [f"{k}: bare {shown(bare, k)} vs role {shown(role, k)}" for k in keys]
+
+
+def bare_args(cfg: RunConfig, extra: list[str]) -> dict[str, Any]:
+    """The role's engine arguments with `extra` (KEY=VALUE, values parsed as YAML) on top."""
+    import yaml
+
+    args = bare_engine_kwargs(cfg)
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"rollout benchmark: --bare-arg {item!r} is not KEY=VALUE")
+        args[key] = yaml.safe_load(value)
+    return args
 
 
 def sampling_spec(max_tokens: int) -> Any:
@@ -133,50 +141,39 @@ def sampling_spec(max_tokens: int) -> Any:
     return wire.SamplingSpec(n=1, max_tokens=max_tokens, ignore_eos=True)
 
 
-class BareEngine:
-    """vLLM's `AsyncLLM` in this process with the role's arguments, prompts and sampling."""
+class BareLLM:
+    """vLLM's offline `LLM` in this process, engine core in-process, with `args`, the
+    role's prompts and sampling."""
 
-    def __init__(self, cfg: RunConfig, max_tokens: int) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+    def __init__(self, cfg: RunConfig, args: dict[str, Any], max_tokens: int) -> None:
+        from vllm import LLM
 
         from roles.generation.engine import _sampling_params
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.engine.cpu_kvcache_gb))
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_engine_kwargs(cfg)))
-        self.engine: Any = engine
-        self.stream = not hasattr(engine.engine_core, "set_weight_version_async")  # as the role decides
-        self.params = _sampling_params(sampling_spec(max_tokens), 0, stream=self.stream)
-        self.salt = {"cache_salt": "v0"} if cfg.rollout.engine.enable_prefix_caching else {}  # the role salts
-
-    async def _one(self, i: int, ids: list[int], tag: str) -> int:
-        """One request as the role runs it (roles/generation/engine.py `_run`): `add_request`
-        and its output queue, which skips `generate()`'s per-output generator."""
-        tokens = 0
-        prompt: Any = {"prompt_token_ids": ids, **self.salt}  # the role's prompt dict
-        queue = await self.engine.add_request(f"{tag}-{i}#0", prompt, self.params)
-        out: Any = None
-        while out is None or not out.finished:
-            out = queue.get_nowait() or await queue.get()
-            n = len(out.outputs[0].token_ids)
-            tokens = tokens + n if self.stream else n
-        return tokens
+        self.llm: Any = LLM(**args)
+        self.params = _sampling_params(sampling_spec(max_tokens), 0)
+        self.salt = {"cache_salt": "v0"} if args.get("enable_prefix_caching") else {}  # the role salts
 
     async def batch(self, prompts: list[list[int]], tag: str) -> float:
-        """Output tokens per second of one batch of `prompts`, every request added at once."""
+        """Output tokens per second of one `LLM.generate` call over `prompts`."""
         start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*[self._one(i, p, tag) for i, p in enumerate(prompts)]))
+        outs = self.llm.generate([{"prompt_token_ids": p, **self.salt} for p in prompts], self.params, use_tqdm=False)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         return tokens / (time.perf_counter() - start)
 
     def shutdown(self) -> None:
-        """Stop the engine (its processes and memory); a second call does nothing."""
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
+        """Free the engine (its memory); a second call does nothing."""
+        if self.llm is not None:
+            import gc
+
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
 
 
 async def interleaved(
-    cfg: RunConfig, prompts: list[list[int]], max_tokens: int, reps: int, update_every: float
+    cfg: RunConfig, args: dict[str, Any], prompts: list[list[int]], max_tokens: int, reps: int, update_every: float
 ) -> tuple[list[float], list[float], str, dict]:
     """Both engines resident at once, their batches alternating (bare first in even
     repetitions, role first in odd ones) after one warm-up batch each, so drift of the
@@ -186,7 +183,7 @@ async def interleaved(
     from runtime import gc_pauses
     from tests.helpers.harness import RoleHarness
 
-    bare = BareEngine(cfg, max_tokens)
+    bare = BareLLM(cfg, args, max_tokens)
     harness = RoleHarness(cfg, "rollout")
     base: list[float] = []
     ours: list[float] = []
@@ -318,6 +315,8 @@ def main() -> None:
                         help="also run the role with a weight update every this many seconds (0: no)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
+    parser.add_argument("--bare-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine argument of the bare LLM on top of the role's (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()
@@ -343,10 +342,13 @@ def main() -> None:
 
     prepare_run_dir(cfg)
     prompts = requests(args.prompts, args.prompt_len)
-    base, ours, params, update = uvloop.run(interleaved(cfg, prompts, args.max_tokens, args.reps, args.update_every))
-    args_bare, args_role = bare_engine_kwargs(cfg), role_engine_kwargs(cfg)
-    print(json.dumps({"engine_args": {"bare": args_bare, "role": args_role}}), file=sys.stderr)
-    check_same_args(args_bare, args_role)
+    args_bare = bare_args(cfg, args.bare_arg)
+    base, ours, params, update = uvloop.run(
+        interleaved(cfg, args_bare, prompts, args.max_tokens, args.reps, args.update_every)
+    )
+    args_role = role_engine_kwargs(cfg)
+    differ = differing_args(args_bare, args_role)
+    print(json.dumps({"engine_args": {"bare": args_bare, "role": args_role, "differ": differ}}), file=sys.stderr)
     bare_rate = statistics.median(base)
     result = {
         "benchmark": "rollout",
@@ -359,10 +361,10 @@ def main() -> None:
         "role_over_bare_pair_median": statistics.median(r / b for b, r in zip(base, ours, strict=True)),
         "bare_runs": base,
         "role_runs": ours,
-        "engine_args": {"bare": args_bare, "role": args_role, "equal": True},
+        "engine_args": {"bare": args_bare, "role": args_role, "differ": differ},
+        "bare_drive": "vllm.LLM.generate, engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)",
         "sampling": {"spec": msgspec.to_builtins(sampling_spec(args.max_tokens)), "vllm": params},
         "env": {k: os.environ[k] for k in ROLE_ENV_DEFAULTS},
-        "event_loop": f"uvloop {uvloop.__version__}",
         **update,
         **provenance(),
     }

