@@ -169,7 +169,7 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     acts = _activations(cfg, shape, mbt, compute_b) / GB
     items.append(Item(f"activations ({mbt} tokens per micro-batch)", acts, "step"))
     if not critic:
-        items.append(Item("LM head logits", _head(cfg, shape, mbt, compute_b) / GB, "step"))
+        items.append(Item("LM head logits", _head(cfg, shape, mbt, compute_b, trains_head=not lora) / GB, "step"))
         kl = cfg.algorithm.kl
         if kl.enabled and kl.use == "loss" and not lora:
             items.append(Item("reference model", n * master_b / shard / GB, "always"))
@@ -183,10 +183,17 @@ def weight_sync_items(cfg: RunConfig, shape: ModelShape, backend: str) -> list[I
     largest tensor gathered and cast (a bucket of its own when it is larger)."""
     if backend not in ("ipc", "nccl"):
         return []
-    bucket = max(cfg.weight_sync.bucket_mb * MIB, shape.largest_tensor * BYTES[cfg.model.dtype])
-    largest = shape.largest_tensor * (BYTES[cfg.fsdp.param_dtype] + BYTES[cfg.model.dtype])
+    if cfg.trainer.lora.rank:  # only the adapters travel: buckets no larger than all of them
+        lora = cfg.trainer.lora
+        sent = shape.lora_params(lora.rank, lora.target_modules) * BYTES[cfg.model.dtype]
+        bucket = min(cfg.weight_sync.bucket_mb * MIB, sent)
+        tensor = lora.rank * max(shape.hidden, shape.intermediate)
+    else:
+        bucket = max(cfg.weight_sync.bucket_mb * MIB, shape.largest_tensor * BYTES[cfg.model.dtype])
+        tensor = shape.largest_tensor
+    largest = tensor * (BYTES[cfg.fsdp.param_dtype] + BYTES[cfg.model.dtype])
     return [
-        Item(f"weight-sync buffers (2 x {cfg.weight_sync.bucket_mb} MiB, {backend})", 2 * bucket / GB, "always"),
+        Item(f"weight-sync buffers (2 x {bucket / MIB:.0f} MiB, {backend})", 2 * bucket / GB, "always"),
         Item("weight export (two buckets' tensors, the largest cast)", (2 * bucket + largest) / GB, "update"),
     ]
 
@@ -196,7 +203,7 @@ def rollout_memory(cfg: RunConfig, shape: ModelShape, gpu_gb: float, *, sleeps: 
     awake; what a sleeping engine keeps, and its weights' backup in host memory, if `sleeps`."""
     e = cfg.rollout.engine
     share = e.gpu_memory_utilization * gpu_gb
-    weights = shape.num_params * BYTES[cfg.model.dtype] / e.tensor_parallel_size / GB
+    weights = vllm_weights_gb(cfg, shape)
     items = [Item(f"vLLM (gpu_memory_utilization {e.gpu_memory_utilization:g})", share, "awake")]
     if sleeps and sleep_level(cfg) == 2:
         items.append(Item("vLLM asleep (level 2: weights discarded)", VLLM_ASLEEP_GB, "asleep"))
@@ -222,11 +229,14 @@ def pinned_bytes(size: int) -> int:
     return 1 << max(0, size - 1).bit_length() if size > 0 else 0
 
 
+def vllm_weights_gb(cfg: RunConfig, shape: ModelShape) -> float:
+    """GB of weights each GPU of a rollout's vLLM holds (its tensor-parallel share)."""
+    return shape.num_params * BYTES[cfg.model.dtype] / cfg.rollout.engine.tensor_parallel_size / GB
+
+
 def vllm_kv_cache_gb(cfg: RunConfig, shape: ModelShape, gpu_gb: float) -> float:
     """What vLLM's share leaves for its KV cache after its weights and workspace."""
-    e = cfg.rollout.engine
-    weights = shape.num_params * BYTES[cfg.model.dtype] / e.tensor_parallel_size / GB
-    return e.gpu_memory_utilization * gpu_gb - weights - VLLM_WORKSPACE_GB
+    return cfg.rollout.engine.gpu_memory_utilization * gpu_gb - vllm_weights_gb(cfg, shape) - VLLM_WORKSPACE_GB
 
 
 def count_text(n: float) -> str:
@@ -263,12 +273,12 @@ def _activations(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int)
     return tokens * shape.layers * per_layer + working
 
 
-def _head(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int) -> float:
+def _head(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int, *, trains_head: bool) -> float:
     """Bytes of the LM head's logits at their peak (backward): one chunk's logits and
-    their float32 gradient, the head weight's float32 gradient (chunked), or the whole
-    micro-batch's logits with their float32 log-softmax."""
+    their float32 gradient, the head weight's float32 gradient (chunked; none when the head
+    is frozen, as under LoRA), or the whole micro-batch's logits with their float32 log-softmax."""
     chunk = cfg.trainer.logprob_chunk_tokens
     v, h = shape.vocab, shape.hidden
     if chunk:
-        return min(chunk, tokens) * v * (compute_b + 4) + v * h * 4
+        return min(chunk, tokens) * v * (compute_b + 4) + (v * h * 4 if trains_head else 0)
     return tokens * v * (compute_b + 4 + 4)
