@@ -1,11 +1,12 @@
 """Scaling curves of async vs sync PPO: one axis per invocation. Prints one JSON object.
 
-`--axis model`: the policy's size, in the bench shapes of configs/bench_h200x1*.yaml (random
-weights in a real model's shape, vLLM rollout and a 1-rank FSDP2 trainer on GPU 0):
+`--axis model`: the policy's size, in the bench shapes of configs/bench_{1.5b,3b,7b}.yaml (random
+weights in a real model's shape, vLLM rollout and a 1-rank FSDP2 trainer on GPU 0, the
+GPU-dependent settings `auto`: chosen by the memory plan for the GPU each point runs on):
 
-* 0.5b: bench_h200x1.yaml with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads,
+* 0.5b: bench_1.5b.yaml with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads,
   2 KV heads, MLP 4864, vocabulary 151936, tied embeddings) as `model.tiny` overrides;
-* 1.5b: bench_h200x1.yaml (Qwen2.5-1.5B's shape); 3b: bench_h200x1_3b.yaml; 7b: bench_h200x1_7b.yaml.
+* 1.5b: bench_1.5b.yaml (Qwen2.5-1.5B's shape); 3b: bench_3b.yaml; 7b: bench_7b.yaml.
 
 `--axis length`: the mean response length (512, 2k, 8k) on the 1.5b point, with heavy-tailed
 budgets (`rollout.length_dist`: log-normal, `--sigma`, capped at 4x the mean; `ignore_eos`
@@ -29,8 +30,8 @@ runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling
 exactly what the point would run (same config, overrides including `--steps`, staleness,
 warm-up and measured steps, with `measured_at` and `commit`): the figures are its two runs'
 and its headline's, and the point records `imported_from`; anything else is refused naming
-the field. It saves re-running a point a section of BENCHMARKS.md already measured (the 1.5B
-and 7B recipes).
+the field. It saves re-running a point a section of BENCHMARKS.md already measured; results
+recorded under the recipes' old names (bench_h200x1*.yaml, H200 settings pinned) are refused.
 `--no-run` runs nothing and writes (and with `--plot` draws) what `--add-to` and `--import`
 give, e.g. to draw on a machine with Chromium a curve measured on one without.
 `--add-to FILE` builds a curve over several sittings: the points of an earlier JSON of the
@@ -42,7 +43,7 @@ different machines are not.
 
     .venv/bin/python benchmarks/scaling.py --axis model --out benchmarks/results/scaling_model_h200x1.json \\
         --plot benchmarks/results [--steps 12] [--gpus 0,1] [--only 3b --add-to EARLIER.json] \\
-        [--import 7b=benchmarks/results/async_vs_sync_h200x1_7b.json] [key=value ...]
+        [--import 7b=ASYNC_VS_SYNC_7B.json] [key=value ...]
     .venv/bin/python benchmarks/scaling.py --axis length --points tiny --steps 2 --warmup-steps 1   # CPU
 """
 
@@ -111,13 +112,13 @@ def points(axis: str, scale: str, sigma: float) -> list[Point]:
         if axis == "model":
             return [Point("tiny-128", 128, tiny), Point("tiny-256", 256, tiny, ["model.tiny.hidden_size=256"])]
         return [Point(f"mean-{m}", m, tiny, length_overrides(m, sigma, 256, 4096)) for m in (8, 16)]
-    bench = "configs/bench_h200x1.yaml"
+    bench = "configs/bench_1.5b.yaml"
     if axis == "model":
         return [
             Point("0.5b", 0.5, bench, QWEN_05B),
             Point("1.5b", 1.5, bench),
-            Point("3b", 3.0, "configs/bench_h200x1_3b.yaml"),
-            Point("7b", 7.0, "configs/bench_h200x1_7b.yaml"),
+            Point("3b", 3.0, "configs/bench_3b.yaml"),
+            Point("7b", 7.0, "configs/bench_7b.yaml"),
         ]
     return [Point(f"mean-{m}", m, bench, length_overrides(m, sigma, 1024, 8192)) for m in (512, 2048, 8192)]
 

@@ -9,6 +9,11 @@ as an alias of `fsdp.X`. Every failure is a `ConfigError` whose message is one l
 the key (and the override that set it) and, for closed sets, the valid choices. A recipe
 that is not valid YAML, or that gives one key twice in a mapping, fails as
 `FILE:LINE:COLUMN: problem`.
+
+Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets: the
+loader gives each a value for this machine's GPUs (runtime/memory_auto.py), so a loaded
+`RunConfig` holds plain values and `memory.chosen` says what `auto` became and why. A recipe
+under one of its old names (`RENAMED`) is refused, naming the new one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,20 @@ import yaml
 from runtime.config import RunConfig
 
 ALIASES = {"trainer.fsdp.": "fsdp."}
+AUTO = "auto"
+AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory_auto.py chooses them)
+    "trainer.micro_batch_tokens",
+    "rollout.engine.gpu_memory_utilization",
+    "rollout.engine.sleep_when_idle",
+    "rollout.engine.sleep_level",
+    "trainer.offload.optimizer",
+    "trainer.offload.params",
+)
+RENAMED = {  # recipes are named by model, not GPU: `auto` fits each one to the GPU it runs on
+    "bench_h200x1.yaml": "bench_1.5b.yaml",
+    "bench_h200x1_3b.yaml": "bench_3b.yaml",
+    "bench_h200x1_7b.yaml": "bench_7b.yaml",
+}
 
 
 class ConfigError(ValueError):
@@ -43,10 +62,31 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         key, value = parse_override(item)
         set_key(data, key, value)
         origins[key] = item
+    auto = _take_auto(data)
     cfg = _convert(data, origins)
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
+    if auto:  # imported here: the chooser plans memory, and the planner imports this module
+        from runtime.memory_auto import settle
+
+        cfg = settle(cfg, auto)
     return cfg
+
+
+def _take_auto(data: dict[str, Any]) -> list[str]:
+    """The `AUTO_KEYS` that `data` sets to `auto` or leaves out, removed from it (so the
+    schema's default stands in until the chooser sets them)."""
+    auto = []
+    for key in AUTO_KEYS:
+        *parents, last = key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or node.get(last, AUTO) == AUTO:
+            auto.append(key)
+            if isinstance(node, dict):
+                node.pop(last, None)
+    return auto
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -112,6 +152,9 @@ def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
     try:
         data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # a SafeLoader (see below)
     except FileNotFoundError:
+        if path.name in RENAMED:
+            new = path.with_name(RENAMED[path.name])
+            raise ConfigError(f"config file '{path}' is now '{new}' (recipes are named by model size)") from None
         raise ConfigError(f"config file '{path}' does not exist") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -290,7 +333,10 @@ def _describe(typ: Any, default: Any, prefix: str, out: list[KeyDoc]) -> None:
         if _struct_fields(inner) is not None and value is not None:
             _describe(inner, value, f"{prefix}{name}.", out)
             continue
-        out.append(KeyDoc(f"{prefix}{name}", _type_name(inner, hint), _fmt(value), desc))
+        key, type_name, shown = f"{prefix}{name}", _type_name(inner, hint), _fmt(value)
+        if key in AUTO_KEYS:  # the loader's default, not the schema's (which stands in for it on CPU)
+            type_name, shown = f"{type_name} \\| auto", f"`{AUTO}`"
+        out.append(KeyDoc(key, type_name, shown, desc))
 
 
 def _type_name(inner: Any, hint: Any) -> str:
@@ -331,6 +377,10 @@ def config_docs() -> str:
         "  line and column (exit 2): `configs/x.yaml:7:3: mapping values are not allowed here`. So does a",
         "  key given twice in one mapping (PyYAML would keep the last in silence):",
         "  `configs/x.yaml:9:3: duplicate key 'n' (first given on line 4)`; keys beside a `<<:` merge are fine.",
+        "* A key whose type reads `... | auto` takes `auto`, its default: the memory plan gives it the fastest value",
+        "  that fits the GPUs found when the config is loaded (or `memory.gpu_gb`), and `memory.chosen` says what",
+        "  and why (docs/memory.md). Where no GPU size is known it takes the CPU value its description names;",
+        "  `--print-config` shows what each became.",
         "",
         "| key | type | default | description |",
         "| --- | --- | --- | --- |",

@@ -136,6 +136,8 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     console.note(f"run {cfg.name}: {len(specs)} processes, logs in {run_dir / 'logs'}")
     if plan is not None and plan.gpu_gb:
         console.note(plan_summary(plan))
+        for line in plan.chosen:  # what `auto` became for this GPU, and why (config.yaml keeps it: memory.chosen)
+            console.note(f"auto: {line}")
     follower = LogFollower(run_dir / "logs", from_end=True)
     procs = [_spawn(s, run_dir, env) for s in specs]
     for sock in listeners:  # the process serving each one has its own copy now

@@ -12,12 +12,14 @@ on the GPUs placement gives it and adds them up per phase of the loop:
 `Plan.problems()` lists what does not fit; `check_plan` turns the first into one
 `ConfigError` line naming the GPU, the largest consumer and a setting that makes it fit
 (found by planning the run again with that setting). `format_plan` is the table that
-`tandem launch --plan` prints and every run logs at its start (`memory_plan`). Processes
-placed without `devices` are planned alone on a GPU of their own.
+`tandem launch --plan` prints and every run logs at its start (`memory_plan`), headed by what
+the config's `auto` keys became (runtime/memory_auto.py, `memory.chosen`). Processes placed
+without `devices` are planned alone on a GPU of their own.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +113,7 @@ class Plan:
     gpus: list[GpuPlan] = field(default_factory=list)
     host: dict[int, list[tuple[str, float]]] = field(default_factory=dict)  # node: [(what, GB)]
     notes: list[str] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)  # what `auto` became and why (memory.chosen)
 
     def problems(self) -> Iterator[str]:
         """One line per GPU phase or host that does not fit (nothing when sizes are unknown)."""
@@ -235,13 +238,35 @@ def _backend(cfg: RunConfig, trainer0: Placed, procs: list[Placed]) -> str:
 
 
 def launch_plan(cfg: RunConfig, *, asks_gpus: bool) -> Plan:
-    """The plan with this machine's sizes: `memory.gpu_gb` / `memory.host_gb`, or the
-    smallest GPU nvidia-smi reports and /proc/meminfo's total. GPU roles are planned on
-    GPUs when the config asks for them or this machine has them (`trainer.device: auto`).
-    Raises ShapeError when the model's shape cannot be read."""
-    gpu_gb = cfg.memory.gpu_gb or min(gpu_totals(), default=0.0)
-    on_gpus = asks_gpus or (bool(gpu_gb) and cfg.trainer.device != "cpu")
-    return build_plan(cfg, gpu_gb, cfg.memory.host_gb or host_memory_gb(), on_gpus=on_gpus)
+    """The plan with this machine's sizes (`plan_sizes`), headed by what `auto` chose. GPU roles
+    are planned on GPUs when the config asks for them or this machine has them
+    (`trainer.device: auto`). Raises ShapeError when the model's shape cannot be read."""
+    gpu_gb, host_gb = plan_sizes(cfg)
+    plan = build_plan(cfg, gpu_gb, host_gb, on_gpus=plans_on_gpus(cfg, gpu_gb, asks_gpus=asks_gpus))
+    plan.chosen = list(cfg.memory.chosen)
+    return plan
+
+
+def plan_sizes(cfg: RunConfig) -> tuple[float, float]:
+    """(GPU GB, host GB) to plan for: `memory.gpu_gb` / `memory.host_gb`, or the smallest GPU
+    nvidia-smi reports and /proc/meminfo's total (0: unknown). A GPU size given on a machine
+    without GPUs plans for another machine, whose host is unknown unless `memory.host_gb` says."""
+    here = smallest_gpu_gb()
+    elsewhere = bool(cfg.memory.gpu_gb) and not here
+    return cfg.memory.gpu_gb or here, cfg.memory.host_gb or (0.0 if elsewhere else host_memory_gb())
+
+
+def plans_on_gpus(cfg: RunConfig, gpu_gb: float, *, asks_gpus: bool) -> bool:
+    """Whether the GPU roles are planned on GPUs: the config asks for them, or GPUs of a known
+    size are there and the trainer may use them."""
+    return asks_gpus or (bool(gpu_gb) and cfg.trainer.device != "cpu")
+
+
+@functools.cache
+def smallest_gpu_gb() -> float:
+    """This machine's smallest GPU in GB, 0 without one; asked once per process (the loader
+    and the launcher both plan with it)."""
+    return min(gpu_totals(), default=0.0)
 
 
 def host_memory_gb(meminfo: str = "/proc/meminfo") -> float:
@@ -332,6 +357,7 @@ def format_plan(plan: Plan) -> str:
         f"memory plan: {count_text(s.num_params)}-parameter policy (hidden {s.hidden}, {s.layers} layers, "
         f"vocabulary {s.vocab}), {size}, GB = 10^9 bytes"
     ]
+    lines += [f"auto: {c}" for c in plan.chosen]
     for g in plan.gpus:
         names = ", ".join(p.name for p in g.processes)
         sleep = "; vLLM sleeps while the trainer steps" if g.rollout_sleeps else ""

@@ -60,7 +60,7 @@ def test_gpu_lists_and_configs_are_checked() -> None:
     for bad in ("0,,1", "1,1", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="distinct GPU indices"):
             parse_gpus(bad)
-    check_one_gpu(load_config("configs/bench_h200x1.yaml"), "bench_h200x1.yaml")  # devices [0]
+    check_one_gpu(load_config("configs/bench_1.5b.yaml"), "bench_1.5b.yaml")  # devices [0]
     check_one_gpu(load_config("configs/tiny_cpu.yaml"), "tiny_cpu.yaml")  # no GPU at all
     with pytest.raises(ValueError, match=r"bench_h200x2.yaml places roles on GPUs \[0, 1\]"):
         check_one_gpu(load_config("configs/bench_h200x2.yaml"), "bench_h200x2.yaml")

@@ -45,8 +45,21 @@ def test_parameter_count_equals_a_built_model(tmp_path) -> None:
         assert model_shape(cfg).num_params == built
 
 
+# What the H200 recipes pinned before these keys were `auto` (runtime/memory_auto.py): the
+# arithmetic below was checked against those values, on any machine.
+PINNED = ["rollout.engine.sleep_when_idle=true", "rollout.engine.sleep_level=2", "trainer.offload.params=false"]
+PINNED_1_5B = [*PINNED, "rollout.engine.gpu_memory_utilization=0.45", "trainer.micro_batch_tokens=8192",
+               "trainer.offload.optimizer=false"]  # fmt: skip
+PINNED_7B = [*PINNED, "rollout.engine.gpu_memory_utilization=0.25", "trainer.micro_batch_tokens=8192",
+             "trainer.offload.optimizer=true"]  # fmt: skip
+
+
 def _bench(*overrides: str):
-    return load_config("configs/bench_h200x1.yaml", list(overrides))
+    return load_config("configs/bench_1.5b.yaml", [*PINNED_1_5B, *overrides])
+
+
+def _bench_7b(*overrides: str):
+    return load_config("configs/bench_7b.yaml", [*PINNED_7B, *overrides])
 
 
 def _items(cfg, world: int = 1) -> dict[str, float]:
@@ -130,17 +143,17 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_with_a_fix_that_fits() -> 
     assert line.startswith("memory plan: GPU 0 of node 0 needs ")
     assert "largest: rollout-0 vLLM (gpu_memory_utilization 0.45) 67.5 GB" in line
     fix = line.split("it fits with ")[1].split(" (tandem launch --plan")[0]
-    fixed = load_config("configs/bench_h200x1.yaml", ["trainer.micro_batch_tokens=16384", *fix.split()])
+    fixed = _bench("trainer.micro_batch_tokens=16384", *fix.split())
     assert not list(build_plan(fixed, H200_GB, 0.0).problems()), fix
 
 
 def test_no_fix_is_offered_when_none_fits() -> None:
-    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    cfg = _bench_7b()
     assert suggest_fix(cfg, 20.0, 0.0).startswith("no single setting makes it fit")
 
 
 def test_host_memory_is_planned_and_checked() -> None:
-    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    cfg = _bench_7b()
     plan = build_plan(cfg, H200_GB, 64.0)
     problems = list(plan.problems())
     assert problems and problems[0].startswith("host memory of node 0: needs ")
@@ -164,7 +177,7 @@ def test_unknown_gpu_size_is_planned_but_not_checked() -> None:
 
 
 def test_kv_cache_smaller_than_one_sequence_is_a_problem() -> None:
-    cfg = load_config("configs/bench_h200x1_7b.yaml", ["rollout.engine.gpu_memory_utilization=0.1"])
+    cfg = _bench_7b("rollout.engine.gpu_memory_utilization=0.1")
     problems = list(build_plan(cfg, H200_GB, 0.0).problems())
     assert any(p.startswith("rollout: gpu_memory_utilization 0.1 ") for p in problems), problems
 
@@ -176,7 +189,7 @@ def test_pinned_host_memory_rounds_to_a_power_of_two() -> None:
 
     assert pinned_bytes(18944 * 3584 * 4) == 1 << 29
     assert pinned_bytes(1 << 20) == 1 << 20 and pinned_bytes((1 << 20) + 1) == 1 << 21 and pinned_bytes(0) == 0
-    cfg = load_config("configs/bench_h200x1_7b.yaml", ["rollout.max_staleness=0", "rollout.engine.sleep_level=1"])
+    cfg = _bench_7b("rollout.max_staleness=0", "rollout.engine.sleep_level=1")
     plan = build_plan(cfg, 150.8, 137.4)
     backup = dict(plan.host[0])["rollout-0"]
     assert 30.0 < backup < 33.0  # 15.2 GB of bf16 weights pinned tensor by tensor (28.7), and the process (3.0)
@@ -188,11 +201,25 @@ def test_sleep_level_2_keeps_no_host_copy_of_the_weights() -> None:
     from runtime.memory_model import sleep_level
 
     sync = ["rollout.max_staleness=0"]
-    level2 = build_plan(load_config("configs/bench_h200x1_7b.yaml", sync), 150.8, 137.4)
-    level1 = build_plan(load_config("configs/bench_h200x1_7b.yaml", [*sync, "rollout.engine.sleep_level=1"]), 150.8,
+    level2 = build_plan(_bench_7b(*sync), 150.8, 137.4)
+    level1 = build_plan(_bench_7b(*sync, "rollout.engine.sleep_level=1"), 150.8,
                         137.4)  # fmt: skip
     assert dict(level2.host[0])["rollout-0"] == pytest.approx(dict(level1.host[0])["rollout-0"] - 28.7, abs=0.5)
     assert level2.gpus[0].phases() == level1.gpus[0].phases()
     assert "vLLM asleep (level 2: weights discarded)" in format_plan(level2)
-    assert sleep_level(load_config("configs/bench_h200x1_7b.yaml", ["trainer.lora.rank=16"])) == 1
-    assert sleep_level(load_config("configs/bench_h200x1_7b.yaml", [])) == 2
+    assert sleep_level(_bench_7b("trainer.lora.rank=16")) == 1
+    assert sleep_level(_bench_7b()) == 2
+
+
+def test_lora_trains_and_sends_only_the_adapters() -> None:
+    """Under LoRA the head is frozen (no float32 head-weight gradient) and only the adapters
+    travel (81 MB at 7B, rank 16): buckets of that size, not 1 GiB. The 7B LoRA run measured a
+    51.6 GB peak on one H200 (BENCHMARKS.md); the plan said 54.8 GB before counting this."""
+    full, lora = _bench_7b(), _bench_7b("trainer.lora.rank=16", "trainer.offload.optimizer=false")
+    shape = model_shape(full)
+    head_grad = _items(full)["LM head logits"] - _items(lora)["LM head logits"]
+    assert head_grad == pytest.approx(shape.vocab * shape.hidden * 4 / GB)
+    adapters = shape.lora_params(16, lora.trainer.lora.target_modules) * 2
+    assert adapters == pytest.approx(81e6, rel=0.01)
+    assert weight_sync_items(lora, shape, "ipc")[0].gb == pytest.approx(2 * adapters / GB)
+    assert build_plan(lora, 150.8, 0.0).trainer_peak_gb() == pytest.approx(51.6, rel=0.03)

@@ -7,7 +7,7 @@ import pytest
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
 
-BENCH = "configs/bench_h200x1.yaml"  # rollout and trainer colocated on GPU 0
+BENCH = "configs/bench_1.5b.yaml"  # rollout and trainer colocated on GPU 0
 
 
 def _check(*overrides: str, config: str | None = BENCH) -> None:

@@ -84,22 +84,32 @@ def test_add_to_grows_a_curve_over_sittings(tmp_path, monkeypatch) -> None:  # t
     assert ran == ["0.5b", "3b", "1.5b", "3b"] and not third.exists()  # the refused ones ran nothing
 
 
+def _as_new_recipe(result: str, config: str, tmp_path: Path) -> Path:
+    """A copy of a committed async_vs_sync result as if its recipe had had its new name."""
+    import json
+
+    copy = tmp_path / f"as_{Path(config).stem}_{Path(result).name}"
+    copy.write_text(json.dumps({**json.loads(Path(result).read_text()), "config": config}))
+    return copy
+
+
 def test_import_takes_a_point_that_async_vs_sync_measured_exactly(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """`--import 1.5b=FILE` with the committed 1.5B result (10 steps, staleness 2): the point's
-    figures are that file's, its headline the file's, its provenance the
-    file's; the other points still run; a file that measured anything else is refused."""
+    """`--import 1.5b=FILE` with the committed 1.5B result (10 steps, staleness 2) as if measured
+    under the recipe's new name: the point's figures are that file's, its headline the file's, its
+    provenance the file's; the other points still run; a file that measured anything else is
+    refused, the committed one too (its recipe, bench_h200x1.yaml, pinned the H200's settings)."""
     import json
 
     import benchmarks.scaling as scaling
 
     monkeypatch.setattr(scaling, "run_point", lambda point, args, run_root, env=None: {
         "point": point.name, "x": point.x, "refused": None})  # fmt: skip
-    measured = json.loads(Path("benchmarks/results/async_vs_sync_h200x1.json").read_text())
+    committed = "benchmarks/results/async_vs_sync_h200x1.json"
+    renamed = _as_new_recipe(committed, "configs/bench_1.5b.yaml", tmp_path)
+    measured = json.loads(renamed.read_text())
     out = tmp_path / "model.json"
     common = ["--axis", "model", "--run-root", str(tmp_path / "runs"), "--out", str(out)]
-    scaling.main(
-        [*common, "--steps", "10", "--only", "0.5b", "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"]
-    )
+    scaling.main([*common, "--steps", "10", "--only", "0.5b", "--import", f"1.5b={renamed}"])
     got = {p["point"]: p for p in json.loads(out.read_text())["points"]}
     assert list(got) == ["0.5b", "1.5b"]
     point = got["1.5b"]
@@ -107,18 +117,19 @@ def test_import_takes_a_point_that_async_vs_sync_measured_exactly(tmp_path, monk
     assert point["sync_samples_per_s"] == measured["variants"]["sync"]["samples_per_s"]
     assert point["async_trainer_mfu"] == measured["variants"]["async"]["trainer_mfu"]
     assert (point["commit"], point["measured_at"]) == ("093f3cd", "2026-12-04T02:14:00Z")
-    assert point["imported_from"].endswith("async_vs_sync_h200x1.json") and point["overrides"] == [
-        "trainer.total_steps=10"
-    ]
+    assert point["imported_from"] == str(renamed) and point["overrides"] == ["trainer.total_steps=10"]
 
     no_commit = tmp_path / "no_commit.json"
     no_commit.write_text(json.dumps({k: v for k, v in measured.items() if k != "commit"}))
-    fixed512 = "benchmarks/results/async_vs_sync_h200x1_fixed512.json"
+    fixed512 = _as_new_recipe("benchmarks/results/async_vs_sync_h200x1_fixed512.json", "configs/bench_1.5b.yaml",
+                              tmp_path)  # fmt: skip
     for argv, message in (
-        (["--steps", "12", "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"],
+        (["--steps", "12", "--import", f"1.5b={renamed}"],
          r"--import 1.5b=\S+: overrides was \['trainer.total_steps=10'\], now \['trainer.total_steps=12'\]"),
-        (["--steps", "10", "--import", "3b=benchmarks/results/async_vs_sync_h200x1.json"],
-         "config was 'configs/bench_h200x1.yaml', now 'configs/bench_h200x1_3b.yaml'"),
+        (["--steps", "10", "--import", f"3b={renamed}"],
+         "config was 'configs/bench_1.5b.yaml', now 'configs/bench_3b.yaml'"),
+        (["--steps", "10", "--import", f"1.5b={committed}"],
+         "config was 'configs/bench_h200x1.yaml', now 'configs/bench_1.5b.yaml'"),
         (["--steps", "10", "--import", f"1.5b={no_commit}"], "it records no commit"),
         (["--import", f"1.5b={fixed512}"], "its sync run measured 20 steps, this point's would measure 18"),
         (["--steps", "10", "--import", "13b=x.json"], "give POINT=FILE with POINT one of 0.5b, 1.5b, 3b, 7b"),
@@ -140,8 +151,9 @@ def test_no_run_writes_and_plots_the_kept_points(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(scaling, "run_point", run_point)
     out, plots = tmp_path / "model.json", tmp_path / "plots"
-    imports = ["--import", "7b=benchmarks/results/async_vs_sync_h200x1_7b.json",
-               "--import", "1.5b=benchmarks/results/async_vs_sync_h200x1.json"]  # fmt: skip
+    seven = _as_new_recipe("benchmarks/results/async_vs_sync_h200x1_7b.json", "configs/bench_7b.yaml", tmp_path)
+    one_five = _as_new_recipe("benchmarks/results/async_vs_sync_h200x1.json", "configs/bench_1.5b.yaml", tmp_path)
+    imports = ["--import", f"7b={seven}", "--import", f"1.5b={one_five}"]
     scaling.main(["--axis", "model", "--steps", "10", "--no-run", *imports, "--out", str(out), "--plot", str(plots)])
     result = json.loads(out.read_text())
     assert [p["point"] for p in result["points"]] == ["1.5b", "7b"]

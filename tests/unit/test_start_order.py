@@ -22,7 +22,7 @@ def _cfg(*placement: PlacementEntry) -> RunConfig:
 
 
 def test_the_bench_recipe_trainer_waits_for_its_rollout() -> None:
-    cfg = load_config("configs/bench_h200x1_7b.yaml", [])
+    cfg = load_config("configs/bench_7b.yaml", [])
     assert colocated_rollouts(cfg, "trainer", 0) == ["rollout-0"]
 
 

@@ -1,0 +1,140 @@
+"""`auto` settings (runtime/memory_auto.py): for a GPU size given to the plan, the bench recipes
+get settings that fit and are not smaller than needed; explicit values win; a config that fits
+at no setting is refused naming its largest consumer; on CPU nothing changes; the recipes'
+old names are refused with the new one."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+import runtime.memory_plan as memory_plan
+from runtime.config import RunConfig
+from runtime.config_load import AUTO_KEYS, ConfigError, load_config, to_yaml
+from runtime.memory_auto import MAX_MICRO_BATCH, choose, replace
+from runtime.memory_model import model_shape, vllm_weights_gb
+from runtime.memory_plan import build_plan, check_plan, format_plan, launch_plan
+
+HOST = "memory.host_gb=128"  # the lent GPU machines' host, so no test depends on this one's
+RECIPES = ["bench_1.5b", "bench_3b", "bench_7b_lora"]
+BY_SIZE = "(recipes are named by model size)"
+
+
+def _load(recipe: str, gpu_gb: float, *overrides: str) -> RunConfig:
+    return load_config(f"configs/{recipe}.yaml", [f"memory.gpu_gb={gpu_gb}", HOST, *overrides])
+
+
+def _fits(cfg: RunConfig) -> bool:
+    return not list(build_plan(cfg, cfg.memory.gpu_gb, cfg.memory.host_gb).problems())
+
+
+@pytest.mark.parametrize("gpu_gb", [80, 141])
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_each_recipe_fits_with_nothing_smaller_than_needed(recipe: str, gpu_gb: float, staleness: int) -> None:
+    cfg = _load(recipe, gpu_gb, f"rollout.max_staleness={staleness}")
+    assert _fits(cfg), format_plan(build_plan(cfg, gpu_gb, 128))
+    mbt = cfg.trainer.micro_batch_tokens
+    assert mbt == MAX_MICRO_BATCH or not _fits(replace(cfg, "trainer.micro_batch_tokens", 2 * mbt))
+    # No lever that costs time is on where the run fits without it, even at the smallest micro-batch.
+    smallest = replace(cfg, "trainer.micro_batch_tokens", 1024)
+    for key in ("rollout.engine.sleep_when_idle", "trainer.offload.optimizer", "trainer.offload.params"):
+        if _get(cfg, key):
+            assert not _fits(replace(smallest, key, False)), key
+    # vLLM gets what its weights, workspace and the KV cache of every sequence need, no more.
+    e, shape = cfg.rollout.engine, model_shape(cfg)
+    full_kv = shape.kv_bytes_per_token() * e.max_model_len * e.max_num_seqs / 1e9
+    need = vllm_weights_gb(cfg, shape) + 2.0 + full_kv
+    assert need - full_kv / 2 <= e.gpu_memory_utilization * gpu_gb < need + 0.01 * gpu_gb
+
+
+def test_the_1_5b_recipe_on_80_and_141_gb() -> None:
+    """The issue's case: on 80 GB the default recipe was refused at 8192-token micro-batches
+    beside vLLM's 0.3; vLLM's need is 0.16 of it, and 8192 then fits; 141 GB takes 16384."""
+    h100, h200 = _load("bench_1.5b", 80), _load("bench_1.5b", 141)
+    assert (h100.trainer.micro_batch_tokens, h100.rollout.engine.gpu_memory_utilization) == (8192, 0.16)
+    assert (h200.trainer.micro_batch_tokens, h200.rollout.engine.gpu_memory_utilization) == (16384, 0.09)
+    for cfg in (h100, h200):
+        assert not cfg.rollout.engine.sleep_when_idle and not cfg.trainer.offload.optimizer
+        assert not cfg.trainer.offload.params
+
+
+def test_a_synchronous_run_that_fits_awake_does_not_sleep() -> None:
+    awake = _load("bench_1.5b", 80, "rollout.max_staleness=0")
+    assert not awake.rollout.engine.sleep_when_idle
+    assert not build_plan(awake, 80, 128).gpus[0].rollout_sleeps
+    assert any("fits beside an awake vLLM" in line for line in awake.memory.chosen)
+    asleep = _load("bench_3b", 80, "rollout.max_staleness=0")  # 3B's step does not fit beside vLLM's 18 GB
+    assert asleep.rollout.engine.sleep_when_idle and asleep.rollout.engine.sleep_level == 2
+    assert _load("bench_7b_lora", 80, "rollout.max_staleness=0").rollout.engine.sleep_level == 1  # LoRA
+
+
+def test_explicit_values_win_and_are_still_checked() -> None:
+    pinned = _load("bench_1.5b", 80, "trainer.micro_batch_tokens=4096", "rollout.engine.gpu_memory_utilization=0.3")
+    assert (pinned.trainer.micro_batch_tokens, pinned.rollout.engine.gpu_memory_utilization) == (4096, 0.3)
+    assert not any(line.startswith(("trainer.micro_batch_tokens", "rollout.engine.gpu_memory_utilization"))
+                   for line in pinned.memory.chosen)  # fmt: skip
+    too_big = _load("bench_1.5b", 80, "trainer.micro_batch_tokens=65536")
+    assert too_big.trainer.micro_batch_tokens == 65536
+    with pytest.raises(ConfigError, match=r"^memory plan: GPU 0 of node 0 needs .*; it fits with "):
+        check_plan(too_big, build_plan(too_big, 80, 128))
+    awake = _load("bench_3b", 80, "rollout.max_staleness=0", "rollout.engine.sleep_when_idle=false")
+    assert not awake.rollout.engine.sleep_when_idle  # kept: the other levers make room instead
+    assert _load("bench_1.5b", 80, "rollout.engine.sleep_when_idle=auto").rollout.engine.sleep_when_idle is False
+
+
+def test_a_config_that_fits_at_no_setting_is_refused_naming_the_largest_consumer() -> None:
+    cfg = _load("bench_7b", 80)  # full-parameter 7B: 122 GB of weights, gradients and moments
+    assert cfg.memory.chosen[0] == "nothing fits on 80.0 GB GPUs; planned with the most frugal settings"
+    with pytest.raises(ConfigError) as info:
+        check_plan(cfg, build_plan(cfg, 80, 128))
+    line = str(info.value)
+    assert "\n" not in line and "largest: trainer-0 master weights (7.62B x 4 B / 1) 30.5 GB" in line
+    assert _fits(_load("bench_7b", 141))  # optimizer offload makes it fit there
+    assert _load("bench_7b", 141).trainer.offload.optimizer
+
+
+def test_what_auto_chose_is_printed_and_recorded() -> None:
+    cfg = _load("bench_1.5b", 80)
+    text = format_plan(launch_plan(cfg, asks_gpus=True))
+    assert "auto: trainer.micro_batch_tokens=8192: the largest that fits (16384 needs " in text
+    assert "auto: rollout.engine.gpu_memory_utilization=0.16: vLLM's weights 3.1 GB" in text
+    written = to_yaml(cfg)
+    assert "micro_batch_tokens: 8192" in written and "trainer.micro_batch_tokens=8192: the largest" in written
+    again = msgspec.convert(msgspec.to_builtins(cfg), RunConfig)  # what a role reads back: plain values
+    assert again.trainer.micro_batch_tokens == 8192 and again.memory.chosen == cfg.memory.chosen
+
+
+def test_cpu_runs_keep_the_cpu_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU size every `auto` key takes RunConfig()'s value, as before `auto` was."""
+    monkeypatch.setattr(memory_plan, "smallest_gpu_gb", lambda: 0.0)
+    default = RunConfig()
+    for recipe in ("configs/tiny_cpu.yaml", None, "configs/bench_1.5b.yaml"):
+        cfg = load_config(recipe)
+        for key in AUTO_KEYS:
+            assert _get(cfg, key) == _get(default, key), (recipe, key)
+        assert cfg.memory.chosen == []
+    cfg = load_config("configs/tiny_cpu.yaml")
+    assert choose(cfg, list(AUTO_KEYS), 0.0, 0.0)[0] == cfg
+
+
+def test_the_old_recipe_names_are_refused_with_the_new_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for old, new in (("bench_h200x1", "bench_1.5b"), ("bench_h200x1_3b", "bench_3b"), ("bench_h200x1_7b", "bench_7b")):
+        with pytest.raises(ConfigError) as info:
+            load_config(f"configs/{old}.yaml")
+        assert str(info.value) == f"config file 'configs/{old}.yaml' is now 'configs/{new}.yaml' " + BY_SIZE
+    layered = tmp_path / "mine.yaml"
+    layered.write_text("base: bench_h200x1.yaml\n")
+    with pytest.raises(ConfigError, match=r"bench_h200x1\.yaml' is now '.*bench_1\.5b\.yaml'"):
+        load_config(layered)
+
+
+def test_auto_is_refused_where_nothing_chooses_it() -> None:
+    with pytest.raises(ConfigError, match=r"reward\.judge\.engine\.gpu_memory_utilization"):
+        load_config(None, ["reward.judge.engine.gpu_memory_utilization=auto"])
+
+
+def _get(cfg: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
