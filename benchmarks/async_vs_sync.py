@@ -420,13 +420,17 @@ def run_variant(
 def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Trainer rank 0's measured allocator peak over the run (`cuda_peak_gb`, `cuda_reserved_gb`)
     beside the launch-time memory plan's estimate of it (runtime/memory_plan.py, on this
-    machine's GPUs), and the plan's GB per phase of the fullest GPU."""
+    machine's GPUs), the plan's GB per phase of the fullest GPU, and what `auto` chose for the
+    run (`auto_chosen`: the run's RUN_DIR/config.yaml, which the plan is of)."""
     from runtime.memory_plan import launch_plan
 
-    plan = launch_plan(cfg, asks_gpus=True)
+    written = Path(cfg.run_dir) / "config.yaml"
+    ran = load_config(written) if written.exists() else cfg
+    plan = launch_plan(ran, asks_gpus=True)
     out: dict[str, Any] = {
         "plan_trainer_peak_gb": plan.trainer_peak_gb(), "plan_gpu_gb": plan.gpu_gb,
         "plan_phases_gb": max((g.phases() for g in plan.gpus), key=lambda p: max(p.values()), default={}),
+        "auto_chosen": ran.memory.chosen,
     }  # fmt: skip
     for key in ("cuda_peak_gb", "cuda_reserved_gb"):
         seen = [r[key] for r in records if key in r]

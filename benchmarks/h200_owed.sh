@@ -72,13 +72,19 @@ step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.
 
 LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.length_dist.kind=lognormal
     rollout.length_dist.mean_tokens=512 trainer.micro_batch_tokens=8192)
+# What the 1.5B recipe ran with on one H200 before these keys were `auto` (bench_h200x1.yaml):
+# the long-tail and fixed-512 repeats pin them to measure the same thing. They start new files:
+# --add-to refuses the results recorded under the old recipe name.
+H200_PINNED=(rollout.engine.gpu_memory_utilization=0.45 trainer.micro_batch_tokens=8192
+    rollout.engine.sleep_when_idle=true rollout.engine.sleep_level=2 trainer.offload.optimizer=false
+    trainer.offload.params=false)
 
 R=benchmarks/results
 
-longtail() {  # one more long-tail repeat, added to the three
-    step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml --staleness 8 \
-        --measured-steps 20 --run-root /root/lt --add-to $R/async_vs_sync_h200x1_longtail.json \
-        --out $Q/async_vs_sync_h200x1_longtail.json "${LONGTAIL[@]}"
+longtail() {  # one more long-tail repeat (a new file: the three are bench_h200x1.yaml's)
+    step longtail 1200 python3 benchmarks/async_vs_sync.py --config configs/bench_1.5b.yaml --staleness 8 \
+        --measured-steps 20 --run-root /root/lt --out $Q/async_vs_sync_h200x1_longtail.json \
+        "${H200_PINNED[@]}" "${LONGTAIL[@]}"
 }
 
 issue30() {  # the curves' points, then the fixed-512 repeats (the long-tail three are in, 2026-12-05)
@@ -93,11 +99,12 @@ issue30() {  # the curves' points, then the fixed-512 repeats (the long-tail thr
             --steps 10 --run-root "/root/sl-$point" --add-to $Q/scaling_length_h200x1.json \
             --out $Q/scaling_length_h200x1.json
     done
-    cp -n $R/async_vs_sync_h200x1_fixed512.json $Q/ 2>/dev/null
+    local add=()  # the first repeat starts the file (the one before is bench_h200x1.yaml's), the next adds to it
     for pair in 2 3; do
-        step "fixed512_$pair" 900 python3 benchmarks/async_vs_sync.py --config configs/bench_h200x1.yaml \
-            --measured-steps 20 --run-root "/root/fx$pair" --add-to $Q/async_vs_sync_h200x1_fixed512.json \
-            --out $Q/async_vs_sync_h200x1_fixed512.json
+        step "fixed512_$pair" 900 python3 benchmarks/async_vs_sync.py --config configs/bench_1.5b.yaml \
+            --measured-steps 20 --run-root "/root/fx$pair" ${add[@]+"${add[@]}"} \
+            --out $Q/async_vs_sync_h200x1_fixed512.json "${H200_PINNED[@]}"
+        add=(--add-to $Q/async_vs_sync_h200x1_fixed512.json)
     done
 }
 

@@ -8,9 +8,11 @@ benchmarks/async_vs_sync.py does (warm-up and cool-down steps left out; rates ar
 weight sync the median step), plus what LoRA changes: the bytes one update moves
 (`weight_sync_gb`, median), and the trainer's peak GPU memory (`cuda_peak_gb`: torch's
 `max_memory_allocated` on trainer rank 0 since its start, the last step's value; null on CPU).
-The JSON has both variants and the ratios lora / full.
+Both run with the full variant's `auto` settings (micro-batch, vLLM's share, offload: what
+runtime/memory_auto.py chose for it), so only LoRA differs. The JSON has both variants and the
+ratios lora / full.
 
-    python3 benchmarks/lora.py --config configs/bench_h200x1.yaml --out benchmarks/results/lora_h200x1.json \\
+    python3 benchmarks/lora.py --config configs/bench_1.5b.yaml --out benchmarks/results/lora_h200x1.json \\
         trainer.total_steps=10
     .venv/bin/python benchmarks/lora.py --config configs/tiny_cpu.yaml trainer.total_steps=8   # CPU smoke
 """
@@ -30,13 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from async_vs_sync import H200_BF16_DENSE_TFLOPS, ROOT, Policy, emit, read_metrics, run_variant, setup_policy
 
 from runtime.config_load import load_config
+from runtime.memory_auto import pins
 from runtime.validate import check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for both variants")
-    parser.add_argument("--config", default="configs/bench_h200x1.yaml")
+    parser.add_argument("--config", default="configs/bench_1.5b.yaml")
     parser.add_argument("--rank", type=int, default=16, help="trainer.lora.rank of the lora variant")
     parser.add_argument("--lr-scale", type=float, default=10.0, help="the lora variant's lr over the config's")
     parser.add_argument("--staleness", type=int, default=2, help="rollout.max_staleness of both variants")
@@ -75,12 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     lr = base.trainer.optim.lr * args.lr_scale
     # LoRA first: on a machine where it cannot run, the benchmark fails before the long full run.
     extra = {"lora": [f"trainer.lora.rank={args.rank}", f"trainer.optim.lr={lr}"], "full": ["trainer.lora.rank=0"]}
+    common = [*args.overrides, *policy.overrides, f"rollout.max_staleness={args.staleness}"]
+    chosen = pins(load_config(config, [*common, *extra["full"]]))  # the full run's `auto` settings, for both
     runs = {}
     for name, more in extra.items():
-        runs[name] = [
-            *args.overrides, *policy.overrides, f"rollout.max_staleness={args.staleness}",
-            f"name={config.stem}-{name}", f"run_dir={run_root / name}", *more,
-        ]  # fmt: skip
+        runs[name] = [*common, *chosen, f"name={config.stem}-{name}", f"run_dir={run_root / name}", *more]
         check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts
     variants = {n: variant(config, o, args, policy) for n, o in runs.items()}
     full, lora = variants["full"], variants["lora"]

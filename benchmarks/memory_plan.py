@@ -20,9 +20,12 @@ batch of the recipe's shape (`prompts_per_step * rollout.n` sequences of
   and with `trainer.offload.params` the offload and restore seconds and whether the
   weights came back bit for bit.
 
-    python3 benchmarks/memory_plan.py --config configs/bench_h200x1.yaml configs/bench_h200x1_3b.yaml \
-        configs/bench_h200x1_7b.yaml configs/bench_h200x1_7b.yaml@rollout.max_staleness=0@trainer.offload.params=true \
+    python3 benchmarks/memory_plan.py --config configs/bench_1.5b.yaml configs/bench_3b.yaml \
+        configs/bench_7b.yaml configs/bench_7b.yaml@rollout.max_staleness=0@trainer.offload.params=true \
         --out benchmarks/results/memory_plan_h200x1.json
+
+(The recipes' `auto` keys take what the memory plan chooses for this GPU; `--set KEY=VALUE`
+pins them, e.g. `--set trainer.micro_batch_tokens=8192` as the committed H200 results ran.)
 """
 
 from __future__ import annotations

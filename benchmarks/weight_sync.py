@@ -201,7 +201,7 @@ def summarize(first: Any, timed: list[Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default="configs/bench_h200x1.yaml", help="recipe whose model and engine to use")
+    parser.add_argument("--config", default="configs/bench_1.5b.yaml", help="recipe whose model and engine to use")
     parser.add_argument("--updates", type=int, default=10, help="timed updates per backend (after one warm-up)")
     parser.add_argument("--backends", default="", help="comma-separated subset (default: all this machine allows)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke test: tiny model, 2 updates")
