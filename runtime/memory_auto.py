@@ -204,9 +204,10 @@ class _Search:
     def _why_micro(self, lv: Levers, tokens: int) -> str:
         if MICRO not in self.auto or "trainer" not in self.roles:
             return "the trainer is not on a GPU (the CPU value)"
-        sizes = self.micro_batches()
-        if tokens == sizes[0]:
-            return "one micro-batch holds a rank's share of a step" if tokens < MAX_MICRO_BATCH else "the largest tried"
+        if tokens == MAX_MICRO_BATCH:
+            return "the most auto takes"
+        if tokens == self.micro_batches()[0]:
+            return "one micro-batch holds a rank's share of a step"
         need, phase = _worst(self.plan(self.trial(lv, tokens * 2)))
         usable = self.gpu_gb - GPU_HEADROOM_GB
         return f"the largest that fits ({tokens * 2} needs {need:.1f} of {usable:.1f} GB, {phase})"
