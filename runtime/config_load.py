@@ -344,6 +344,8 @@ def _type_name(inner: Any, hint: Any) -> str:
         return " \\| ".join(str(a) for a in get_args(inner))
     if isinstance(inner, type):
         return inner.__name__
+    if get_origin(inner) in (typing.Union, types.UnionType):  # `bool | Literal["auto"]` reads `bool \| auto`
+        return " \\| ".join(_type_name(_unwrap(a), a) for a in get_args(inner))
     text = str(_unwrap(hint) if get_origin(hint) is typing.Annotated else hint)
     return text.replace("runtime.config.", "").replace("typing.", "").replace("|", "\\|")
 
