@@ -4,9 +4,10 @@ writers give it (runtime/report, runtime/watch_state.py trust what passes).
 
 What a caller may rely on: `usable_metrics(rec)` / `usable_schedule(rec)` is False for a
 record that is not a dict or has a field of the wrong type (a `"t0": "yesterday"`, a
-`"reward_mean": "high"`), or lacks a field it needs (a metrics record its `step`, a
-schedule record what its event needs); `skipped_warning` is the one
-line that says how many lines were left out of a file and why.
+`"reward_mean": "high"`, a `step` record's `phases` other than `[phase, from, to]` lists),
+or lacks a field it needs (a metrics record its `step`, a schedule record what its event
+needs); `skipped_warning` is the one line that says how many lines were left out of a
+file and why.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def usable_schedule(rec: Any) -> bool:
     for k, v in rec.items():
         if k == "groups" and rec["ev"] == "step":
             ok = isinstance(v, list) and all(_integer(g) for g in v)
+        elif k == "phases" and rec["ev"] == "step":
+            ok = isinstance(v, list) and all(_phase(p) for p in v)
         else:
             ok = isinstance(v, str) if k in SCHEDULE_TEXT else _number(v)
         if not ok:
@@ -53,6 +56,11 @@ def usable_schedule(rec: Any) -> bool:
 
 def skipped_warning(num_skipped: int, where: str) -> str:
     return f"tandem: warning: skipped {num_skipped} line(s) of {where} that are not valid records"
+
+
+def _phase(v: Any) -> bool:
+    """One `[phase, from, to]` of a step's `phases` (runtime/step_phases.py)."""
+    return isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and _number(v[1]) and _number(v[2])
 
 
 def _number(v: Any) -> bool:

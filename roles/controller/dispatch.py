@@ -125,7 +125,7 @@ class Dispatcher:
 
     async def _send(self, rollout: Peer, group: Group) -> None:
         group.rollout = rollout.identity
-        group.dispatched_at = time.monotonic()
+        group.dispatched_at = time.time()
         rollout.in_flight += group.n
         rollout.clock.add(group.n)
         self.schedule.dispatch(group.gid, rollout.name, group.attempts)
@@ -165,7 +165,10 @@ class Dispatcher:
             loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(), env_reward=msg.env_reward,
             num_turns=msg.num_turns,
         )  # fmt: skip
-        started = time.time() - msg.gen_s
+        now = time.time()
+        group.first_arrival = group.first_arrival or now
+        group.last_arrival = now
+        started = now - msg.gen_s
         group.gen_started = min(group.gen_started, started) if group.gen_started else started
         self.wake()
         if group.complete:

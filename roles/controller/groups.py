@@ -8,7 +8,6 @@ keeps every group in exactly one of its containers, which is what makes the
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -59,8 +58,11 @@ class Group:
     request_id: str
     admitted_version: int
     rollout: bytes = b""
-    dispatched_at: float = field(default_factory=time.monotonic)
+    dispatched_at: float = 0.0  # Unix time of its latest send to a rollout (0: not sent)
     gen_started: float = 0.0  # Unix time its earliest sample began generating (0: none back yet)
+    first_arrival: float = 0.0  # Unix time its first sample came back (0: none back yet)
+    last_arrival: float = 0.0  # Unix time its latest sample came back
+    ready_at: float = 0.0  # Unix time it was scored and queued for training (0: not yet)
     samples: dict[int, SampleRec] = field(default_factory=dict)
     attempts: int = 1
     value_version: int | None = None  # critic version that computed the values (GAE)
@@ -87,7 +89,7 @@ class Group:
         """Drop what a lost rollout generated for this group, so it can be sent again."""
         self.samples.clear()
         self.rollout = b""
-        self.gen_started = 0.0
+        self.gen_started = self.first_arrival = self.last_arrival = 0.0
 
     @property
     def token_versions(self) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -164,6 +165,7 @@ class Ledger:
         drop it as `filtered` when its rewards are all equal and the step's bound allows)."""
         self._take_in_flight(group)
         self.schedule.scored(group.gid)
+        group.ready_at = time.time()
         if self.filter_groups and group.rewards_equal and self.filtered_this_step < self.max_filtered_per_step:
             self.filtered_this_step += 1
             self._count_drop(group, "filtered", "all rewards equal")

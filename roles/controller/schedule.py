@@ -18,7 +18,9 @@ the records of a resumed run line up after the ones before). What a caller may r
   published, `t0` / `t` when the batch went to the trainer and the reply came,
   `groups` (the gids trained at this step: every trained group is in exactly one `step`
   record), `train_s` and `sync_s` (the trainer's compute and weight-sync time) and the
-  sync's phases (`gather_s`, `transfer_s`, `load_s`) when the trainer reports them.
+  sync's phases (`gather_s`, `transfer_s`, `load_s`) when the trainer reports them; with
+  the step's phases (runtime/step_phases.py), `w0` / `w1` (Unix times the step's window
+  opened and closed), `phases` (`[phase, from, to]` lists, seconds from `w0`) and `glue_s`.
 * `sync`: one rollout applied `version`: `to`, `t0` / `t` (start, end), `receive_s`, `load_s`.
 * `val`: a validation round: `step`, `version`, `t0` / `t`, `groups`.
 
@@ -36,6 +38,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from runtime.step_phases import StepTimes, phase_metrics, phase_spans
 
 FLUSH_S = 1.0
 FLUSH_RECORDS = 512
@@ -79,15 +83,23 @@ class ScheduleLog:
         self._emit({"ev": "drop", "g": gid, "why": reason, "detail": detail})
 
     # --- steps, weights, validation ------------------------------------------------------
-    def step(self, step: int, version: int, started: float, gids: Iterable[int], trainer: dict[str, float]) -> None:
+    def step(
+        self, step: int, version: int, started: float, gids: Iterable[int], trainer: dict[str, float],
+        times: StepTimes | None = None,
+    ) -> None:  # fmt: skip
         """Step `step` trained `gids` and published `version`; `started`: Unix time the batch
-        went out; `trainer`: the trainer's metrics (its times are picked from them)."""
+        went out; `trainer`: the trainer's metrics (its times are picked from them); `times`:
+        what the step's phases are computed from."""
         rec: dict[str, Any] = {"ev": "step", "step": step, "version": version, "t0": round(started, 3),
                                "groups": list(gids)}  # fmt: skip
         for key, name in (("train_s", "train_s"), ("weight_sync_s", "sync_s"), ("weight_sync_gather_s", "gather_s"),
                           ("weight_sync_transfer_s", "transfer_s"), ("weight_sync_load_s", "load_s")):  # fmt: skip
             if key in trainer:
                 rec[name] = round(float(trainer[key]), 4)
+        if times is not None:
+            spans = [[n, round(a, 3), round(b, 3)] for n, a, b in phase_spans(times)]
+            glue = round(phase_metrics(times)["step_glue_s"], 4)
+            rec.update(w0=round(times.start, 3), w1=round(times.end, 3), phases=spans, glue_s=glue)
         self._emit(rec)
         self.flush()
 

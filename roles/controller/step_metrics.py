@@ -32,8 +32,9 @@ class StepRecorder:
         self.start_clock()
 
     def start_clock(self) -> None:
-        """The run starts now (all roles registered)."""
+        """The run starts now (all roles registered); `started_at`: its Unix time."""
         self.run_started = self.last_step_at = time.monotonic()
+        self.started_at = time.time()
         self.last_busy = self.gen_busy_s()
 
     def wall_s(self) -> float:

@@ -5,7 +5,8 @@ trainer (and critic) ranks.
 stale ones), builds every rank's shard (advantages, packing), sends the shards to the
 trainer ranks (and, with GAE, the critic ranks) through their `RankGroup`s, marks the
 batch trained at the version the trainer published, and records the step's metrics (and
-its span and groups in the schedule log).
+its span and groups in the schedule log), each with the step's phases (runtime/step_phases.py:
+the window from the previous step's trainer reply to this one's).
 Rollouts the new weights could not reach are reported to `on_rollout_failed`. With
 `before_train` (a synchronous run: roles/controller/rest.py), each batch is handed to the
 trainer only after `before_train(version)` returned.
@@ -30,6 +31,7 @@ from roles.controller.step_metrics import StepRecorder
 from runtime.config import AlgorithmConfig
 from runtime.logs import get_logger, set_policy_version
 from runtime.role import FatalError
+from runtime.step_phases import StepTimes, phase_metrics
 from transport import wire
 
 log = get_logger("controller")
@@ -67,6 +69,7 @@ class StepRunner:
         self.max_reward_failures = max_reward_failures
         self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop)
         self.before_train = before_train
+        self.last_reply = 0.0  # Unix time of the previous step's trainer reply (0: none since the start)
 
     async def step(self) -> None:
         groups = await self.ledger.wait_batch()
@@ -79,23 +82,34 @@ class StepRunner:
         )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
-        if self.before_train is not None:
-            await self.before_train(self.ledger.version)
+        rest = await self._rest()
         started = time.time()
         actor, critic = await self._train(groups, batches, build)
+        times = batch_times(groups, self.last_reply or self.recorder.started_at, time.time(),
+                            rest=rest, train_sent=started, trainer=actor.metrics)  # fmt: skip
+        self.last_reply = times.end
         for name in actor.failed_rollouts:
             self.on_rollout_failed(name, "new weights could not be delivered")
         self.ledger.trained(actor.version)
-        self.schedule.step(self.ledger.step, actor.version, started, [g.gid for g in groups], actor.metrics)
+        self.schedule.step(self.ledger.step, actor.version, started, [g.gid for g in groups], actor.metrics, times)
         set_policy_version(actor.version)
         extra = self._ppo_metrics(groups, critic) if self.critics is not None else {}
         extra.update(reward_metrics([s for g in groups for s in g.ordered()]))
+        extra.update(phase_metrics(times))
         drops = self.ledger.take_step_drops()
         drops["dropped_stale_total"] = self.ledger.dropped("stale")
         drops["dropped_filtered_total"] = self.ledger.dropped("filtered")
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         self.mismatch.check(self.ledger.step, actor.metrics.get("kl_behaviour_proximal"), max(staleness, default=0))
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
+
+    async def _rest(self) -> tuple[float, float] | None:
+        """Await `before_train` (vLLM sleeps); when it began and ended, None without it."""
+        if self.before_train is None:
+            return None
+        began = time.time()
+        await self.before_train(self.ledger.version)
+        return began, time.time()
 
     def _check_rewards(self, groups: list[Group]) -> None:
         """A batch where more than `max_failure_fraction` of the samples got no reward ends
@@ -132,3 +146,21 @@ class StepRunner:
         if critic is not None:
             out.update({f"critic_{k}": v for k, v in critic.metrics.items() if k != "explained_variance_local"})
         return out
+
+
+def batch_times(
+    groups: list[Group], start: float, end: float, *, rest: tuple[float, float] | None, train_sent: float,
+    trainer: dict[str, float],
+) -> StepTimes:  # fmt: skip
+    """The step's `StepTimes` (window `start`..`end`): the batch's send, sample and scoring
+    times from its groups (a time a group has not got, 0, is left out), the others as given."""
+
+    def times(attr: str) -> list[float]:
+        return [t for g in groups if (t := float(getattr(g, attr))) > 0.0]
+
+    return StepTimes(
+        start=start, end=end, dispatched=min(times("dispatched_at"), default=0.0),
+        gen_started=min(times("gen_started"), default=0.0), first_sample=min(times("first_arrival"), default=0.0),
+        last_sample=max(times("last_arrival"), default=0.0), ready=max(times("ready_at"), default=0.0), rest=rest,
+        train_sent=train_sent, trainer=trainer,
+    )  # fmt: skip

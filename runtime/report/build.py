@@ -8,6 +8,7 @@ also writes `report.png`, a screenshot of the page by headless Chromium."""
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ def summary(run: RunData) -> dict[str, Any]:
         "groups dropped": ", ".join(f"{w}: {sum(1 for d in drops if d['why'] == w)}"
                                     for w in sorted({d["why"] for d in drops})) or "0",
         "validation rounds": len(run.validation),
+        "step glue (median)": f"{statistics.median(glue):.3f}s" if (glue := run.series("step_glue_s")[1]) else "",
     }  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """The timeline figure: every rollout's generation, the trainer's steps and weight syncs,
 the rollouts' weight loads and validation rounds on one time axis, coloured by policy
-version (one colour scale for every bar), so overlap and stalls show at a glance."""
+version (one colour scale for every bar), so overlap and stalls show at a glance; each
+step's phases and its glue (time no phase covers, in red) on a lane of their own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ KINDS = {  # kind -> (legend name, pattern shape, fixed colour or "" for the ver
     "sync": ("trainer weight sync", "x", "#444444"),
     "weights": ("rollout weight load", "", ""),
     "validation": ("validation round", ".", ""),
+    # The lane "step phases": fixed colours, so a phase reads the same in every step.
+    "phase_wake": ("step: wake (send → first sample starts)", "", "#17becf"),
+    "phase_generate": ("step: generate", "", "#98df8a"),
+    "phase_reward": ("step: reward (after the last sample)", "", "#ffbb78"),
+    "phase_release": ("step: release (vLLM sleeps, trainer gives way)", "", "#c5b0d5"),
+    "phase_train": ("step: train", "", "#1f77b4"),
+    "phase_push": ("step: push weights", "x", "#444444"),
+    "glue": ("step: glue (no phase)", "", "#d62728"),
 }
 
 

@@ -12,6 +12,10 @@ What a caller may rely on:
   going) end at the last record's time, as `in_flight` (validation groups a round gave up
   on are left out). A span's `version` is the policy
   version it ran with (a group's oldest token; the version a step trained from).
+* Each step's phases (runtime/step_phases.py: `wake`, `generate`, `reward`, `release`,
+  `train`, `push`, kind `phase_<name>`) are on the lane `"step phases"`, and every stretch
+  of its window that no phase covers as a `glue` span there, so a gap shows; runs whose
+  schedule predates the phases have no such lane.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from runtime.step_phases import gaps
 
 VAL_LANES = 4
 
@@ -29,7 +35,7 @@ class Span:
     start: float
     end: float
     version: int
-    kind: str  # generation | validation_generation | in_flight | train | sync | weights | validation
+    kind: str  # generation | validation_generation | in_flight | train | sync | weights | validation | phase_* | glue
     text: str
 
 
@@ -55,12 +61,13 @@ def build_timeline(schedule: list[dict[str, Any]]) -> Timeline:
     times = [float(r["t"]) for r in schedule if "t" in r]
     if not times:
         return Timeline(t0=0.0, end=0.0)
-    t0 = min(min(times), *(float(r["t0"]) for r in schedule if "t0" in r))
+    t0 = min(min(times), *(float(r[k]) for r in schedule for k in ("t0", "w0") if k in r))
     tl = Timeline(t0=t0, end=max(times) - t0)
     fate = _fates(schedule)
     gen = _generation(schedule, t0, tl.end, fate)
     tl.rows += _lanes(gen, tl.spans)
     tl.rows += _trainer(schedule, t0, tl.spans)
+    tl.rows += _phases(schedule, t0, tl.spans)
     tl.rows += _weights(schedule, t0, tl.spans)
     tl.rows += _validation(schedule, t0, tl.spans)
     return tl
@@ -134,6 +141,21 @@ def _trainer(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> list
             phases = " ".join(f"{k[:-2]} {float(r[k]):.3f}s" for k in ("gather_s", "transfer_s", "load_s") if k in r)
             out.append(Span("trainer", end - sync, end, v, "sync", f"step {n}: weight sync {sync:.3f}s {phases}"))
     return ["trainer"] if steps else []
+
+
+def _phases(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> list[str]:
+    steps = [r for r in schedule if r.get("ev") == "step" and {"phases", "w0", "w1"} <= r.keys()]
+    for r in steps:
+        w0, n, v = float(r["w0"]) - t0, int(r["step"]), int(r["version"]) - 1
+        spans = [(str(p), float(a), float(b)) for p, a, b in r["phases"]]
+        for p, a, b in spans:
+            text = f"step {n}: {p} {b - a:.3f}s (from +{a:.3f}s in the step)"
+            out.append(Span("step phases", w0 + a, w0 + b, v, f"phase_{p}", text))
+        glue = float(r.get("glue_s", 0.0))
+        for a, b in gaps(spans, float(r["w1"]) - float(r["w0"])):
+            text = f"step {n}: glue {b - a:.3f}s (from +{a:.3f}s; the step's glue {glue:.3f}s)"
+            out.append(Span("step phases", w0 + a, w0 + b, v, "glue", text))
+    return ["step phases"] if steps else []
 
 
 def _weights(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> list[str]:

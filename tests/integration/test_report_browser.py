@@ -1,7 +1,8 @@
 """The report in a real browser: headless Chromium (.ci/setup --tests installs the Debian package)
 opens the page built from the recorded run with no network, runs its scripts without an
-error, draws every panel (traces with drawn paths in each plot's SVG), and its screenshot
-is not blank. A page whose script fails is seen as failed (the check is not vacuous)."""
+error, draws every panel (traces with drawn paths in each plot's SVG) and each step's phases
+on a timeline lane of their own, and its screenshot is not blank. A page whose script fails
+is seen as failed (the check is not vacuous)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,16 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_report(RECORDED, tmp_path_factory.mktemp("report") / "report.html")
 
 
+def panel_svgs(dom: str) -> dict[str, str]:
+    """Panel id → its part of the DOM (the SVG plotly drew into it)."""
+    parts = re.split(r'<div class="panel[^"]*" id="(p-[\w-]+)">', dom)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
 def drawn_panels(dom: str) -> dict[str, int]:
     """Panel id → number of traces in its SVG that draw a path."""
-    parts = re.split(r'<div class="panel[^"]*" id="(p-[\w-]+)">', dom)
     out = {}
-    for pid, body in zip(parts[1::2], parts[2::2], strict=True):
+    for pid, body in panel_svgs(dom).items():
         traces = re.findall(r'<g class="trace[ "].*?(?=<g class="trace[ "]|$)', body, re.S)
         out[pid] = sum(1 for t in traces if re.search(r'<path[^>]* d="M[^"]', t))
     return out
@@ -43,6 +49,15 @@ def test_the_page_draws_every_panel_without_a_script_error(page: Path) -> None:
     assert set(drawn) == {"p-timeline-0", *(f"p-{p}" for p in PANELS)}
     assert all(n > 0 for n in drawn.values()), drawn
     assert drawn["p-timeline-0"] >= 5, "generation, validation, trainer step, weight sync, weight load"
+
+
+def test_the_timeline_draws_the_steps_phases_and_their_glue_on_a_lane_of_their_own(page: Path) -> None:
+    dom = dump_dom(page)
+    timeline = panel_svgs(dom)["p-timeline-0"]
+    assert 'data-unformatted="step phases"' in timeline, "the lane's label is on the drawn y axis"
+    legend = set(re.findall(r'class="legendtext"[^>]*>([^<]*)<', timeline))
+    assert {"step: train", "step: push weights", "step: glue (no phase)"} <= legend, legend
+    assert drawn_panels(dom)["p-timeline-0"] >= 6 + 3, "the schedule's six kinds, then train, push and glue"
 
 
 def test_a_failing_script_is_reported_by_the_page(page: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from roles.controller.metrics import REQUIRED_KEYS
+from runtime.step_phases import PHASES
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,20 @@ def validation_records(run_dir: Path) -> list[dict]:
     return [m for m in records(run_dir) if m.get("kind") == "validation"]
 
 
+def check_phases(metrics: list[dict], *, sync: bool) -> None:
+    """Every step has its phases (runtime/step_phases.py), consistent with its window; a
+    synchronous step's phases do not overlap, so with its glue they add up to the step."""
+    keys = [f"phase_{p}_s" for p in PHASES] + ["phase_first_token_s", "phase_last_token_s", "step_glue_s"]
+    for m in metrics:
+        assert all(m[k] >= 0.0 for k in keys), {k: m[k] for k in keys}
+        assert m["phase_first_token_s"] <= m["phase_last_token_s"] <= m["step_s"] + 0.1, m
+        assert m["phase_train_s"] > 0.0 and m["phase_push_s"] > 0.0 and m["step_glue_s"] <= m["step_s"] + 0.1, m
+        if sync:  # the windows differ by what the controller does between a reply and the record
+            total = sum(m[f"phase_{p}_s"] for p in PHASES) + m["step_glue_s"]
+            assert abs(total - m["step_s"]) < 0.1 + 0.05 * m["step_s"], (m["step"], total, m["step_s"])
+            assert m["phase_generate_s"] > 0.0 and m["phase_first_token_s"] > 0.0, m
+
+
 def quarter_means(metrics: list[dict]) -> tuple[float, float]:
     q = max(1, len(metrics) // 4)
     first = sum(m["reward_mean"] for m in metrics[:q]) / q
@@ -56,6 +71,7 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
         assert m["staleness_max"] <= 1
     assert [m["policy_version"] for m in metrics] == list(range(1, 41))
     assert any(m["staleness_max"] == 1 for m in metrics), "async run never used stale samples"
+    check_phases(metrics, sync=False)
     first, last = quarter_means(metrics)
     assert last > first + 0.05, (first, last)
     busy = sum(m["gen_busy_s"] + m["train_busy_s"] for m in metrics)
@@ -88,6 +104,7 @@ def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
     assert (run_dir / "report.html").stat().st_size > 1_000_000
     schedule = read_jsonl(run_dir / "schedule.jsonl")
     steps = trained_at(schedule)
+    assert all(r["phases"] and "glue_s" in r for r in schedule if r["ev"] == "step"), "each step's phases"
     admitted = {r["g"] for r in schedule if r["ev"] == "admit"}
     dropped = {r["g"] for r in schedule if r["ev"] == "drop"}
     assert set(steps) | dropped == admitted and not set(steps) & dropped, "every group trained or dropped once"
@@ -113,6 +130,7 @@ def test_sync_tiny_run_learns_with_bad_reward_functions(tmp_path: Path) -> None:
     metrics, _ = run_tiny(tmp_path / "run", *overrides)
     assert len(metrics) == 40
     assert all(m["staleness_max"] == 0 and m["dropped_stale"] == 0 for m in metrics)
+    check_phases(metrics, sync=True)
     assert all(m["kl_ref"] >= 0.0 for m in metrics) and metrics[-1]["kl_ref"] > 0.0
     first, last = quarter_means(metrics)
     assert last > first + 0.05, (first, last)

@@ -57,7 +57,9 @@ def test_the_timeline_has_generation_training_syncs_and_validation() -> None:
         assert all(a.end <= b.start for a, b in itertools.pairwise(spans)), lane
     train = sorted((s for s in tl.spans if s.kind == "train"), key=lambda s: s.start)
     assert [s.version for s in train] == list(range(40)), "step N trains version N - 1"
-    assert set(tl.rows) >= {"trainer", "rollout-0 weights", "validation", "rollout-0 · 0", "rollout-0 val · 0"}
+    assert set(tl.rows) >= {"trainer", "step phases", "rollout-0 weights", "validation", "rollout-0 · 0",
+                            "rollout-0 val · 0"}  # fmt: skip
+    assert {"phase_train", "phase_push", "glue"} <= kinds and summary(run)["step glue (median)"].endswith("s")
     assert len([r for r in tl.rows if r.startswith("rollout-0 · ")]) <= 128 // 8, "at most max_num_seqs / n at once"
     assert min(s.start for s in tl.spans) >= 0 and max(s.end for s in tl.spans) <= tl.end + 1e-6
 
