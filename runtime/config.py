@@ -525,12 +525,14 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         ),
     ] = 1024
     compile: Annotated[
-        bool,
+        bool | Literal["auto"],
         Doc(
             description="FSDP actor: torch.compile each transformer block (dynamic shapes), fusing norms, RoPE and "
-            "activations, and the chunked LM head's per-chunk math; the first steps compile."
+            "activations, and the chunked LM head's per-chunk math; the first steps compile. auto = on for a "
+            "full-parameter actor on CUDA with trainer.kernels=torch (16 % faster steps, 14 GB less at 1.54B), "
+            "off on the CPU, with LoRA adapters and with liger kernels."
         ),
-    ] = False
+    ] = "auto"
     kernels: Annotated[
         Literal["torch", "liger"],
         Doc(

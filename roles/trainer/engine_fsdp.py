@@ -38,8 +38,16 @@ from roles.training.metrics import ACTOR_METRICS
 from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES
 from roles.weights.lora import is_adapter, peft_name
-from runtime.config import RunConfig
+from runtime.config import RunConfig, TrainerConfig
 from transport.wire import TrainBatch
+
+
+def compiles(t: TrainerConfig, device: torch.device) -> bool:
+    """`trainer.compile` on `device`: `auto` compiles the full-parameter actor on CUDA with
+    torch's kernels (Liger's cannot be traced; LoRA adapters are not measured compiled)."""
+    if t.compile != "auto":
+        return bool(t.compile)
+    return device.type == "cuda" and t.kernels == "torch" and t.lora.rank == 0
 
 
 class FSDPEngine(FSDPEngineBase):
@@ -54,8 +62,9 @@ class FSDPEngine(FSDPEngineBase):
             packing=t.packing, chunk=t.logprob_chunk_tokens, kernels=t.kernels, attention_kernel=t.attention_kernel
         )
         checkpointing = t.gradient_checkpointing
+        self.compiled = compiles(t, self.device)
         model = setup_actor_model(
-            model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=t.compile, **opts
+            model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=self.compiled, **opts
         )
         self.lora = t.lora.rank > 0
         if self.lora:

@@ -57,6 +57,8 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         # update, so the rank gives its allocator cache (and, with offload.params, its
         # parameters) back first. Only on CUDA, where there is a cache to give.
         self.gives_way = self.engine.device.type == "cuda" and trainer_gives_way(self.cfg, self.ctx.rank)
+        if self.ctx.rank == 0 and hasattr(self.engine, "compiled"):
+            log.info("trainer_compile", compiled=self.engine.compiled, requested=self.cfg.trainer.compile)
 
     def _make_sender(self, rollouts: list[wire.PeerInfo]) -> WeightSender:
         """The backend `weight_sync.backend` names, or `auto`'s choice for these rollouts."""

@@ -22,7 +22,7 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
 from roles.training.token_stats import TokenStatsHead, install_token_stats_head
 from roles.training.varlen import register_varlen_attention
-from roles.training.varlen_cudnn import register_cudnn_attention
+from roles.training.varlen_cudnn import refuse_where_it_crashes, register_cudnn_attention
 from roles.training.varlen_fa4 import register_fa4_attention
 
 _PACKED_BACKENDS = {
@@ -43,6 +43,8 @@ def setup_actor_model(
     instead of PyTorch's varlen FlashAttention-2."""
     attn = "sdpa"
     if packing:
+        if attention_kernel == "cudnn":
+            refuse_where_it_crashes(device)
         attn = _PACKED_BACKENDS[attention_kernel]()
     model = load_causal_lm(
         model_path, dtype, device, gradient_checkpointing=gradient_checkpointing, attn_implementation=attn

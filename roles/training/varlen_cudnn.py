@@ -79,3 +79,14 @@ cudnn_varlen = packed_attention_op("cudnn_varlen", _cudnn_forward, _cudnn_backwa
 # (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing),
 # and its registration with transformers (idempotent; returns VARLEN_CUDNN_ATTENTION)
 cudnn_attention_forward, register_cudnn_attention = transformers_backend(VARLEN_CUDNN_ATTENTION, cudnn_varlen)
+
+
+def refuse_where_it_crashes(device: torch.device) -> None:
+    """Raise (one line) on a GPU where this kernel is known to crash: on an H100 80GB its first
+    step died with "CUDA error: an illegal memory access" at fixed 4k tokens and on the length
+    mix (benchmarks/trainer.py --variant cudnn, torch 2.11, cuDNN 9; it runs on the H200)."""
+    if device.type == "cuda" and "H100" in torch.cuda.get_device_name(device):
+        raise RuntimeError(
+            "trainer.attention_kernel=cudnn is refused on an H100: its varlen cuDNN attention died there with "
+            "'CUDA error: an illegal memory access' (torch 2.11, cuDNN 9); use trainer.attention_kernel=torch"
+        )
