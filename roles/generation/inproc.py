@@ -201,7 +201,7 @@ class InprocEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
         from vllm.v1.executor.abstract import Executor
 
-        config = EngineArgs(**self._args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        config = EngineArgs(**self._args).create_engine_config(UsageContext.LLM_CLASS)  # LLM.generate's batch defaults
         return LLMEngine(
             vllm_config=config,
             executor_class=Executor.get_class(config),
