@@ -129,6 +129,17 @@ issue34() {  # the compiled engine against its variants first (what decides), th
     step cudnn_test 600 python3 -m pytest -m gpu tests/gpu/test_attention_kernels_gpu.py -k cudnn -s -o addopts=""
 }
 
+issue50() {  # one H100: the 1.5B recipe as it stands (auto settings), sync and async, and the rollout
+    # role against vLLM's offline LLM.generate in-process at 128 x 512; then a second pair and the GPU test
+    local avs=(python3 benchmarks/async_vs_sync.py --config configs/bench_1.5b.yaml --measured-steps 10)
+    step avs1 900 "${avs[@]}" --run-root /root/avs1 --out $Q/async_vs_sync_h100x1.json
+    step rollout 600 python3 benchmarks/rollout.py --config configs/bench_1.5b.yaml --prompts 128 --max-tokens 512 \
+        --reps 3 --out $Q/rollout_h100x1.json
+    step avs2 900 "${avs[@]}" --run-root /root/avs2 --add-to $Q/async_vs_sync_h100x1.json \
+        --out $Q/async_vs_sync_h100x1.json
+    step gpu_ipc 600 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -q -s -o addopts=""
+}
+
 trainer_only() {  # issue 34's deciding run alone, needing no vLLM (carry 0, then `start trainer_only`)
     trainer_variants 900
 }
@@ -148,11 +159,14 @@ poll() {  # poll SECONDS: wait for the queues (at most SECONDS), then copy what 
     local until=$((SECONDS + $1))
     while [ ! -e "$Q/done" ] && [ $SECONDS -lt "$until" ]; do sleep 10; done
     mkdir -p "$OUT/q"
-    cp -f "$Q"/*.json "$Q"/*.log "$OUT/q/" 2>/dev/null
-    for run in /root/lt /root/sl* /root/sm* /root/fx*; do  # each run's role logs (only), for a failure's cause
-        [ -d "$run" ] && (cd "$run" && find . -type d -name logs -print0 |
-            tar czf "$OUT/q/$(basename "$run")-logs.tgz" --null -T -) 2>/dev/null
-    done
+    cp -f "$Q"/*.json "$OUT/q/" 2>/dev/null
+    # Every step's log and every run's role logs (only: no checkpoints or models), in one file
+    # (a call brings back at most 8 files): a failure's cause is in there.
+    {
+        find "$Q" -maxdepth 1 -name '*.log'
+        find /root -maxdepth 4 -type d -name logs -not -path '*/.*' 2>/dev/null
+        find /tmp -maxdepth 2 -type d -name logs -path '*tandem-bench*' 2>/dev/null
+    } | tar czf "$OUT/q/logs.tgz" -T - 2>/dev/null
     cat "$Q/queue.log"
     [ -e "$Q/done" ] && echo "all queues done"
 }
