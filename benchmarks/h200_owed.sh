@@ -130,11 +130,13 @@ issue34() {  # the compiled engine against its variants first (what decides), th
 }
 
 issue50() {  # one H100: the 1.5B recipe as it stands (auto settings), sync and async, and the rollout
-    # role against vLLM's offline LLM.generate in-process at 128 x 512; then a second pair and the GPU test
+    # role against vLLM's offline LLM.generate in-process at 128 x 512, the engine's GPU contract test; then a
+    # second pair and the ipc GPU test
     local avs=(python3 benchmarks/async_vs_sync.py --config configs/bench_1.5b.yaml --measured-steps 10)
     step avs1 900 "${avs[@]}" --run-root /root/avs1 --out $Q/async_vs_sync_h100x1.json
     step rollout 600 python3 benchmarks/rollout.py --config configs/bench_1.5b.yaml --prompts 128 --max-tokens 512 \
         --reps 3 --out $Q/rollout_h100x1.json
+    step gpu_engine 600 python3 -m pytest -m gpu tests/gpu/test_rollout_engine_gpu.py -q -s -o addopts=""
     step avs2 900 "${avs[@]}" --run-root /root/avs2 --add-to $Q/async_vs_sync_h100x1.json \
         --out $Q/async_vs_sync_h100x1.json
     step gpu_ipc 600 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -q -s -o addopts=""

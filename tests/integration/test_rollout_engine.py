@@ -163,6 +163,56 @@ def test_in_flight_update_switches_versions(
     pytest.fail(f"no update landed inside its sample: (delay, new-version tokens) per attempt {seen}")
 
 
+def flat_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The model with its final norm zeroed: every logit is 0 (tied embeddings, no head bias),
+    so greedy sampling takes token 0 and its logprob is -log(vocab) for every token."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(model_dir / "model.safetensors")
+    return {k: torch.zeros_like(v) if k == "model.norm.weight" else v for k, v in tensors.items()}
+
+
+def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
+    engine: RolloutEngine, loop: asyncio.AbstractEventLoop, tiny_model_dir: Path
+) -> None:
+    """A greedy sample with an update landing mid-way to weights whose logits are flat: the
+    tokens marked with the new version are exactly those the new weights sampled (token 0 at
+    logprob -log(vocab)), the ones before it the old weights' — the switch is attributed at the
+    exact token, also with vLLM's asynchronous scheduling (a batch queued when the update
+    pauses is the old weights')."""
+    import json
+    import math
+
+    flat = flat_weights(tiny_model_dir)
+    uniform = -math.log(json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"])
+
+    async def scenario(attempt: int, delay: float) -> tuple[Sample, int]:
+        spec = SamplingSpec(max_tokens=200, temperature=0.0, ignore_eos=True)
+        task = asyncio.create_task(engine.generate(f"exact{attempt}", [11, 12, 13], spec))
+        while engine.num_active == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(delay)
+        before = engine.version
+        stager = stage(flat, version=before + 1)
+        await engine.apply_weights(before + 1, stager.manifest(), timeout_s=60)
+        stager.discard()
+        return await task, before
+
+    delay, seen = 0.3, []
+    for attempt in range(4):
+        s, before = run(loop, scenario(attempt, delay))
+        new = [i for i, v in enumerate(s.versions) if v == before + 1]
+        seen.append((delay, len(new)))
+        if 0 < len(new) < 200:
+            assert all(s.token_ids[i] == 0 and abs(s.logprobs[i] - uniform) < 1e-3 for i in new)
+            old = range(new[0])
+            assert not all(s.token_ids[i] == 0 and abs(s.logprobs[i] - uniform) < 1e-3 for i in old)
+            assert abs(s.logprobs[new[0] - 1] - uniform) > 1e-3, "the last old-version token came from the new weights"
+            return
+        delay = delay / 2 if new else delay * 2
+    pytest.fail(f"no update landed inside its sample: (delay, new-version tokens) per attempt {seen}")
+
+
 def test_older_update_is_refused(engine: RolloutEngine, loop: asyncio.AbstractEventLoop) -> None:
     with pytest.raises(StaleUpdate, match="refused"):
         run(loop, engine.apply_weights(engine.version - 1, {"path": "/nonexistent", "entries": []}, timeout_s=5))
