@@ -3,24 +3,28 @@
 Warnings and errors are shown with their fields; of the info events only those in
 `SHOWN_INFO` (`event key=value ...`) and `PHRASES` (start-up progress, as a sentence). Fields
 in `HIDDEN_FIELDS` (`gc_frozen`: a number for whoever tunes the collector) stay in the JSON
-logs only. On a terminal the training progress is one live rich progress bar with the step's key
-metrics; otherwise (CI, pipes) each step is printed as a plain line. Both end with the run's
-wall time so far (since the launcher started) and an ETA from the pace of the steps this
-launcher has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors only, to stderr.
+logs only. On a terminal the training progress is one live line (runtime/progress_line.py: a
+bar, the step count, the step's key metrics as many as fit the width, the ETA); otherwise (CI,
+pipes) each step is printed as a plain line with every field. Both carry the run's wall time so
+far (since the launcher started) and end with an ETA from the pace of the steps this launcher
+has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors only, to stderr.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console as RichConsole
+from rich.live import Live
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from runtime.config import RunConfig
+from runtime.progress_line import ProgressLine, plain_line, step_fields
+from runtime.records import metric
 from runtime.wall_clock import clock, run_wall_s, wall_label
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}
@@ -38,8 +42,7 @@ class Console:
         self.run_dir = run_dir
         self.out = RichConsole(highlight=False, soft_wrap=True, stderr=quiet)
         self.total = cfg.trainer.total_steps
-        self.progress: Progress | None = None
-        self.task: Any = None
+        self.live: Live | None = None
         self.started = time.monotonic()
         self.first: tuple[int, float] | None = None  # (step, wall_s) of the first step record seen
 
@@ -66,25 +69,17 @@ class Console:
             self.out.print(f"[green]{escape(who)}[/] {escape(event)} {escape(_fields(rec))}".rstrip())
 
     def _step(self, rec: dict[str, Any]) -> None:
-        step = int(rec.get("step", 0))
-        line = (
-            f"v{rec.get('policy_version', '?')} reward {rec.get('reward_mean', 0):.3f} "
-            f"stale≤{rec.get('staleness_max', 0)} drop {rec.get('dropped_stale', 0)} "
-            f"{rec.get('samples_per_s', 0):.1f} samples/s idle gen {rec.get('rollout_idle_ratio', 0):.0%} "
-            f"train {rec.get('trainer_idle_ratio', 0):.0%} {self._wall()} "
-            f"eta {self._eta(step, float(rec.get('wall_s', 0.0)))}"
-        )
+        step = int(metric(rec, "step"))
+        eta = self._eta(step, metric(rec, "wall_s"))
+        fields = step_fields(rec, self._wall())
         if not self.out.is_terminal:
-            self.out.print(f"step {step}/{self.total} {line}")
+            self.out.print(escape(plain_line(step, self.total, fields, eta)))
             return
-        if self.progress is None:
-            self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[line]}"), console=self.out, transient=False,
-            )  # fmt: skip
-            self.task = self.progress.add_task("train", total=self.total, line="")
-            self.progress.start()
-        self.progress.update(self.task, completed=step, line=line)
+        line = ProgressLine(step, self.total, fields, eta)
+        if self.live is None:
+            self.live = Live(line, console=self.out, auto_refresh=False, transient=False)
+            self.live.start()
+        self.live.update(line, refresh=True)
 
     def _wall(self) -> str:
         """The run's one wall clock (runtime/wall_clock.py: earlier launches of a resumed run
@@ -98,12 +93,12 @@ class Console:
             self.first = self.first or (step, wall_s)
             return "?" if step < self.total else clock(0)
         pace = (wall_s - self.first[1]) / (step - self.first[0])
-        return clock(max(0, self.total - step) * pace)
+        return clock(max(0, self.total - step) * pace) if math.isfinite(pace) else "?"
 
     def finish(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
 
 def _fields(rec: dict[str, Any]) -> str:

@@ -8,13 +8,20 @@ record that is not a dict or has a field of the wrong type (a `"t0": "yesterday"
 or lacks a field it needs (a metrics record its `step`, a schedule record what its event
 needs); `skipped_warning` is the one line that says how many lines were left out of a
 file and why.
+
+A metric that is NaN or infinite is a value, not a damaged record, however the writer put it:
+as a JSON number (`NaN`, `Infinity`: Python's json), as `null` (msgspec writes NaN so), or as
+the text `"nan"`, `"inf"`, `"-inf"`. `metric(rec, key)` gives it back as a float (`null` is NaN),
+which formats as `nan` / `inf`, so every reader shows it without a special case.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 METRICS_TEXT = frozenset({"kind"})  # every other metrics field is a number or a bool
+NON_FINITE_TEXT = frozenset({"nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
 SCHEDULE_TEXT = frozenset({"ev", "to", "why", "detail"})  # every other field is a number
 # What each schedule event needs (roles/controller/schedule.py writes them).
 SCHEDULE_NEEDS = {
@@ -34,7 +41,20 @@ def usable_metrics(rec: Any) -> bool:
         return False
     if not _integer(rec.get("step")):
         return False
-    return all(isinstance(v, str) if k in METRICS_TEXT else isinstance(v, int | float) for k, v in rec.items())
+    return all(isinstance(v, str) if k in METRICS_TEXT else _metric_value(v) for k, v in rec.items())
+
+
+def metric(rec: dict[str, Any], key: str, default: float = 0.0) -> float:
+    """`rec[key]` as a number (an int stays an int); NaN and ±inf however they were written
+    (see the module docstring); `default` when the key is absent; NaN for any other value."""
+    if key not in rec:
+        return default
+    v = rec[key]
+    if isinstance(v, int | float):
+        return v
+    if isinstance(v, str) and v.strip().lower() in NON_FINITE_TEXT:
+        return float(v)
+    return math.nan
 
 
 def usable_schedule(rec: Any) -> bool:
@@ -61,6 +81,11 @@ def skipped_warning(num_skipped: int, where: str) -> str:
 def _phase(v: Any) -> bool:
     """One `[phase, from, to]` of a step's `phases` (runtime/step_phases.py)."""
     return isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and _number(v[1]) and _number(v[2])
+
+
+def _metric_value(v: Any) -> bool:
+    """A number (a bool counts), or NaN / inf written as null or as text."""
+    return v is None or isinstance(v, int | float) or (isinstance(v, str) and v.strip().lower() in NON_FINITE_TEXT)
 
 
 def _number(v: Any) -> bool:

@@ -11,12 +11,13 @@ What a caller may rely on:
   recording the end, it stops at the run directory's last write (metrics, schedule, logs).
 * A run directory written before this file existed has no `wall.json`: its wall time is the
   last step's `wall_s` (the controller's clock, which starts when every role is ready).
-* `wall_label(seconds)` is the one format: `wall 5m27s` (`wall ?` when unknown).
+* `wall_label(seconds)` is the one format: `wall 5m27s` (`wall ?` when unknown or not finite).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ WALL_FILE = "wall.json"
 
 
 def clock(seconds: float) -> str:
-    """`1h02m03s`, `2m05s` or `7s`."""
+    """`1h02m03s`, `2m05s` or `7s`; `?` for NaN or infinity (a damaged metrics line)."""
+    if not math.isfinite(seconds):
+        return "?"
     s = round(seconds)
     h, m = divmod(s // 60, 60)
     return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s" if m else f"{s}s"
