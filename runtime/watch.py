@@ -3,12 +3,15 @@ over ssh): a table of the roles (alive, policy version, groups in flight, last l
 the step rate and ETA, the last step's metrics, and sparklines of reward and throughput.
 
 It redraws every `--interval` seconds and quits on `q` or Ctrl-C (exit 0), leaving the
-terminal as it found it; `--once` prints one frame and exits (for scripts and pipes)."""
+terminal as it found it; `--once` prints one frame and exits (for scripts and pipes), and so
+does a `tandem watch` whose output is not a terminal (`> file`, `| less`), saying so on stderr.
+A NaN or infinite metric shows as `nan` / `inf` and leaves a gap in its sparkline."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import select
 import sys
@@ -22,7 +25,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from runtime.records import skipped_warning
+from runtime.records import metric, skipped_warning
 from runtime.wall_clock import clock, wall_label
 from runtime.watch_state import RunState
 
@@ -30,13 +33,16 @@ BARS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
-    """The last `width` values as block characters scaled between their min and max."""
+    """The last `width` values as block characters scaled between the min and max of the
+    finite ones; a NaN or infinite value is a space."""
     values = values[-width:]
-    if not values:
-        return ""
-    lo, hi = min(values), max(values)
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return " " * len(values)
+    lo, hi = min(finite), max(finite)
     span = hi - lo or 1.0
-    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] for v in values)
+    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] if math.isfinite(v) else " "
+                   for v in values)  # fmt: skip
 
 
 def roles_table(state: RunState, now: float) -> Table:
@@ -78,29 +84,35 @@ def last_metrics(state: RunState) -> Table:
     table.add_column()
     if state.steps:
         m = state.steps[-1]
+
+        def v(key: str) -> float:
+            return metric(m, key)
+
         rows = [
-            ("reward", f"{m.get('reward_mean', 0):.3f}  (std {m.get('reward_std', 0):.3f})"),
-            ("staleness", f"mean {m.get('staleness_mean', 0):.2f}  max {m.get('staleness_max', 0)}"),
-            ("throughput", f"{m.get('samples_per_s', 0):.1f} samples/s  {m.get('tokens_per_s', 0):.0f} tokens/s"),
-            ("idle", f"rollouts {m.get('rollout_idle_ratio', 0):.0%}  trainer {m.get('trainer_idle_ratio', 0):.0%}"),
-            ("weight sync", f"{m.get('weight_sync_s', 0):.3f}s"),
-            ("dropped", f"stale {m.get('dropped_stale_total', 0)}  filtered {m.get('dropped_filtered_total', 0)}"),
+            ("reward", f"{v('reward_mean'):.3f}  (std {v('reward_std'):.3f})"),
+            ("length", f"{v('response_len_mean'):.1f} tokens per response (mean)"),
+            ("staleness", f"mean {v('staleness_mean'):.2f}  max {v('staleness_max')}"),
+            ("throughput", f"{v('samples_per_s'):.1f} samples/s  {v('tokens_per_s'):.0f} tokens/s"),
+            ("idle", f"rollouts {v('rollout_idle_ratio'):.0%}  trainer {v('trainer_idle_ratio'):.0%}"),
+            ("weight sync", f"{v('weight_sync_s'):.3f}s"),
+            ("dropped", f"stale {v('dropped_stale_total')}  filtered {v('dropped_filtered_total')}"),
         ]
         if state.validation:
             val = state.validation[-1]
-            rows.append(("validation", f"step {val['step']}: reward {val.get('val/reward_mean', 0):.3f}"))
+            rows.append(("validation", f"step {val['step']}: reward {metric(val, 'val/reward_mean'):.3f}"))
         for key, text in rows:
             table.add_row(key, text)
-    rewards = [float(m.get("reward_mean", 0)) for m in state.steps]
-    rates = [float(m.get("samples_per_s", 0)) for m in state.steps]
+    rewards = [float(metric(m, "reward_mean")) for m in state.steps]
+    rates = [float(metric(m, "samples_per_s")) for m in state.steps]
     table.add_row("reward ~", Text(sparkline(rewards), style="cyan"))
     table.add_row("samples/s ~", Text(sparkline(rates), style="magenta"))
     return table
 
 
-def frame(state: RunState) -> Group:
+def frame(state: RunState, *, live: bool = True) -> Group:
+    """One view of the run; `live`: the header says how to quit (not in a `--once` frame)."""
     now = time.time()
-    head = Text(f"tandem watch {state.run_dir}   (q or Ctrl-C quits)", style="bold")
+    head = Text(f"tandem watch {state.run_dir}" + ("   (q or Ctrl-C quits)" if live else ""), style="bold")
     if state.num_skipped():
         head.append("\n" + skipped_warning(state.num_skipped(), "metrics.jsonl / schedule.jsonl"), style="yellow")
     return Group(head, roles_table(state, now), Panel(Group(progress(state), last_metrics(state)), title="training"))
@@ -113,8 +125,11 @@ def run_watch(args: argparse.Namespace) -> int:
         return 2
     console = Console()
     state.poll()
-    if args.once:
-        console.print(frame(state))
+    if args.once or not console.is_terminal:
+        console.print(frame(state, live=False))
+        if not args.once:  # a live view redrawn into a file or a pipe would be no view at all
+            print("tandem: watch: the output is not a terminal, so this is one frame (--once); "
+                  "run it in a terminal for the live view", file=sys.stderr)  # fmt: skip
         return 0
     try:
         with _keys() as pressed, Live(frame(state), console=console, screen=False, auto_refresh=False) as live:

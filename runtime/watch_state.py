@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.logfollow import LogFollower
-from runtime.records import usable_metrics, usable_schedule
+from runtime.records import metric, usable_metrics, usable_schedule
 from runtime.wall_clock import run_wall_s
 
 FINAL_EVENTS = {"stop_requested": "stopping", "channel_closed": "stopping", "fatal": "failed", "role_died": "failed"}
@@ -123,7 +123,7 @@ class RunState:
         recent = self.steps[-window - 1 :]
         if len(recent) < 2:
             return 0.0
-        dt = float(recent[-1].get("wall_s", 0)) - float(recent[0].get("wall_s", 0))
+        dt = metric(recent[-1], "wall_s") - metric(recent[0], "wall_s")
         return (len(recent) - 1) / dt if dt > 0 else 0.0
 
     def eta_s(self) -> float | None:

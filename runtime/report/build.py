@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from runtime.records import skipped_warning
+from runtime.records import metric, skipped_warning
 from runtime.report.browser import screenshot
 from runtime.report.gantt import timeline_figure
 from runtime.report.load import RunData, load_run
@@ -59,12 +59,13 @@ def summary(run: RunData) -> dict[str, Any]:
     status = "finished" if total and done >= total else "incomplete (still running, or it stopped)"
     wall = run_wall_s(run.run_dir)
     # The steps' own clock (from the moment every role was ready): what busy time is a share of.
-    train = float(run.steps[-1].get("wall_s", 0.0)) if run.steps else 0.0
-    busy = sum(float(r.get("gen_busy_s", 0)) + float(r.get("train_busy_s", 0)) for r in run.steps)
+    train = float(metric(run.steps[-1], "wall_s")) if run.steps else 0.0
+    train = train if math.isfinite(train) else 0.0
+    busy = sum(metric(r, "gen_busy_s") + metric(r, "train_busy_s") for r in run.steps)
     drops = [r for r in run.schedule if r.get("ev") == "drop"]
     return {
         "run": run.name, "status": status, "steps": f"{done}/{total or '?'}", "wall": wall_label(wall),
-        "last reward": f"{run.steps[-1].get('reward_mean', 0):.3f}" if run.steps else "",
+        "last reward": f"{metric(run.steps[-1], 'reward_mean'):.3f}" if run.steps else "",
         "training time": f"training {clock(train)}" if train else "",
         "(gen + train busy) / training time": f"{busy / train:.2f}" if train else "",
         "groups trained": len(trained_at(run.schedule)),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.records import usable_metrics, usable_schedule
+from runtime.records import metric, usable_metrics, usable_schedule
 
 
 @dataclass
@@ -34,12 +34,13 @@ class RunData:
     skipped: dict[str, int] = field(default_factory=dict)  # file name -> lines left out
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        """(steps, values) of the step records that have `key` as a number."""
-        rows = [(int(r["step"]), float(r[key])) for r in self.steps if _number(r.get(key))]
+        """(steps, values) of the step records that have `key`; a NaN or infinite value
+        (however it was written: runtime/records.py) is a float, which plotly draws as a gap."""
+        rows = [(int(r["step"]), float(metric(r, key))) for r in self.steps if key in r]
         return [s for s, _ in rows], [v for _, v in rows]
 
     def has(self, key: str) -> bool:
-        return any(_number(r.get(key)) for r in self.steps)
+        return any(key in r for r in self.steps)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ reference when it is off) says so in its title instead of being left out."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +90,7 @@ def _staleness_hist(runs: list[RunData]) -> go.Figure:
         values = group_staleness(run.schedule)
         source = "schedule"
         if not values:  # no schedule: each step's mean, rounded
-            values, source = [round(v) for v in run.series("staleness_mean")[1]], "step means"
+            values, source = [round(v) for v in run.series("staleness_mean")[1] if math.isfinite(v)], "step means"
         fig.add_trace(go.Histogram(x=values, name=f"{run.name} ({source})", marker_color=COLOURS[i % len(COLOURS)]))
     fig.update_xaxes(dtick=1)
     return fig
