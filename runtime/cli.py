@@ -21,14 +21,36 @@ def _version() -> str:
         return "0+unknown"
 
 
+LAUNCH_EPILOG = """\
+the run directory, run_dir=DIR (default runs/<name>), belongs to one run: a
+second launch into it is refused unless it says
+  resume=auto     continue from the newest intact checkpoint there
+  resume=fresh    move the earlier run to DIR/earlier/<time>/ and start over
+
+examples:
+  tandem launch configs/tiny_cpu.yaml trainer.total_steps=5 run_dir=runs/try
+  tandem launch configs/tiny_cpu.yaml run_dir=runs/try resume=auto
+  tandem launch configs/grpo_gsm8k.yaml model.path=/models/Qwen2.5-1.5B
+  tandem launch --plan configs/bench_1.5b.yaml memory.gpu_gb=80"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description="Asynchronous RL post-training runtime.")
     parser.add_argument("--version", action="version", version=f"tandem {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    launch = sub.add_parser("launch", help="run a config on this node")
+    launch = sub.add_parser(
+        "launch",
+        help="run a config on this node",
+        epilog=LAUNCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     launch.add_argument("config", help="YAML recipe, e.g. configs/tiny_cpu.yaml")
-    launch.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    launch.add_argument(
+        "overrides", nargs="*", metavar="key=value",
+        help="dotted config overrides (every key: tandem config-docs), e.g. trainer.total_steps=5, "
+        "run_dir=DIR (default runs/NAME), resume=auto|fresh",
+    )  # fmt: skip
     launch.add_argument("--nnodes", type=int, default=None, help="nodes in the run (default: Slurm's or 1)")
     launch.add_argument("--node-rank", type=int, default=None, help="this node's rank (default: Slurm's or 0)")
     launch.add_argument("--master-addr", default=None, help="node 0's address (controller, torch rendezvous)")
@@ -175,7 +197,8 @@ def _docs(args: argparse.Namespace) -> int:
     if args.check:
         with open(args.check) as f:
             if f.read() != text:
-                print(f"tandem: {args.check} is out of date; run `tandem config-docs > {args.check}`", file=sys.stderr)
+                print(f"tandem: error: {args.check} is out of date; run `tandem config-docs > {args.check}`",
+                      file=sys.stderr)  # fmt: skip
                 return 1
         return 0
     sys.stdout.write(text)

@@ -32,8 +32,10 @@ from runtime.paths import model_dir
 def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path, *, merge: bool = False) -> Path:
     """Write the policy of checkpoint `step` (default: the newest intact one) to `out_dir`
     (absent or empty); returns `out_dir`. FileNotFoundError: no such checkpoint (the message
-    lists the steps there); ValueError: `out_dir` is not empty, `merge` on a full checkpoint,
-    or the run's base model is not the checkpoint's."""
+    lists the steps there) or `run_dir` is not a directory; ValueError: `out_dir` is not
+    empty, `merge` on a full checkpoint, or the run's base model is not the checkpoint's."""
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a directory")
     out = Path(out_dir)
     made = not out.exists()  # a folder the user made keeps its mode
     _export(run_dir, step, out, merge=merge)

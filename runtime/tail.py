@@ -9,8 +9,12 @@ Callers may rely on this:
 * A line that is not a JSON object is printed as it is, under the role of its file, with
   the `ts` of the line before it; `--level` never hides it, `--grep` and `--since` can.
 * Colour is used only when `out` is a terminal, so captured output is plain text.
-* `run_tail` returns 0, or 2 with one line on stderr when the run (or, without `--follow`,
-  its `logs/` folder) does not exist. With `--follow` it polls until `stop` is set or Ctrl-C.
+* `run_tail` returns 0, or 2 with one line on stderr (`tandem: error: ...`) when the run (or,
+  without `--follow`, its `logs/` folder) does not exist, or when a `--role` names no log there
+  (the line lists the ones there; with `--follow` a role kind that has not written yet is
+  waited for). With `--follow` it polls until the run's launcher has ended
+  (runtime/wall_clock.py: `launcher_done`; it prints what came last, then says so on stderr),
+  `stop` is set, or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import heapq
 import sys
 import threading
 import time
+import typing
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from rich.console import Console
 from rich.text import Text
 
 from runtime.logs import LEVELS
+from runtime.wall_clock import launcher_done
 
 MAX_VALUE_CHARS = 200
 _HEAD_KEYS = frozenset({"ts", "time", "level", "role", "rank", "pid", "event", "version"})
@@ -177,12 +183,42 @@ def merged(sources: list[Source], filt: Filter) -> Iterator[Line]:
     return (line for line in lines if filt.wants(line))
 
 
+def unknown_roles(logs: Path, roles: tuple[str, ...], *, follow: bool) -> list[str]:
+    """The `--role` values that name no log file in `logs` (by role-rank or by kind); when
+    following, a role kind a run may still start is not unknown."""
+    there = {p.stem for p in logs.glob("*.jsonl")} if logs.is_dir() else set()
+    known = there | {name.rsplit("-", 1)[0] for name in there}
+    if follow:
+        known |= ROLE_KINDS
+    return [r for r in roles if r not in known and not (follow and r.rsplit("-", 1)[0] in ROLE_KINDS)]
+
+
+def _role_kinds() -> frozenset[str]:
+    from runtime.config import PlacementEntry
+
+    hint = typing.get_type_hints(PlacementEntry, include_extras=True)["role"]
+    return frozenset({"launcher", *typing.get_args(typing.get_args(hint)[0])})
+
+
+ROLE_KINDS = _role_kinds()
+
+
 def run_tail(args: argparse.Namespace, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
     """Print the merged logs of `args.run_dir` to `out` (stdout); see the module docstring."""
     run_dir = Path(args.run_dir)
     logs = run_dir / "logs"
-    if not run_dir.is_dir() or not (args.follow or logs.is_dir()):
-        print(f"tandem tail: no logs folder at {logs}", file=sys.stderr)
+    if not run_dir.is_dir():
+        print(f"tandem: error: {run_dir} is not a directory", file=sys.stderr)
+        return 2
+    if not (args.follow or logs.is_dir()):
+        print(f"tandem: error: no logs folder at {logs}", file=sys.stderr)
+        return 2
+    unknown = unknown_roles(logs, tuple(args.role), follow=args.follow)
+    if unknown:
+        there = sorted(p.stem for p in logs.glob("*.jsonl")) if logs.is_dir() else []
+        print(f"tandem: error: --role {', '.join(unknown)}: no such log in {logs}; "
+              f"there: {', '.join(there) or 'none yet'} (a role kind, e.g. trainer, takes all its ranks)",
+              file=sys.stderr)  # fmt: skip
         return 2
     printer = Printer(out or sys.stdout, args.json)
     filt = Filter.from_args(args)
@@ -190,8 +226,11 @@ def run_tail(args: argparse.Namespace, out: TextIO | None = None, stop: threadin
     sources: dict[Path, Source] = {}
     try:
         while True:
+            done = args.follow and launcher_done(run_dir)  # before the read: what it wrote last is printed
             printer.print(merged(scan(logs, filt, sources), filt))
-            if not args.follow or stop.wait(args.poll):
+            if done:
+                print(f"tandem: the run in {run_dir} has ended; stopped following", file=sys.stderr)
+            if not args.follow or done or stop.wait(args.poll):
                 return 0
     except KeyboardInterrupt:
         return 0

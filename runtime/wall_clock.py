@@ -11,6 +11,7 @@ What a caller may rely on:
   recording the end, it stops at the run directory's last write (metrics, schedule, logs).
 * A run directory written before this file existed has no `wall.json`: its wall time is the
   last step's `wall_s` (the controller's clock, which starts when every role is ready).
+* `launcher_done(run_dir)`: the run's launcher has ended (what `tandem tail -f` stops at).
 * `wall_label(seconds)` is the one format: `wall 5m27s` (`wall ?` when unknown or not finite).
 """
 
@@ -69,6 +70,17 @@ def run_wall_s(run_dir: Path, now: float | None = None) -> float | None:
     if end is None:
         end = (time.time() if now is None else now) if _alive(int(rec.get("pid", 0))) else _last_write(run_dir)
     return float(rec.get("before_s", 0.0)) + max(0.0, float(end) - float(rec["started_at"]))
+
+
+def launcher_done(run_dir: Path, grace_s: float = 5.0) -> bool:
+    """Whether the launcher recorded in `run_dir` has ended: its process is gone, or it
+    recorded the run's end `grace_s` ago (time for its last log lines). False when no
+    launcher was recorded (nothing ran here yet, or a directory older than wall.json)."""
+    rec = _read(run_dir)
+    if rec is None:
+        return False
+    end = rec.get("ended_at")
+    return not _alive(int(rec.get("pid", 0))) or (isinstance(end, int | float) and time.time() - end >= grace_s)
 
 
 def _read(run_dir: Path) -> dict[str, Any] | None:

@@ -66,8 +66,11 @@ def read_records(path: Path, usable: Callable[[Any], bool]) -> tuple[list[dict[s
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """A run's metrics and schedule; raises FileNotFoundError when `run_dir` has neither."""
+    """A run's metrics and schedule; raises FileNotFoundError when `run_dir` has neither, or
+    is not a directory."""
     root = Path(run_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory")
     skipped: dict[str, int] = {}
     parts = {}
     for name, usable in (("metrics.jsonl", usable_metrics), ("schedule.1.jsonl", usable_schedule),
