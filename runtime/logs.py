@@ -6,6 +6,11 @@ event's own fields. Files live at `RUN_DIR/logs/<role>-<rank>.jsonl`; `tandem ta
 merges them by `ts`. Lines are written whole and flushed, so a reader following the
 file never sees half a line unless it catches the writer mid-write.
 
+A float that is NaN or infinite is written as the text "nan", "inf" or "-inf" (JSON has no
+such numbers; msgspec would write null, Python's json an invalid `NaN`), at any depth of a
+field (`json_ready`); metrics.jsonl writes them the same way, and runtime/records.py reads
+both back as floats.
+
 A line that cannot be written (disk full, I/O error) never raises into the code that
 logged it: the writer stops writing, and `on_write_error(callback)` callbacks get a
 one-line cause naming the file (the role fails with it: runtime/role.py).
@@ -14,6 +19,7 @@ one-line cause naming the file (the role fails with it: runtime/role.py).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -35,6 +41,18 @@ _ON_WRITE_ERROR: list[Callable[[str], object]] = []
 def on_write_error(callback: Callable[[str], object]) -> None:
     """Call `callback(cause)` once when a log line cannot be written."""
     _ON_WRITE_ERROR.append(callback)
+
+
+def json_ready(obj: Any) -> Any:
+    """`obj` with every NaN / +inf / -inf float in it (in dicts, lists and tuples at any
+    depth) replaced by the text "nan" / "inf" / "-inf"; `obj` itself when it holds none."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else "nan" if obj != obj else "inf" if obj > 0 else "-inf"
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_ready(v) for v in obj]
+    return obj
 
 
 def log_path(run_dir: str | Path, role: str, rank: int) -> Path:
@@ -98,7 +116,7 @@ class _Writer:
 
     def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> str:
         if not self.broken:
-            line = _json.encode(event).decode()
+            line = _json.encode(json_ready(event)).decode()
             try:
                 self.sink.write(line + "\n")
                 self.sink.flush()

@@ -3,8 +3,8 @@
 What a caller may rely on: `Throttled(log).warning(event, key=..., **fields)` logs the
 first `first` (3) of each event (and `key`, when one event covers several kinds) with
 their fields and `count`, then only one summary line at the
-10th, 100th, 1000th... (`count`, `unlogged`: how many were not logged), so N messages cost
-at most `first + log10(N)` lines per event.
+10th, 100th, 1000th... (`count`, `unlogged`: how many were not logged, and `key` when one
+was given), so N messages cost at most `first + log10(N)` lines per event and key.
 """
 
 from __future__ import annotations
@@ -25,4 +25,5 @@ class Throttled:
         if n <= self.first:
             self.log.warning(event, count=n, **fields)
         elif n >= 10 and str(n).rstrip("0") == "1":
-            self.log.warning(event, count=n, unlogged=n - self.first, summary=True)
+            keyed = {"key": key} if key else {}
+            self.log.warning(event, count=n, unlogged=n - self.first, summary=True, **keyed)

@@ -370,9 +370,13 @@ class RewardRequest(msgspec.Struct, **_msg(MsgType.REWARD_REQUEST)):
 
 
 class RewardScore(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One sample's score; with `error`, the reward is 0 and `reason` says why in a word
+    (roles/reward/workers.py REASONS, or `model` for a reward model's failure)."""
+
     sample_id: int
     reward: float
     error: str = ""
+    reason: str = ""  # appended last: a peer without it ignores it
 
 
 class RewardResult(msgspec.Struct, **_msg(MsgType.REWARD_RESULT)):

@@ -26,6 +26,7 @@ class SampleRec:
     error: str = ""
     reward: float | None = None
     reward_error: str = ""  # why the reward role gave this sample no reward ("" when it did)
+    reward_reason: str = ""  # that failure in a word (timeout, nonfinite, raised, ...: RewardScore.reason)
     token_rewards: torch.Tensor | None = None  # float32 [R] (GAE: reward + KL penalty per token)
     values: torch.Tensor | None = None  # float32 [R] critic values of response tokens
     advantages: torch.Tensor | None = None  # float32 [R] token advantages (GAE)

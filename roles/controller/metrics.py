@@ -2,7 +2,8 @@
 and optionally mirrored to TensorBoard and wandb (both off by default) under grouped names
 (`actor/loss`, `rollout/reward_mean`: roles/controller/metric_groups.py). Validation rounds
 add records of their own (`kind: "validation"`, keys `val/...`); a step's record has no
-`kind`."""
+`kind`. A NaN or infinite value is written as the text "nan" / "inf" / "-inf"
+(runtime/logs.py `json_ready`); TensorBoard and wandb get the float."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from roles.controller.metric_groups import grouped
 from runtime import checkpoint
 from runtime.config import MetricsConfig
-from runtime.logs import get_logger
+from runtime.logs import get_logger, json_ready
 
 log = get_logger("metrics")
 
@@ -45,13 +46,13 @@ class MetricsSink:
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise KeyError(f"step metrics lack {missing}")
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(json_ready(record)) + "\n")
         log.info("step", **record)
         self._mirror(record)
 
     def write_validation(self, record: dict[str, Any]) -> None:
         """A validation round's record (`kind`, `step`, `policy_version`, `val/...`)."""
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(json_ready(record)) + "\n")
         log.info("validation", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in record.items()})
         self._mirror(record)
 

@@ -8,7 +8,9 @@ one reward_model role (a classifier or a judge), each kind round robin, both at 
 reward. A group that cannot be scored still goes on, with reward 0 from the part that
 failed and the failure in the sample's `reward_error` (the training stage ends the run
 when too many of a step's samples have one), so nothing admitted is lost between
-completion and training.
+completion and training. A reward that is NaN or infinite (a reward model's, an
+environment's) counts as such a failure (reason `nonfinite`): no non-finite number reaches
+the advantages.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from roles.controller.peers import Registry
 from runtime.logs import get_logger
 from transport import wire
 from transport.rpc import RemoteError, RequestTimeout, RpcEndpoint
+from transport.throttle import Throttled
 
 log = get_logger("controller")
 MAX_CONCURRENT = 64  # groups being scored at once
@@ -69,6 +72,14 @@ def combine(
     return reward, error
 
 
+def failure_reason(rule: wire.RewardScore | None, model: wire.RewardScore | None) -> str:
+    """The reason of the error `combine` reports ("" when none)."""
+    for score in (rule, model):
+        if score is not None and score.error:
+            return score.reason or "other"
+    return ""
+
+
 class Scorer:
     def __init__(
         self,
@@ -107,6 +118,7 @@ class Scorer:
         self.done = done
         self.queue: asyncio.Queue[tuple[Group, Callable[[Group], None] | None]] = asyncio.Queue()
         self._next: Counter[str] = Counter()
+        self.noisy = Throttled(log, first=1)
 
     def submit(self, group: Group, done: Callable[[Group], None] | None = None) -> None:
         """Score `group`, then hand it to `done` (given: no shaping either, as for validation)
@@ -127,11 +139,16 @@ class Scorer:
         items = [self._item(group, s) for s in group.ordered()]
         rule, model = await asyncio.gather(*[self._ask(kind, group.gid, items) for kind in KINDS])
         for s, item in zip(group.ordered(), items, strict=True):
-            m = model.get(item.sample_id)
+            r, m = rule.get(item.sample_id), model.get(item.sample_id)
             s.model_reward = float(m.reward) if m is not None and not m.error else None
-            s.reward, s.reward_error = combine(rule.get(item.sample_id), m, s.env_reward, self.weights)
+            s.reward, s.reward_error = combine(r, m, s.env_reward, self.weights)
+            s.reward_reason = failure_reason(r, m)
             if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)
+            if not math.isfinite(s.reward):  # only the environment's part can be: the roles send finite scores
+                self.noisy.warning("reward_not_finite", key="env", group=group.gid, env_reward=s.env_reward)
+                s.reward, s.reward_reason = 0.0, "nonfinite"
+                s.reward_error = s.reward_error or f"the environment's reward is {s.env_reward}, not a finite number"
         (done or self.done)(group)
 
     async def _ask(self, kind: str, gid: int, items: list[wire.RewardItem]) -> dict[int, wire.RewardScore]:
@@ -148,13 +165,14 @@ class Scorer:
         try:
             reply = await self.server.request(wire.RewardRequest(items=items), peer=peer.identity, timeout=deadline)
         except (RequestTimeout, RemoteError) as exc:
-            log.warning("reward_failed", role=peer.name, group=gid, error=str(exc))
+            reason = "timeout" if isinstance(exc, RequestTimeout) else "request_failed"
+            self.noisy.warning("reward_failed", key=f"{peer.name} {reason}", role=peer.name, group=gid, error=str(exc))
             error = f"{kind} request failed: {exc}"
             if isinstance(exc, RequestTimeout) and kind == "reward" and self.function_names:
                 error = (f"reward function(s) {', '.join(self.function_names)} gave {peer.name} no scores for "
                          f"{len(items)} samples in {deadline:g}s (each call bounded by reward.timeout_s="
                          f"{self.bounds[kind].timeout_s:g}s: the functions hang, or the role is wedged)")  # fmt: skip
-            return {it.sample_id: wire.RewardScore(sample_id=it.sample_id, reward=0.0, error=error) for it in items}
+            return {it.sample_id: wire.RewardScore(it.sample_id, 0.0, error, reason) for it in items}
         finally:
             self._outstanding[peer.identity] -= calls
         assert isinstance(reply, wire.RewardResult)
@@ -177,9 +195,12 @@ class Scorer:
 
 
 def reward_metrics(samples: list[SampleRec]) -> dict[str, float]:
-    """A step's reward parts: `reward_failures` (samples without a full reward) and, when the
-    reward_model scored any, `reward_model_mean` / `reward_model_std` of its scores."""
-    out = {"reward_failures": float(sum(1 for s in samples if s.reward_error))}
+    """A step's reward parts: `reward_failures` (samples without a full reward), by reason
+    `reward_failures_<reason>` (only the reasons met), and, when the reward_model scored any,
+    `reward_model_mean` / `reward_model_std` of its scores."""
+    reasons = Counter(s.reward_reason or "other" for s in samples if s.reward_error)
+    out = {"reward_failures": float(sum(reasons.values()))}
+    out.update({f"reward_failures_{r}": float(n) for r, n in sorted(reasons.items())})
     scores = [s.model_reward for s in samples if s.model_reward is not None]
     if scores:
         mean = sum(scores) / len(scores)

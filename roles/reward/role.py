@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 from roles.reward.runner import RewardRunner
@@ -35,14 +36,20 @@ class RewardRole(Role):
             self.runner.close()
 
 
-def reward_result(items: Sequence[wire.RewardItem], results: Sequence[tuple[float, str]]) -> wire.RewardResult:
-    """The reply to a `RewardRequest`: one score per item, in order, from its (reward, error)."""
-    return wire.RewardResult(
-        scores=[
-            wire.RewardScore(sample_id=it.sample_id, reward=value, error=error)
-            for it, (value, error) in zip(items, results, strict=True)
-        ]
-    )
+def reward_result(
+    items: Sequence[wire.RewardItem], results: Sequence[tuple[float, str] | tuple[float, str, str]]
+) -> wire.RewardResult:
+    """The reply to a `RewardRequest`: one score per item, in order, from its (reward, error)
+    or (reward, error, reason) (a reason-less error is a reward model's: `model`). A reward
+    that is NaN or infinite goes out as 0 with an error (reason `nonfinite`): such a number
+    never reaches training."""
+    return wire.RewardResult(scores=[_score(it, *r) for it, r in zip(items, results, strict=True)])
+
+
+def _score(item: wire.RewardItem, value: float, error: str, reason: str = "") -> wire.RewardScore:
+    if not math.isfinite(value):
+        return wire.RewardScore(item.sample_id, 0.0, error or f"the score is {value}, not a finite number", "nonfinite")
+    return wire.RewardScore(item.sample_id, value, error, (reason or "model") if error else "")
 
 
 def _as_dict(item: wire.RewardItem) -> dict[str, object]:

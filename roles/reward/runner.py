@@ -1,11 +1,14 @@
 """Runs reward functions named `module:function` with bounded concurrency and a timeout.
 
-A call that raises, returns something that is not a number, or does not return within
-the timeout scores 0.0; the failure is logged (the first few of each function, then a
-count) and counted per function in `failures`, and the run goes on (the controller ends it
-when too many of a step's calls fail: `reward.max_failure_fraction`). Every call, sync or
-async, runs in a worker process of a `WorkerPool` (workers.py): a hung one is killed at
-its timeout, so it strands nothing and never starves the role's event loop.
+A call that raises, returns something that is not a number, returns NaN or an infinity,
+or does not return within the timeout scores 0.0 (a number that is not finite never
+enters training); the failure is counted per function and reason in `failures`
+(workers.py `REASONS`), the first of each (function, reason) is logged with its error,
+and later ones only in summaries at the 10th, 100th, 1000th... (`reward_call_failed`,
+`count`), so every distinct failure is seen once, whatever the volume. The run goes on
+(the controller ends it when too many of a step's calls fail: `reward.max_failure_fraction`).
+Every call, sync or async, runs in a worker process of a `WorkerPool` (workers.py): a hung
+one is killed at its timeout, so it strands nothing and never starves the role's event loop.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from roles.reward.workers import RewardCallError, WorkerPool
 from runtime.logs import get_logger
 from runtime.user_functions import REWARD_ARGUMENTS, load_reward_function
+from transport.throttle import Throttled
 
 log = get_logger("reward")
 ARGUMENTS = REWARD_ARGUMENTS
@@ -28,30 +32,35 @@ class RewardRunner:
         self.functions = [(spec, load_reward_function(spec)) for spec in specs]
         self.timeout_s = timeout_s
         self.pool = WorkerPool(specs, concurrency)
-        self.failures: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  # per function
+        self.reasons: Counter[tuple[str, str]] = Counter()  # per (function, reason)
+        self.noisy = Throttled(log, first=1)
 
     async def start(self) -> None:
         """Start the worker processes (before the first call, so no call waits for one)."""
         await self.pool.start()
 
-    async def score(self, item: dict[str, Any]) -> tuple[float, str]:
-        """Sum of every function's reward for one sample, and the first error (or "")."""
-        total, first_error = 0.0, ""
+    async def score(self, item: dict[str, Any]) -> tuple[float, str, str]:
+        """Sum of every function's reward for one sample, the first error and its reason
+        (both "" when every call gave a number)."""
+        total, first_error, first_reason = 0.0, "", ""
         for spec, fn in self.functions:
-            value, error = await self._call(spec, fn, item)
+            value, error, reason = await self._call(spec, fn, item)
             total += value
-            first_error = first_error or error
-        return total, first_error
+            if error and not first_error:
+                first_error, first_reason = error, reason
+        return total, first_error, first_reason
 
-    async def _call(self, spec: str, fn: Callable[..., Any], item: dict[str, Any]) -> tuple[float, str]:
+    async def _call(self, spec: str, fn: Callable[..., Any], item: dict[str, Any]) -> tuple[float, str, str]:
         try:
-            return await self.pool.call(spec, _accepted(fn, item), self.timeout_s), ""
+            return await self.pool.call(spec, _accepted(fn, item), self.timeout_s), "", ""
         except RewardCallError as exc:
-            error = str(exc)
+            error, reason = str(exc), exc.reason
         self.failures[spec] += 1
-        if self.failures[spec] <= 3 or self.failures[spec] % 100 == 0:
-            log.warning("reward_call_failed", function=spec, error=error[:500], failures=self.failures[spec])
-        return 0.0, error
+        self.reasons[spec, reason] += 1
+        self.noisy.warning("reward_call_failed", key=f"{spec} {reason}", function=spec, reason=reason,
+                           error=error[:500], failures=self.failures[spec])  # fmt: skip
+        return 0.0, error, reason
 
     def close(self) -> None:
         self.pool.close()

@@ -2,12 +2,14 @@
 
 A caller may rely on:
 * `WorkerPool.call(spec, kwargs, timeout_s)` runs function `spec` in an idle worker
-  process (started on demand, at most `size` at once) and returns its result, or raises
-  `RewardCallError` saying why not (it raised, returned something that is not a number,
-  or did not answer within `timeout_s`). A worker that overran its timeout is killed and
-  replaced: no process or thread outlives its call's timeout, and a function that holds
-  the GIL (catastrophic regex backtracking) or blocks an event loop (`time.sleep` in an
-  `async def`) costs only its own worker, never the role.
+  process (started on demand, at most `size` at once) and returns its result as a finite
+  float, or raises `RewardCallError` saying why not, with a `reason` (`REASONS`): it
+  raised, returned something that is not a number (numpy scalars and 0-d arrays are
+  numbers), returned NaN or an infinity, did not answer within `timeout_s`, or its
+  worker died. A worker that overran its timeout is killed and replaced: no process or
+  thread outlives its call's timeout, and a function that holds the GIL (catastrophic
+  regex backtracking) or blocks an event loop (`time.sleep` in an `async def`) costs only
+  its own worker, never the role.
 * Arguments and results cross the pipe as msgpack (msgspec), never pickle. Workers are
   fresh interpreters (`python -m roles.reward.workers`: not forked from the role, which
   holds ZeroMQ's threads, and not `multiprocessing` spawn, which would re-import the
@@ -20,6 +22,8 @@ A caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
 import os
 import signal
 import subprocess
@@ -35,12 +39,35 @@ log = get_logger("reward")
 STARTUP_TIMEOUT_S = 120.0  # a worker's start (spawn, importing the functions)
 
 
+# Why a call gave no reward: the `reason` of a RewardCallError, counted per function.
+REASONS = ("raised", "not_a_number", "nonfinite", "timeout", "worker_died")
+
+
 class RewardCallError(RuntimeError):
-    """A call that gave no reward; the message names the function and why."""
+    """A call that gave no reward; the message names the function and why, `reason` is
+    one of `REASONS`."""
+
+    def __init__(self, message: str, reason: str = "raised") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def as_reward(value: Any) -> float:
+    """`value` as a finite float; a RewardCallError (reason `not_a_number` or `nonfinite`)
+    otherwise. Python and numpy numbers count, and 0-d arrays and tensors of one (`.item()`),
+    bools do not (a reward function returning True is a bug, not a score of 1)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardCallError(f"returned {type(value).__name__} {value!r:.80}, not a number", "not_a_number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RewardCallError(f"returned {number}, not a finite number", "nonfinite")
+    return number
 
 
 def _serve(inbox: Connection, conn: Connection, specs: list[str]) -> None:
-    """A worker's loop: [spec, kwargs] in, [ok, value or error text] out, until EOF."""
+    """A worker's loop: [spec, kwargs] in, [ok, value or error text, reason] out, until EOF."""
     import inspect
 
     from runtime.user_functions import load_function
@@ -56,11 +83,11 @@ def _serve(inbox: Connection, conn: Connection, specs: list[str]) -> None:
         try:
             fn = functions[spec]
             value = asyncio.run(fn(**kwargs)) if inspect.iscoroutinefunction(fn) else fn(**kwargs)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"returned {type(value).__name__} {value!r:.80}, not a number")
-            reply: list[Any] = [True, float(value)]
+            reply: list[Any] = [True, as_reward(value), ""]
+        except RewardCallError as exc:
+            reply = [False, str(exc)[:500], exc.reason]
         except BaseException as exc:  # a user function's failure is the call's result
-            reply = [False, f"{type(exc).__name__}: {exc}"[:500]]
+            reply = [False, f"{type(exc).__name__}: {exc}"[:500], "raised"]
         conn.send_bytes(msgspec.msgpack.encode(reply))
 
 
@@ -123,16 +150,18 @@ class WorkerPool:
         async with self._slots:
             worker = self._idle.pop() if self._idle else await self._start()
             try:
-                ok, value = await asyncio.wait_for(self._ask(worker, spec, kwargs), timeout_s)
+                ok, value, reason = await asyncio.wait_for(self._ask(worker, spec, kwargs), timeout_s)
             except TimeoutError:
                 self._discard(worker)
-                raise RewardCallError(f"{spec} timed out after {timeout_s:g}s (its worker was killed)") from None
+                raise RewardCallError(
+                    f"{spec} timed out after {timeout_s:g}s (its worker was killed)", "timeout"
+                ) from None
             except (EOFError, OSError) as exc:
                 self._discard(worker)
-                raise RewardCallError(f"{spec}: its worker died ({type(exc).__name__})") from None
+                raise RewardCallError(f"{spec}: its worker died ({type(exc).__name__})", "worker_died") from None
             self._idle.append(worker)
         if not ok:
-            raise RewardCallError(f"{spec} {value}")
+            raise RewardCallError(f"{spec} {value}", reason)
         return float(value)
 
     async def _start(self) -> _Worker:

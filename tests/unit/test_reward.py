@@ -80,6 +80,16 @@ async def blocks_its_loop(completion: str) -> float:
     return 1.0
 
 
+def nan_or_inf(completion: str) -> float:
+    return {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}.get(completion, 0.25)
+
+
+def numpy_scalar(completion: str) -> Any:
+    import numpy as np
+
+    return {"f32": np.float32(0.5), "i64": np.int64(1), "0d": np.array(0.75), "bool": np.bool_(True)}[completion]
+
+
 def wrong_signature(text: str) -> float:
     return 0.0
 
@@ -110,8 +120,8 @@ async def _warm(runner: RewardRunner, workers: int) -> None:
 
 async def test_the_reward_is_the_sum_of_every_function() -> None:
     runner = _runner("const_one", "async_half")
-    assert await runner.score(_item()) == (1.5, "")
-    assert await runner.score(_item(answer="no")) == (1.0, "")
+    assert await runner.score(_item()) == (1.5, "", "")
+    assert await runner.score(_item(answer="no")) == (1.0, "", "")
     assert not runner.failures
 
 
@@ -124,8 +134,8 @@ async def test_a_hanging_function_scores_zero_without_blocking_others(name: str)
     start = time.monotonic()
     hung, *rest = await asyncio.gather(runner.score(_item()), *(good.score(_item()) for _ in range(5)))
     assert hung[0] == 1.0  # only the hanging function scored 0; const_one still counted
-    assert f"{HERE}:{name} timed out after 0.2s" in hung[1]
-    assert rest == [(1.5, "")] * 5
+    assert f"{HERE}:{name} timed out after 0.2s" in hung[1] and hung[2] == "timeout"
+    assert rest == [(1.5, "", "")] * 5
     assert time.monotonic() - start < TIMEOUT_S + 1.0
     assert runner.failures == {f"{HERE}:{name}": 1} and runner.pool.killed == 1
 
@@ -138,7 +148,7 @@ async def test_good_calls_finish_before_the_hanging_one_times_out() -> None:
     hanging = asyncio.ensure_future(runner.score(_item()))
     start = time.monotonic()
     results = await asyncio.gather(*(good.score(_item()) for _ in range(5)))
-    assert results == [(1.0, "")] * 5
+    assert results == [(1.0, "", "")] * 5
     assert time.monotonic() - start < TIMEOUT_S
     assert not hanging.done()
     assert (await hanging)[0] == 1.0  # const_one's part; the hanging one scored 0
@@ -146,16 +156,38 @@ async def test_good_calls_finish_before_the_hanging_one_times_out() -> None:
 
 async def test_a_raising_function_scores_zero_with_the_exception_text() -> None:
     runner = _runner("raises", "const_one")
-    value, error = await runner.score(_item(completion="xyz"))
-    assert value == 1.0
+    value, error, reason = await runner.score(_item(completion="xyz"))
+    assert value == 1.0 and reason == "raised"
     assert error == f"{HERE}:raises RuntimeError: cannot score 'xyz'"
-    value, error = await _runner("not_a_number").score(_item())
-    assert value == 0.0 and "returned str 'high', not a number" in error
+    value, error, reason = await _runner("not_a_number").score(_item())
+    assert value == 0.0 and "returned str 'high', not a number" in error and reason == "not_a_number"
     assert sum(runner.failures.values()) == 1
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+async def test_a_non_finite_reward_is_a_failure_that_scores_zero(value: str) -> None:
+    """Issue 52: NaN or inf from a reward function used to become the sample's reward, and
+    reward_mean, loss and grad_norm NaN from then on."""
+    runner = _runner("nan_or_inf", "const_one")
+    total, error, reason = await runner.score(_item(completion=value))
+    assert total == 1.0 and reason == "nonfinite"
+    assert error == f"{HERE}:nan_or_inf returned {float(value)}, not a finite number"
+    assert await runner.score(_item(completion="ok")) == (1.25, "", "")
+    assert runner.reasons == {(f"{HERE}:nan_or_inf", "nonfinite"): 1}
+    runner.close()
+
+
+@pytest.mark.parametrize(("completion", "expected"), [("f32", 0.5), ("i64", 1.0), ("0d", 0.75)])
+async def test_numpy_numbers_are_numbers(completion: str, expected: float) -> None:
+    runner = _runner("numpy_scalar")
+    assert await runner.score(_item(completion=completion)) == (expected, "", "")
+    total, error, reason = await runner.score(_item(completion="bool"))
+    assert total == 0.0 and reason == "not_a_number" and "returned bool True" in error
+    runner.close()
+
+
 async def test_functions_get_only_the_arguments_they_declare() -> None:
-    assert await _runner("takes_two", "takes_all").score(_item()) == (0.75, "")
+    assert await _runner("takes_two", "takes_all").score(_item()) == (0.75, "", "")
 
 
 async def test_the_pool_starts_every_worker_up_front_and_light() -> None:
@@ -170,7 +202,7 @@ async def test_the_pool_starts_every_worker_up_front_and_light() -> None:
     took = time.perf_counter() - started
     alive = {c.pid for c in psutil.Process().children()}
     assert len(runner.pool.pids()) == 16 and set(runner.pool.pids()) <= alive
-    assert await runner.score(_item()) == (0.0, ""), "a reward worker imported torch"
+    assert await runner.score(_item()) == (0.0, "", ""), "a reward worker imported torch"
     # The bound is the behaviour (workers start up front, in seconds, not per request): about
     # 10 s on an idle 2-core box, 37 s seen on a loaded one; 3x slack over that.
     assert took < 120, f"16 workers took {took:.1f}s to start"
@@ -196,7 +228,7 @@ async def test_a_function_that_starves_its_process_scores_zero_and_the_role_goes
             ticks += 1
 
     ticker = asyncio.ensure_future(tick())
-    value, error = await runner.score(_item())
+    value, error, _ = await runner.score(_item())
     ticker.cancel()
     assert value == 1.0 and f"{HERE}:{name} timed out after 0.2s" in error
     assert ticks >= 10  # the loop ran all along
