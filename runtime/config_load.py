@@ -6,9 +6,11 @@ Override values are parsed as YAML scalars (`true`, `2`, `0.5`, `[1, 2]`, `null`
 that is not valid YAML is taken as a string, unless it opens a flow collection or a quote
 (`[`, `{`, `"`, `'`): then it is refused, naming the override. `trainer.fsdp.X` is accepted
 as an alias of `fsdp.X`. Every failure is a `ConfigError` whose message is one line naming
-the key (and the override that set it) and, for closed sets, the valid choices. A recipe
-that is not valid YAML, or that gives one key twice in a mapping, fails as
-`FILE:LINE:COLUMN: problem`.
+the key (and the override that set it, or the recipe's `FILE:LINE` that did) and, for closed
+sets, the valid choices; a list key given one value says to write a list (`[...]`); a
+mistyped key gets the nearest keys (`did you mean ...`, difflib) and, when none is near,
+the keys valid there. A recipe that is not valid YAML, or that gives one key twice in a
+mapping, fails as `FILE:LINE:COLUMN: problem`.
 
 Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets: the
 loader gives each a value for this machine's GPUs (runtime/memory_auto.py), so a loaded
@@ -19,6 +21,8 @@ under one of its old names (`RENAMED`) is refused, naming the new one.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import re
 import types
 import typing
@@ -53,17 +57,17 @@ class ConfigError(ValueError):
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
     """Read `path` (or start from defaults), apply `overrides`, validate, return the config."""
-    data: dict[str, Any] = _read_layers(Path(path)) if path else {}
+    data, positions = _read_layers(Path(path)) if path else ({}, {})
     if path and "name" not in data:
         data["name"] = Path(path).stem
-    _check_keys(data, RunConfig, "")
+    _check_keys(data, RunConfig, "", positions)
     origins: dict[str, str] = {}  # dotted key -> the override that set it, for error messages
     for item in overrides:
         key, value = parse_override(item)
         set_key(data, key, value)
         origins[key] = item
     auto = _take_auto(data)
-    cfg = _convert(data, origins)
+    cfg = _convert(data, origins, positions)
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if auto:  # imported here: the chooser plans memory, and the planner imports this module
@@ -146,11 +150,15 @@ def to_yaml(cfg: RunConfig) -> str:
     return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
 
 
-def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
+Positions = dict[str, str]  # dotted key -> "FILE:LINE" of the recipe layer that sets it
+
+
+def _read_layers(path: Path, depth: int = 0) -> tuple[dict[str, Any], Positions]:
     if depth > 8:
         raise ConfigError(f"config '{path}': `base:` chain deeper than 8")
     try:
-        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # a SafeLoader (see below)
+        text = path.read_text()
+        data = yaml.load(text, Loader=_RecipeLoader) or {}  # a SafeLoader (see below)
     except FileNotFoundError:
         if path.name in RENAMED:
             new = path.with_name(RENAMED[path.name])
@@ -162,12 +170,44 @@ def _read_layers(path: Path, depth: int = 0) -> dict[str, Any]:
         raise ConfigError(f"{where}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+    positions = _positions(path, text)
     base = data.pop("base", None)
     if base is None:
-        return data
-    merged = _read_layers((path.parent / base).resolve(), depth + 1)
+        return data, positions
+    merged, base_positions = _read_layers((path.parent / base).resolve(), depth + 1)
     merged.pop("name", None)
-    return _deep_merge(merged, data)
+    # A value this layer sets replaces the base's whole subtree there, positions included.
+    leaves = [key for key in positions if not isinstance(_lookup(data, key), dict)]
+    kept = {k: v for k, v in base_positions.items() if not any(k.startswith(f"{leaf}.") for leaf in leaves)}
+    return _deep_merge(merged, data), kept | positions
+
+
+def _positions(path: Path, text: str) -> Positions:
+    """Where each dotted key (list items by index: `placement.1.count`) of a recipe is set."""
+    out: Positions = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            items = [(str(k.value), k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            items = [(str(i), v, v) for i, v in enumerate(node.value)]
+        else:
+            return
+        for name, mark_node, child in items:
+            out[prefix + name] = f"{path}:{mark_node.start_mark.line + 1}"
+            walk(child, f"{prefix}{name}.")
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), "")  # parsed once already: it cannot fail here
+    return out
+
+
+def _where(positions: Positions, dotted: str) -> str:
+    """`FILE:LINE: ` of `dotted` (or of the nearest enclosing key) in the recipe, or ""."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in positions:
+            return f"{positions['.'.join(parts[:n])]}: "
+    return ""
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -201,56 +241,86 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_keys(data: Any, typ: Any, prefix: str) -> None:
-    """Unknown keys anywhere in a YAML tree fail with the key's dotted name."""
+def _check_keys(data: Any, typ: Any, prefix: str, positions: Positions) -> None:
+    """Unknown keys anywhere in a YAML tree fail with the key's dotted name and position."""
     fields = _struct_fields(typ)
     if fields is None or not isinstance(data, dict):
         return
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            _unknown(path, typ)
+            _unknown(path, typ, where=_where(positions, path))
         sub = _unwrap(fields[key])
         if get_origin(sub) is list and isinstance(value, list):
             for i, item in enumerate(value):
-                _check_keys(item, _unwrap(get_args(sub)[0]), f"{path}.{i}.")
+                _check_keys(item, _unwrap(get_args(sub)[0]), f"{path}.{i}.", positions)
         else:
-            _check_keys(value, sub, f"{path}.")
+            _check_keys(value, sub, f"{path}.", positions)
 
 
-def _unknown(path: str, parent: Any, full: str = "") -> typing.NoReturn:
+def _unknown(path: str, parent: Any, full: str = "", where: str = "") -> typing.NoReturn:
     fields = _struct_fields(parent) or {}
-    where = path.rpartition(".")[0] or "the top level"
+    section, _, last = path.rpartition(".")
     name = f"'{full}' ('{path}' is not a key)" if full and full != path else f"'{path}'"
-    raise ConfigError(f"unknown config key {name}; valid keys under {where}: {', '.join(fields)}")
+    near = _near_keys(section, last, list(fields))
+    if near:
+        raise ConfigError(f"{where}unknown config key {name}; did you mean {' or '.join(map(repr, near))}?")
+    raise ConfigError(f"{where}unknown config key {name}; valid keys under {section or 'the top level'}: "
+                      f"{', '.join(fields)}")  # fmt: skip
 
 
-def _convert(data: dict[str, Any], origins: dict[str, str] | None = None) -> RunConfig:
+def _near_keys(section: str, name: str, fields: list[str]) -> list[str]:
+    """What a mistyped key `section.name` may have meant: the nearest key beside it, else
+    (outside a list item) a key of that name in another section (`trainer.max_staleness` ->
+    `rollout.max_staleness`)."""
+    near = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    if near:
+        return [f"{section}.{near[0]}" if section else near[0]]
+    if re.fullmatch(r"\d+", section.rpartition(".")[2]):
+        return []
+    return [k for k in _all_keys() if k.rpartition(".")[2] == name][:3]
+
+
+def _all_keys() -> list[str]:
+    """Every dotted key of the schema, sections included."""
+    keys: set[str] = set()
+    for doc in describe_keys():
+        parts = doc.key.split(".")
+        keys.update(".".join(parts[: n + 1]) for n in range(len(parts)))
+    return sorted(keys)
+
+
+def _convert(
+    data: dict[str, Any], origins: dict[str, str] | None = None, positions: Positions | None = None
+) -> RunConfig:
     try:
         # strict=False: PyYAML reads `1e-3` (no dot) as a string; let float fields take it.
         return msgspec.convert(data, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_explain(str(exc), data, origins or {})) from None
+        raise ConfigError(_explain(str(exc), data, origins or {}, positions or {})) from None
 
 
-def _explain(message: str, data: dict[str, Any], origins: dict[str, str]) -> str:
-    """Rewrite msgspec's message as: bad value for 'a.b' (got X) [from override 'a.b=X']:
-    reason; valid choices."""
+def _explain(message: str, data: dict[str, Any], origins: dict[str, str], positions: Positions) -> str:
+    """Rewrite msgspec's message as: [FILE:LINE: ]bad value for 'a.b' (got X) [from override
+    'a.b=X']: reason; valid choices (or how to write a list)."""
     m = re.search(r" - at `\$\.?(.*)`$", message)
     path = m.group(1) if m else ""
     reason = message[: m.start()] if m else message
     dotted = re.sub(r"\[(\d+)\]", r".\1", path)
     got = _lookup(data, dotted)
     choices = _choices(dotted)
-    text = f"bad value for config key '{dotted}'"
+    source = next((item for key, item in origins.items() if dotted == key or dotted.startswith(f"{key}.")), "")
+    text = ("" if source else _where(positions, dotted)) + f"bad value for config key '{dotted}'"
     if got is not _MISSING:
         text += f" (got {got!r})"
-    source = next((item for key, item in origins.items() if dotted == key or dotted.startswith(f"{key}.")), "")
     if source:
         text += f" from override '{source}'"
     text += f": {reason}"
     if choices:
         text += f"; valid choices: {', '.join(map(str, choices))}"
+    elif reason.startswith("Expected `array`") and got is not _MISSING and not isinstance(got, list | dict):
+        listed = f"[{got}]" if yaml.safe_load(f"[{got}]") == [got] else json.dumps([got])
+        text += f"; write a list: '{dotted}={listed}'" if source else f"; write a list: {listed}"
     return text
 
 
@@ -374,7 +444,10 @@ def config_docs() -> str:
         "* Override values are YAML (`true`, `2`, `1e-6`, `null`, `[a, b]`). A value that is not valid YAML",
         "  is taken as a plain string (`data.path=a: b: c`), unless it opens a list, a mapping or a quote",
         "  (`[`, `{`, `\"`, `'`): then it is refused, naming the override. A bad value names its key and the",
-        "  override that set it: `bad value for config key 'rollout.n' (got '=8') from override 'rollout.n==8'`.",
+        "  override that set it: `bad value for config key 'rollout.n' (got '=8') from override 'rollout.n==8'`,",
+        "  or the recipe's file and line: `my_run.yaml:7: bad value for config key 'rollout.n' (got 'many') ...`.",
+        "  A list key given one value says how to write the list (`reward.functions=[my_reward:score]`), and a",
+        "  mistyped key names the one it likely meant: `unknown config key 'rollout.nn'; did you mean 'rollout.n'?`.",
         "* A recipe that is not valid YAML fails before anything starts, in one line naming the file,",
         "  line and column (exit 2): `configs/x.yaml:7:3: mapping values are not allowed here`. So does a",
         "  key given twice in one mapping (PyYAML would keep the last in silence):",
