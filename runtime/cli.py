@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "launch" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra  # `launch CONFIG --plan key=value`: overrides after a flag are overrides too
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handler = {"launch": _launch, "tail": _tail, "report": _report, "watch": _watch, "config-docs": _docs,
                "export": _export, "keys": _keys}  # fmt: skip
     code = handler[args.command](args)
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from runtime.config_load import ConfigError, load_config
+    from runtime.config_load import ConfigError, check_set, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -130,8 +135,9 @@ def _launch(args: argparse.Namespace) -> int:
     from runtime.multinode import resolve_launch_options
 
     try:
+        check_set(cfg, args.config)
         opts = resolve_launch_options(args, os.environ)
-    except ValueError as exc:
+    except ValueError as exc:  # a ConfigError too
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
     from runtime.inputs import check_inputs

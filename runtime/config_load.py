@@ -12,6 +12,10 @@ mistyped key gets the nearest keys (`did you mean ...`, difflib) and, when none 
 the keys valid there. A recipe that is not valid YAML, or that gives one key twice in a
 mapping, fails as `FILE:LINE:COLUMN: problem`.
 
+A recipe may leave a key `???` (Hydra's "mandatory"): it loads, but `check_set` refuses it
+until a layer or an override gives the key (`configs/grpo_gsm8k.yaml` so leaves `model.path`).
+`model.path=tiny` asks for the tiny random model by name (it loads as the empty path).
+
 Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets: the
 loader gives each a value for this machine's GPUs (runtime/memory_auto.py), so a loaded
 `RunConfig` holds plain values and `memory.chosen` says what `auto` became and why. A recipe
@@ -44,6 +48,10 @@ AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory_auto.py
     "trainer.offload.optimizer",
     "trainer.offload.params",
 )
+UNSET = "???"  # a recipe's "you must give this" (as in Hydra/OmegaConf); `tandem launch` refuses it unset
+UNSET_HINTS = {"model.path": "model.path=/path/to/an/hf-model (or model.path=tiny: the tiny random model, a test "
+               "of the plumbing whose reward stays near 0)"}  # fmt: skip
+TINY = "tiny"  # model.path=tiny: the tiny random model, named (an empty path makes it too)
 RENAMED = {  # recipes are named by model, not GPU: `auto` fits each one to the GPU it runs on
     "bench_h200x1.yaml": "bench_1.5b.yaml",
     "bench_h200x1_3b.yaml": "bench_3b.yaml",
@@ -68,13 +76,40 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         origins[key] = item
     auto = _take_auto(data)
     cfg = _convert(data, origins, positions)
+    if cfg.model.path == TINY:
+        cfg.model.path = ""  # asked for by name: the tiny model, as an empty path makes it
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
-    if auto:  # imported here: the chooser plans memory, and the planner imports this module
-        from runtime.memory_auto import settle
+    if auto and not unset_keys(cfg):  # the chooser plans for the model: it waits until model.path is given
+        from runtime.memory_auto import settle  # here: the planner imports this module
 
         cfg = settle(cfg, auto)
     return cfg
+
+
+def unset_keys(cfg: RunConfig) -> list[str]:
+    """The keys the recipe leaves `???` (it cannot run until they are given)."""
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{prefix}{i}.")
+        elif node == UNSET:
+            found.append(prefix[:-1])
+
+    walk(msgspec.to_builtins(cfg), "")
+    return found
+
+
+def check_set(cfg: RunConfig, recipe: str | Path) -> None:
+    """A ConfigError naming the first key `recipe` leaves `???` and what to give it."""
+    for key in unset_keys(cfg):
+        hint = UNSET_HINTS.get(key, f"{key}=...")
+        raise ConfigError(f"{key} is not set: {recipe} leaves it {UNSET} for you to give: add {hint}")
 
 
 def _take_auto(data: dict[str, Any]) -> list[str]:
