@@ -1,7 +1,7 @@
 """Weight-sync benchmark: one model, every backend this machine allows, N updates each, into
 one real rollout role. Prints one JSON object.
 
-    python3 benchmarks/weight_sync.py                                   # 1.31B bench model, one H200
+    python3 benchmarks/weight_sync.py                                   # the 1.54B bench model, one H200
     python3 benchmarks/weight_sync.py --config configs/tiny_cpu.yaml --updates 3   # CPU
     python3 benchmarks/weight_sync.py --quick                           # smoke test (CPU, tiny model)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
@@ -148,7 +149,7 @@ def _launch(args: argparse.Namespace) -> int:
         check_config(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
         check_inputs(cfg)
         if args.plan:
-            return _plan(cfg)
+            return _plan(cfg, args)
         from runtime.launcher import launch
 
         return launch(cfg, opts, quiet=args.quiet)
@@ -157,7 +158,7 @@ def _launch(args: argparse.Namespace) -> int:
         return 2
 
 
-def _plan(cfg: RunConfig) -> int:
+def _plan(cfg: RunConfig, args: argparse.Namespace) -> int:
     from runtime.memory_model import ShapeError
     from runtime.memory_plan import check_plan, format_plan, launch_plan
     from runtime.placement import wants_gpus
@@ -168,8 +169,39 @@ def _plan(cfg: RunConfig) -> int:
         print(f"tandem: error: no memory plan: {exc}", file=sys.stderr)
         return 2
     print(format_plan(plan))
+    if plan.gpus and not plan.gpu_gb:  # planned for GPUs of no known size: nothing above was checked
+        print(_gpu_it_needs(args.config, args.overrides))
     check_plan(cfg, plan)  # a ConfigError: one line, exit 2
     return 0
+
+
+# The usual GPUs, with their memory as nvidia-smi reports it, in GB (10^9 bytes) as the plan counts.
+USUAL_GPUS = (("24 GB (L4)", 24.1), ("40 GB (A100 40GB)", 42.9), ("48 GB (L40S)", 48.3),
+              ("80 GB (H100, A100 80GB)", 85.5), ("94 GB (H100 NVL)", 100.5), ("141 GB (H200)", 150.1))  # fmt: skip
+
+
+def _gpu_it_needs(config: str, overrides: list[str]) -> str:
+    """The smallest usual GPU the run fits (with what `auto` chooses for its size), as the
+    note under a plan made without a GPU size, and the command that shows its plan."""
+    from runtime.config_load import ConfigError, load_config
+    from runtime.memory_model import ShapeError
+    from runtime.memory_plan import GPU_HEADROOM_GB, launch_plan
+    from runtime.placement import wants_gpus
+
+    head = "note: no GPU size is known here (no GPU, no memory.gpu_gb), so vLLM's share is 0 and nothing is checked"
+    for name, size in USUAL_GPUS:
+        try:
+            cfg = load_config(config, [*overrides, f"memory.gpu_gb={size}"])
+            plan = launch_plan(cfg, asks_gpus=wants_gpus(cfg))
+        except (ConfigError, ShapeError):
+            continue
+        if all(need <= size - GPU_HEADROOM_GB for g in plan.gpus for need in g.phases().values()):
+            command = shlex.join(["tandem", "launch", "--plan", config, *overrides, f"memory.gpu_gb={size}"])
+            return (
+                f"{head}; it needs {name} GPUs ({size} GB), the smallest usual ones it fits: {command} shows that plan"
+            )
+    return (f"{head}; it fits no usual GPU as placed, up to {USUAL_GPUS[-1][0]}: place the roles on more GPUs "
+            "(memory.gpu_gb=N plans for N GB)")  # fmt: skip
 
 
 def _tail(args: argparse.Namespace) -> int:
