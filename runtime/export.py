@@ -26,6 +26,7 @@ from typing import Any
 from runtime import checkpoint
 from runtime.base_model import MANIFEST_KEY, mismatch
 from runtime.config_load import load_config
+from runtime.hf_quiet import no_progress_bars
 from runtime.paths import model_dir
 
 
@@ -123,9 +124,12 @@ def merge_adapter(adapter_dir: Path, base_model: Path, out: Path) -> Path:
 
     config = AutoConfig.from_pretrained(str(base_model))
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-    base = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype).save_pretrained(out, safe_serialization=True)
+    with no_progress_bars():  # "Loading weights", "Writing model shards": `tandem export` prints one line
+        base = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+        merged.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype).save_pretrained(
+            out, safe_serialization=True
+        )
     for name in TOKENIZER_FILES:
         if (base_model / name).exists():
             shutil.copy2(base_model / name, out / name)
@@ -142,9 +146,10 @@ def consolidate(actor_dir: Path, source_model: Path, out: Path) -> Path:
         flat = Path(tmp) / "state.pt"
         dcp_to_torch_save(str(actor_dir), str(flat))
         state = torch.load(flat, weights_only=False)["model"]
-    model = AutoModelForCausalLM.from_pretrained(str(source_model))
-    model.load_state_dict(state, strict=False)
-    model.save_pretrained(out, safe_serialization=True)
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(source_model))
+        model.load_state_dict(state, strict=False)
+        model.save_pretrained(out, safe_serialization=True)
     for name in TOKENIZER_FILES:
         if (source_model / name).exists():
             shutil.copy2(source_model / name, out / name)

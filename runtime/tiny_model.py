@@ -14,6 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from runtime.hf_quiet import no_progress_bars
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -168,7 +170,8 @@ def _write_model(directory: Path, spec: dict) -> None:
     model = kind(config).bfloat16()  # initialised in float32 (as before), then cast
     if not spec.get("classifier"):
         model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(directory, safe_serialization=True)
+    with no_progress_bars():  # transformers' "Writing model shards" bar, for one tiny shard
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
 
 
