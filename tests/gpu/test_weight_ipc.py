@@ -227,6 +227,8 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     overrides = [
         f"run_dir={run}", placement, "trainer.device=cuda", "rollout.max_staleness=0", "trainer.total_steps=6",
         "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.5",
+        # Explicit: on a large GPU `auto` keeps this tiny run awake (both fit), and sleep is what is tested.
+        "rollout.engine.sleep_when_idle=true", "rollout.engine.sleep_level=2",
     ]  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
