@@ -20,6 +20,7 @@ from rich.text import Text
 from runtime.records import metric
 
 BAR_MIN, BAR_MAX = 10, 40
+FIELDS_ROOM = 110  # columns kept for the count, every field and the ETA before the bar grows past BAR_MIN
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,10 @@ class ProgressLine:
 
     def render(self, width: int) -> Text:
         count, eta = f" {self.step}/{self.total}", f" eta {self.eta}"
-        kept = fit(self.fields, width - BAR_MIN - len(count) - len(eta))
+        # The bar's length depends on the width alone, so it does not jump as the numbers do.
+        bar = max(0, min(BAR_MAX, max(BAR_MIN, width - FIELDS_ROOM), width - len(count) - len(eta)))
+        kept = fit(self.fields, width - bar - len(count) - len(eta))
         tail = "".join(f" {f.text}" for f in kept)
-        bar = max(0, min(BAR_MAX, width - len(count) - len(tail) - len(eta)))
         done = round(bar * min(1.0, self.step / self.total)) if self.total > 0 else bar
         return Text.assemble(
             ("━" * done, "bar.complete"), ("━" * (bar - done), "bar.back"), (count, "progress.download"), tail, eta
