@@ -143,6 +143,11 @@ issue50() {  # one H100: the 1.5B recipe as it stands (auto settings), sync and 
     step gpu_ipc 600 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -q -s -o addopts=""
 }
 
+issue50_tests() {  # the in-process engine's GPU tests alone (a short lease)
+    step gpu_engine 300 python3 -m pytest -m gpu tests/gpu/test_rollout_engine_gpu.py -q -s -o addopts=""
+    step gpu_ipc 400 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -q -s -o addopts=""
+}
+
 trainer_only() {  # issue 34's deciding run alone, needing no vLLM (carry 0, then `start trainer_only`)
     trainer_variants 900
 }
