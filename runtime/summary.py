@@ -1,12 +1,17 @@
-"""The launcher's end-of-run summary: the last step's key metrics, where the run and its
-model are, and the commands that read them."""
+"""The launcher's end-of-run summary: the last step's key metrics (NaN / inf shown as such),
+where the run and its model are, and the commands that read them, with the program named as
+the user ran it (`.venv/bin/tandem report ...` after `.venv/bin/tandem launch ...`), so they
+run as printed from the same shell."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 from runtime import checkpoint
+from runtime.records import metric
 
 SHOWN = ("reward_mean", "response_len_mean", "staleness_mean")
 
@@ -42,13 +47,24 @@ def end_summary(run_dir: Path, wall: str) -> list[str]:
     rec = last_step(run_dir)
     head = f"finished: {wall}"
     if rec:
-        shown = [f"{k} {rec[k]:.3f}" for k in SHOWN if isinstance(rec.get(k), int | float)]
+        shown = [f"{k} {metric(rec, k):.3f}" for k in SHOWN if k in rec]
         head += f", step {rec['step']}" + "".join(f", {s}" for s in shown)
     lines = [head, f"  run directory  {run_dir}"]
     model = model_path(run_dir)
     lines.append(f"  model          {model}" if model else "  model          none (checkpoint.final=false)")
-    lines.append(f"  report         tandem report {run_dir}")
+    lines.append(f"  report         {program()} report {run_dir}")
     if model:
         merge = " [--merge]" if model.name == "adapter" else ""
-        lines.append(f"  export         tandem export {run_dir} OUT_DIR{merge}")
+        lines.append(f"  export         {program()} export {run_dir} OUT_DIR{merge}")
     return lines
+
+
+def program() -> str:
+    """`tandem` as the user can run it again: the path this process was started by
+    (`.venv/bin/tandem`) unless `tandem` on PATH is that program (an activated venv); plain
+    `tandem` when it was started otherwise (`python -m runtime.cli`, a test)."""
+    started = Path(sys.argv[0])
+    on_path = shutil.which("tandem")
+    if started.name != "tandem" or (on_path and Path(on_path).resolve() == started.resolve()):
+        return "tandem"
+    return sys.argv[0]
