@@ -183,19 +183,28 @@ def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
     import json
     import math
 
+    from safetensors.torch import load_file
+
     flat = flat_weights(tiny_model_dir)
+    plain = load_file(tiny_model_dir / "model.safetensors")
     uniform = -math.log(json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"])
 
+    async def load(tensors: dict[str, torch.Tensor]) -> int:
+        version = engine.version + 1
+        stager = stage(tensors, version=version)
+        await engine.apply_weights(version, stager.manifest(), timeout_s=60)
+        stager.discard()
+        return version
+
     async def scenario(attempt: int, delay: float) -> tuple[Sample, int]:
+        await load(plain)  # each attempt starts on weights unlike the flat ones (an earlier one may have left those)
         spec = SamplingSpec(max_tokens=200, temperature=0.0, ignore_eos=True)
         task = asyncio.create_task(engine.generate(f"exact{attempt}", [11, 12, 13], spec))
         while engine.num_active == 0:
             await asyncio.sleep(0.01)
         await asyncio.sleep(delay)
         before = engine.version
-        stager = stage(flat, version=before + 1)
-        await engine.apply_weights(before + 1, stager.manifest(), timeout_s=60)
-        stager.discard()
+        await load(flat)
         return await task, before
 
     delay, seen = 0.3, []
