@@ -31,10 +31,21 @@ def one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def gpu_name() -> str | None:
+    """GPU 0's name as nvidia-smi gives it ("NVIDIA H100 80GB HBM3"), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def provenance() -> dict[str, Any]:
-    """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, and `commit`
-    (`$TANDEM_COMMIT` where set, as on a machine whose copy of the tree has no true git
-    history; else git's short HEAD, `-dirty` with uncommitted changes; None without git)."""
+    """When, where and from what code a repeat ran: `measured_at` (UTC), `host`, `gpu` (GPU
+    0's name, None on a machine without one) and `commit` (`$TANDEM_COMMIT` where set, as on
+    a machine whose copy of the tree has no true git history; else git's short HEAD, `-dirty`
+    with uncommitted changes; None without git)."""
     commit = os.environ.get("TANDEM_COMMIT") or None
     if commit is None:
         try:
@@ -44,7 +55,7 @@ def provenance() -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired):
             commit = None
     return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "commit": commit}  # fmt: skip
+            "gpu": gpu_name(), "commit": commit}  # fmt: skip
 
 
 def read_earlier(
