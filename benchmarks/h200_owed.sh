@@ -58,8 +58,12 @@ carry() {
 start() {  # start QUEUE...: the queues, one after the other, in the background
     mkdir -p "$Q"
     [ -n "${TANDEM_COMMIT:-}" ] || echo "warning: TANDEM_COMMIT unset; the JSON records no commit"
-    setsid nohup bash "$0" queues "$@" >"$Q/queue.log" 2>&1 </dev/null &  # outlives this call
-    echo "started: $* (log $Q/queue.log)"
+    # From a copy of the tree: every later call re-sends the checkout, and a run that starts a
+    # process after that would import code other than what the queue began with.
+    local tree=/root/tree-$$
+    mkdir -p "$tree" && tar cf - --exclude='./.carry*' --exclude='./.git' . | tar xf - -C "$tree"
+    setsid nohup bash "$tree/benchmarks/h200_owed.sh" queues "$@" >"$Q/queue.log" 2>&1 </dev/null &  # outlives this call
+    echo "started: $* from $tree (log $Q/queue.log)"
 }
 
 step() {  # step NAME TIMEOUT_S COMMAND...: one measurement, its log in $Q/NAME.log
