@@ -5,9 +5,15 @@ A caller may rely on:
 * `Endpoint.admit` never raises for bad input: a malformed, truncated, oversized,
   wrong-schema-version or unknown-type message is dropped, counted in
   `stats.dropped[reason]`, and logged (`message_dropped`, with the channel, the peer and
-  the reason) — the first DROP_LOG_FIRST of each peer and reason, then at most one
-  `messages_dropped` summary with the counts every DROP_SUMMARY_S, so a flood of bad
-  input costs a few log lines, not one each; the caller goes on to the next message.
+  the reason) — one by one at most DROP_LOG_FIRST times per peer and reason and
+  DROP_LOG_PER_REASON times per reason over all peers in each DROP_WINDOW_S, the rest in
+  `messages_dropped` summaries at most every DROP_SUMMARY_S (also with no further drop:
+  `tick`, from the endpoint's heartbeat) that count every drop not logged one by one, by
+  peer and reason, with the channel's totals. So a flood from any number of peers, with or
+  without the run's token, costs a few lines a minute and every drop is counted in one.
+* A message whose frames add up to more than `max_message_bytes` is `oversized`: the
+  receiver (transport/rpc.py) lets go of its frames as soon as the total passes the cap,
+  and no single frame above the cap is ever read (ZMQ_MAXMSGSIZE).
 * `last_seen[peer]` is the time (`time.monotonic()`) anything last arrived from `peer`,
   dropped or not; `last_sent[peer]` the time a message last left for it.
 """
@@ -26,8 +32,10 @@ from transport.codec import Decoder, Encoder, WireError
 from transport.security import CurveKeys
 
 log = structlog.get_logger("transport")
-DROP_LOG_FIRST = 3  # drops logged one by one per (peer, reason)
-DROP_SUMMARY_S = 10.0  # then one summary line at most this often
+DROP_LOG_FIRST = 3  # drops logged one by one per (peer, reason) and window
+DROP_LOG_PER_REASON = 5  # and per reason over all peers and window
+DROP_WINDOW_S = 60.0  # the one-by-one budgets renew this often
+DROP_SUMMARY_S = 10.0  # the rest in one summary line at most this often
 DROP_LOG_KEYS = 1024  # (peer, reason) pairs remembered; more fold into one "other peers" count
 
 
@@ -98,13 +106,15 @@ class Endpoint:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
 
-    def admit(self, frames: list[Any]) -> Envelope | None:
-        """The message `frames` carry, or None when it is dropped (see the module docstring)."""
+    def admit(self, frames: list[Any], size: int | None = None) -> Envelope | None:
+        """The message `frames` carry, or None when it is dropped (see the module docstring);
+        `size`: the bytes of every frame the message had (a ROUTER's identity not counted),
+        when the receiver let go of some of them for passing the cap."""
         peer = None
         if self.is_router:
             peer, frames = frames[0].bytes, frames[1:]
         self.last_seen[peer] = time.monotonic()
-        size = sum(map(len, frames))  # zmq frames: len() is the byte size
+        size = sum(map(len, frames)) if size is None else size
         self.stats.bytes_received += size
         try:
             if size > self.options.max_message_bytes:
@@ -124,28 +134,46 @@ class DropLog:
     def __init__(self, channel: str, clock: Any = time.monotonic) -> None:
         self.channel = channel
         self.clock = clock
-        self.seen: Counter[tuple[str, str]] = Counter()
-        self.unlogged: Counter[tuple[str, str]] = Counter()
-        self.last_summary = clock()
+        self.seen: Counter[tuple[str, str]] = Counter()  # per (peer, reason), all along
+        self.totals: Counter[str] = Counter()  # per reason, all along
+        self.logged: Counter[tuple[str, str]] = Counter()  # logged one by one in this window
+        self.logged_reasons: Counter[str] = Counter()
+        self.unlogged: Counter[tuple[str, str]] = Counter()  # since the last summary
+        self.window_start = self.last_summary = clock()
 
     def dropped(self, peer: str, reason: str, detail: str) -> None:
         key = (
             (peer, reason) if (peer, reason) in self.seen or len(self.seen) < DROP_LOG_KEYS else ("other peers", reason)
         )
         self.seen[key] += 1
-        if self.seen[key] <= DROP_LOG_FIRST:
+        self.totals[reason] += 1
+        now = self.clock()
+        if now - self.window_start >= DROP_WINDOW_S:
+            self.window_start = now
+            self.logged.clear()
+            self.logged_reasons.clear()
+        if self.logged[key] < DROP_LOG_FIRST and self.logged_reasons[reason] < DROP_LOG_PER_REASON:
+            self.logged[key] += 1
+            self.logged_reasons[reason] += 1
             log.warning("message_dropped", channel=self.channel, peer=peer, reason=reason, detail=detail[:200])
             return
         self.unlogged[key] += 1
-        now = self.clock()
-        if now - self.last_summary >= DROP_SUMMARY_S:
+        self.tick(now)
+
+    def tick(self, now: float | None = None) -> None:
+        """A summary if one is due (drops not logged since the last, DROP_SUMMARY_S ago)."""
+        now = self.clock() if now is None else now
+        if self.unlogged and now - self.last_summary >= DROP_SUMMARY_S:
             self.summary(now)
 
     def summary(self, now: float | None = None) -> None:
         """Log the drops not logged one by one since the last summary, if any."""
         if self.unlogged:
             counts = {f"{p}/{r}": n for (p, r), n in self.unlogged.most_common(20)}
-            log.warning("messages_dropped", channel=self.channel, unlogged=sum(self.unlogged.values()), counts=counts)
+            log.warning(
+                "messages_dropped", channel=self.channel, unlogged=sum(self.unlogged.values()),
+                peers=len({p for p, _ in self.unlogged}), counts=counts, total=dict(self.totals),
+            )  # fmt: skip
             self.unlogged.clear()
         self.last_summary = self.clock() if now is None else now
 

@@ -8,9 +8,10 @@ Guarantees a caller may rely on:
   `RequestTimeout` after `timeout`. The timeout covers the send too: a send waits for
   room while the peer's queue is at its high-water mark.
 * Each incoming request runs `handler` in a task of its own; a non-None result is sent
-  back as the reply when the message had a correlation id. A handler exception, or a
-  result that cannot be encoded, becomes a `wire.Error` reply, so a requester never waits
-  out its timeout for a bug on the other side.
+  back as the reply when the message had a correlation id. A handler exception (any but
+  a cancellation or an interpreter exit: torch's `CheckpointException` is a
+  BaseException), or a result that cannot be encoded, becomes a `wire.Error` reply, so a
+  requester never waits out its timeout for a failure on the other side.
 * Bad input never stops an endpoint: it is dropped, logged and counted (see
   `transport.endpoint`), and so is a late reply (`stats.dropped["late_reply"]`).
 * Heartbeats: every `heartbeat_s` an endpoint greets each peer it has not sent to
@@ -208,7 +209,7 @@ class RpcEndpoint(Endpoint):
         """Admit and dispatch every message as it arrives, until the endpoint closes."""
         while True:
             try:
-                frames = await self.sock.recv_multipart(copy=False)
+                frames, size = await self._recv_message()
             except zmq.ZMQError as exc:
                 if self.sock.closed:
                     return
@@ -216,9 +217,26 @@ class RpcEndpoint(Endpoint):
                 self.noisy.warning("recv_failed", channel=self.name, error=repr(exc))
                 await asyncio.sleep(RECV_RETRY_S)
                 continue
-            env = self.admit(frames)
+            env = self.admit(frames, size)
             if env is not None:
                 self._dispatch(env)
+
+    async def _recv_message(self) -> tuple[list[Any], int]:
+        """The next message's frames and their total size (a ROUTER's identity frame not
+        counted). Once the total passes
+        `max_message_bytes` only the first frame (a ROUTER's peer identity) is kept: the
+        others are let go as they are read, so `admit` drops the message as oversized
+        without its frames ever being held together here."""
+        frame = await self.sock.recv(copy=False)
+        frames, size, cap = [frame], 0 if self.is_router else len(frame), self.options.max_message_bytes
+        while frame.more:  # the rest of a message is there once its first frame is: no wait
+            frame = await self.sock.recv(zmq.DONTWAIT, copy=False)
+            size += len(frame)
+            if size <= cap:
+                frames.append(frame)
+            elif len(frames) > 1:
+                del frames[1:]
+        return frames, size
 
     def _dispatch(self, env: Envelope) -> None:
         self._heard.add(env.peer)
@@ -245,9 +263,11 @@ class RpcEndpoint(Endpoint):
     async def _handle(self, handler: Handler, env: Envelope) -> None:
         try:
             result = await handler(env)
-        except Exception as exc:
-            self.noisy.warning("handler_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc))
-            result = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # torch's CheckpointException is a BaseException, and no less a failure
+            self.noisy.warning("handler_failed", channel=self.name, msg=type(env.msg).__name__, error=repr(exc)[:2000])
+            result = wire.Error(code=wire.ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}"[:20000])
         if result is None or not env.header.corr:
             return
         try:
@@ -268,6 +288,7 @@ class RpcEndpoint(Endpoint):
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.options.heartbeat_s)
+            self.drop_log.tick()  # a flood that stopped is still summed up
             await self._check_peers(time.monotonic())
 
     async def _check_peers(self, now: float) -> None:

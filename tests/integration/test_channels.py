@@ -203,9 +203,37 @@ async def test_a_flood_of_bad_messages_costs_a_few_log_lines(ctx: zmq.asyncio.Co
     assert server.stats.dropped["malformed"] == 10_000
     one_by_one = [e for e in logs if e["event"] == "message_dropped"]
     summaries = [e for e in logs if e["event"] == "messages_dropped"]
-    assert len(one_by_one) == 2 * 3  # DROP_LOG_FIRST per peer and reason
+    assert len(one_by_one) == 5  # DROP_LOG_PER_REASON over both peers (DROP_LOG_FIRST each)
+    assert {e["peer"] for e in one_by_one} == {"raw-0", "raw-1"}
     assert 1 <= len(summaries) <= 5 and len(one_by_one) + len(summaries) < 30
     assert len(one_by_one) + sum(e["unlogged"] for e in summaries) == 10_000
+    assert summaries[-1]["total"] == {"malformed": 10_000}
+
+
+async def test_a_flood_from_thousands_of_peers_costs_a_few_log_lines(ctx: zmq.asyncio.Context) -> None:
+    """Issue 52: 5,000 malformed frames from 5,000 identities printed 1,020 lines (3 per peer,
+    up to the peers remembered) and left ~3,980 drops in no summary. Now a few one by one,
+    summaries (also once the flood has stopped: the heartbeat's tick) count every one."""
+    from structlog.testing import capture_logs
+
+    server = await serve(ctx, "tcp://127.0.0.1:0", ChannelOptions(max_message_bytes=4096, heartbeat_s=0.1))
+    bad = bad_messages()["malformed"]
+    with capture_logs() as logs:
+        for start in range(0, 5_000, 500):  # 500 sockets open at a time
+            peers = [RawDealer(ctx, server.address, identity=f"p-{i}".encode()) for i in range(start, start + 500)]
+            for peer in peers:
+                await peer.send(bad)
+            async with asyncio.timeout(20):
+                while server.stats.dropped["malformed"] < start + 500:
+                    await asyncio.sleep(0.01)
+            for peer in peers:
+                peer.sock.close(linger=0)
+        await server.aclose()  # its last summary: the rest since the last (the heartbeat's come every 10 s)
+    summed = [e for e in logs if e["event"] == "messages_dropped"]
+    one_by_one = [e for e in logs if e["event"] == "message_dropped"]
+    assert len(one_by_one) == 5 and len(one_by_one) + len(summed) <= 50
+    assert len(one_by_one) + sum(e["unlogged"] for e in summed) == 5_000
+    assert summed[-1]["total"] == {"malformed": 5_000} and max(e["peers"] for e in summed) > 1
 
 
 def test_drop_summaries_come_at_most_every_period() -> None:
@@ -222,6 +250,39 @@ def test_drop_summaries_come_at_most_every_period() -> None:
         drops.summary()
     summaries = [e for e in logs if e["event"] == "messages_dropped"]
     assert 4 <= len(summaries) <= 6 and sum(e["unlogged"] for e in summaries) == 97
+
+
+def test_a_flood_that_stopped_is_summed_up_at_the_next_tick() -> None:
+    from structlog.testing import capture_logs
+
+    from transport.endpoint import DROP_SUMMARY_S, DropLog
+
+    now = [0.0]
+    drops = DropLog("c", clock=lambda: now[0])
+    with capture_logs() as logs:
+        for i in range(50):
+            drops.dropped(f"p{i}", "malformed", "x")
+        drops.tick()
+        assert not [e for e in logs if e["event"] == "messages_dropped"]
+        now[0] += DROP_SUMMARY_S
+        drops.tick()  # no drop since: the heartbeat's tick says it
+    (summary,) = [e for e in logs if e["event"] == "messages_dropped"]
+    assert summary["unlogged"] == 45 and summary["peers"] == 45 and summary["total"] == {"malformed": 50}
+
+
+def test_the_one_by_one_budget_renews_every_window() -> None:
+    from structlog.testing import capture_logs
+
+    from transport.endpoint import DROP_WINDOW_S, DropLog
+
+    now = [0.0]
+    drops = DropLog("c", clock=lambda: now[0])
+    with capture_logs() as logs:
+        for minute in range(3):
+            now[0] = minute * DROP_WINDOW_S
+            for i in range(100):
+                drops.dropped(f"p{i}", "malformed", "x")
+    assert len([e for e in logs if e["event"] == "message_dropped"]) == 3 * 5  # a few a minute, however many peers
 
 
 OVERSIZED_SENDER = """
@@ -353,7 +414,7 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
 
 async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
     server = bind_router(ctx, "tcp://127.0.0.1:0", name="server")
-    real_recv = server.sock.recv_multipart
+    real_recv = server.sock.recv
     failures = [zmq.ZMQError(errno.EINTR)]
 
     def flaky_recv(*args: Any, **kwargs: Any) -> Any:
@@ -361,7 +422,7 @@ async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) ->
             raise failures.pop()
         return real_recv(*args, **kwargs)
 
-    server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
+    server.sock.recv = flaky_recv  # type: ignore[method-assign]
     server.start(echo)
     c = client(ctx, server.address, "caller")
     reply = await c.request(ask(group_id=5), timeout=2)
