@@ -21,7 +21,10 @@ one exception is the sync of a rollout that registered behind the trainer (a lat
 or one resumed without weights: `expect_sync`), whose first update may jump to the
 trainer's version or beyond. No update is ever taken above the last version the run can
 make (`max_version`, the run's `trainer.total_steps`). Buckets out of order are refused
-(`BAD_REQUEST`). One update is open at a time: a new bucket 0 abandons an open one.
+(`BAD_REQUEST`). One update is open at a time: a new bucket 0 abandons an open one. An
+update with a NaN or infinite weight is refused where its bytes land (the worker
+extension checks each staged version or bucket before loading it): `Error(REFUSED)`
+naming the tensor, the update abandoned, the rollout left on its version.
 `on_applied(applied, pause_s)` runs after each loaded version (all backends).
 """
 
@@ -46,6 +49,7 @@ from transport.throttle import Throttled
 
 log = get_logger("rollout")
 SLACK_S = 1.0  # the workers' own bounded wait reports first
+NONFINITE = "weights refused: not finite"  # the worker extension's refusal (worker_ext.refuse_nonfinite)
 
 
 class UpdatableEngine(Protocol):
@@ -249,6 +253,10 @@ class WeightReceiver:
 
     async def _fail(self, version: int, exc: BaseException) -> wire.Message:
         cause = describe(exc)
+        if NONFINITE in cause:  # the sender's fault, not the engine's: refused, the update abandoned
+            self.noisy.warning("weight_update_refused", update=version, reason=cause)
+            await self._abandon(cause)
+            return wire.Error(code=wire.ErrorCode.REFUSED, message=f"update to version {version}: {cause}")
         log.error("weight_update_failed", update=version, error=cause)
         fatal = await self.on_failure(exc) if self.on_failure is not None else None
         if fatal:  # the engine is gone: nothing to resume

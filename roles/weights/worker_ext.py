@@ -24,6 +24,15 @@ itself. The bucket loads:
 
 `tandem_load_weights(manifest)` is begin + staged load + finish in one call.
 
+Non-finite weights are refused where the bytes land, before any of them is loaded: every
+staged version (zmq) and every bucket (ipc, nccl) is checked on its device, one
+`isfinite` per floating-point tensor and one synchronization for all of them, and a
+tensor with NaN or inf fails the load with `NONFINITE` and its name. The receiver then
+abandons the update and tells the sender why (roles/weights/receiver.py). A staged
+version is loaded in one call, so the model keeps every weight it had; of an update in
+buckets, those loaded before the refused one are in the model (as after any failed load),
+while the rollout's version stays the old one.
+
 Test only: with `TANDEM_TEST_CORRUPT_WEIGHTS=STD` in the rollout's environment, every
 floating-point tensor an update loads gets seeded Gaussian noise of that std added (the
 sent buffer is not touched), so the rollout serves other weights than the trainer holds;
@@ -44,6 +53,7 @@ from roles.weights.group import WeightGroup, connect_store
 from roles.weights.ipc import device_uuid, open_shared
 from roles.weights.layout import unpack
 from roles.weights.lora_worker import add_adapter
+from roles.weights.receiver import NONFINITE
 from roles.weights.vllm_reload import layerwise_reload, own_buffered_views
 from transport import wire
 
@@ -114,6 +124,7 @@ class TandemWorkerExtension:
             size = f.seek(0, 2)
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None
         weights = [(e[0], _view(mm, e, device)) for e in manifest["entries"]]
+        refuse_nonfinite(weights)
         self._tandem_load(model, weights)
         del weights
         return {"num_tensors": len(manifest["entries"]), "load_s": time.perf_counter() - start}
@@ -213,7 +224,9 @@ class TandemWorkerExtension:
         """Load a packed bucket; views of `flat` the layerwise reload still holds become
         copies, so `flat` is not read after this returns (the ipc sender reuses it; an nccl
         bucket is freed instead of held until the update ends)."""
-        self._tandem_load(model, unpack(flat, slots))
+        weights = unpack(flat, slots)
+        refuse_nonfinite(weights)
+        self._tandem_load(model, weights)
         own_buffered_views(flat)
 
     def _tandem_load(self, model: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -246,6 +259,18 @@ class TandemWorkerExtension:
     def _tandem_model(self) -> Any:
         """vLLM's model (an nn.Module with vLLM's `load_weights`)."""
         return self.model_runner.model  # type: ignore[attr-defined]
+
+
+def refuse_nonfinite(weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Raise ValueError (`NONFINITE`, naming the first such tensor) when a floating-point
+    tensor of `weights` holds NaN or inf; one device synchronization for all of them."""
+    floats = [(n, t) for n, t in weights if t.is_floating_point() and t.numel()]
+    if not floats:
+        return
+    bad = torch.stack([~torch.isfinite(t).all() for _, t in floats])
+    if bool(bad.any()):
+        first = floats[int(bad.nonzero()[0, 0])][0]
+        raise ValueError(f"{NONFINITE}: {first} holds NaN or inf ({int(bad.sum())} of {len(floats)} tensors)")
 
 
 def _corrupted(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
