@@ -104,7 +104,14 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
                 return await self._train(msg)
         if isinstance(msg, wire.SaveCheckpoint):
             async with self.step_lock:
-                await self._in_thread(self._save, Path(msg.directory))
+                try:
+                    await self._in_thread(self._save, Path(msg.directory))
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # torch's CheckpointException is a BaseException
+                    cause = save_error(exc)
+                    log.error("checkpoint_save_failed", directory=msg.directory, error=cause)
+                    return wire.Error(code=wire.ErrorCode.INTERNAL, message=f"{self.ctx.name}: {cause}")
             return wire.CheckpointSaved(step=msg.step, directory=msg.directory)
         if isinstance(msg, wire.SyncWeights):
             async with self.step_lock:
@@ -210,6 +217,21 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         if sender is not None:
             await sender.aclose()
         await super().close()
+
+
+def save_error(exc: BaseException) -> str:
+    """One line saying why a save failed: for torch's CheckpointException (raised on every
+    rank when one rank's write failed), each failed rank's own error."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = [f"rank {r}: {_one_line(f[0] if isinstance(f, tuple) else f)}" for r, f in sorted(failures.items())]
+        return f"{type(exc).__name__} ({'; '.join(parts)})"
+    return _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _drain(items: Any) -> None:

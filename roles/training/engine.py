@@ -18,6 +18,19 @@ global counts) and takes one optimizer step per mini-batch, `epochs × mini_batc
 all. The step's metrics are the mean over those optimizer steps (the max for `maxed`
 names). `version` then counts one more published policy, whatever the number of steps.
 
+Non-finite numbers never reach the weights: an optimizer step whose loss (any `summed`
+metric, reduced over ranks) or gradient norm is NaN or infinite is skipped on every rank
+alike (the values are the same everywhere): the gradients are zeroed, the weights, the
+optimizer's moments and the learning-rate schedule stay as they were. The step's metrics
+say so: `update_skipped` (the fraction of its optimizer steps skipped, as Megatron's
+engine reports it), and `nonfinite_rank` / `nonfinite_micro_batch`, the first rank and
+micro-batch whose own loss was not finite (-1 when every micro-batch's loss was and only
+the gradient norm was not). Ending a run after several such steps is the controller's
+decision (`trainer.max_nonfinite_steps`). `save` refuses weights that hold NaN or inf, so
+no checkpoint (and no HF export from one) is ever written from them.
+Test only: `TANDEM_TEST_NONFINITE_STEPS=3,4` in the trainer's environment makes the loss
+of rank 0's first micro-batch NaN at those steps (the metrics' 1-based step numbers).
+
 Checkpoints (`save` / `load`) use torch.distributed.checkpoint for the model (its
 trainable parameters only when `frozen_base`) and the optimizer (every rank writes its
 shards into one directory, loadable at another world size), plus one small
@@ -28,6 +41,8 @@ same order, from one thread.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -61,6 +76,8 @@ from roles.training.rng import rng_state, set_rng_state
 from runtime.config import OffloadConfig, OptimConfig, RunConfig
 from transport.wire import TrainBatch
 
+NONFINITE_TEST_ENV = "TANDEM_TEST_NONFINITE_STEPS"  # test only: see the module docstring
+
 
 class FSDPEngineBase(ABC):
     """Subclasses build `self.model` (already FSDP-wrapped) and call `_setup_optimizer`."""
@@ -81,6 +98,9 @@ class FSDPEngineBase(ABC):
         self.packing = False  # a subclass whose `loss` takes packed micro-batches sets it
         self.frozen_base = False  # a subclass training adapters only sets it: checkpoints skip frozen params
         self._input_tokens = [0.0, 0.0]  # (real, padded) model-input tokens of this step
+        self._bad_micro_batch = -1  # this rank's first micro-batch of the step with a non-finite loss
+        self._skipped = 0  # optimizer steps of this train_step skipped (non-finite loss or gradient norm)
+        self._poisoned = {int(s) for s in os.environ.get(NONFINITE_TEST_ENV, "").split(",") if s.strip()}
 
     def _setup_optimizer(self, o: OptimConfig, offload: OffloadConfig | None = None) -> None:
         """AdamW over the model's trainable parameters (torch's fused kernels with
@@ -123,20 +143,27 @@ class FSDPEngineBase(ABC):
         """`epochs × mini_batches` optimizer steps on this rank's shard; their metrics
         reduced over ranks, with grad_norm, lr, train_s, micro_batches (this rank's count,
         the same on every rank), padding_fraction (padding tokens / model-input tokens over
-        all ranks; 0 when packed), optimizer_steps."""
+        all ranks; 0 when packed), optimizer_steps, update_skipped (and, when it is not 0,
+        nonfinite_rank and nonfinite_micro_batch: see the module docstring)."""
         start = time.perf_counter()
         self.restore_params()
         restore_s = time.perf_counter() - start
         self._input_tokens = [0.0, 0.0]
+        self._bad_micro_batch, self._skipped = -1, 0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.epochs == 1 and self.num_mini_batches == 1:
             mbs = self.micro_batches(batch, self.micro_batch_tokens)
             metrics = self._backward(mbs, batch)
-            metrics.update(self.optimizer_step())
+            metrics.update(self.optimizer_step(self._loss_finite(metrics)))
             num_micro = len(mbs)
+            optimizer_steps = 1
         else:
             metrics, num_micro = self._ppo_updates(self.prepare(batch))
+            optimizer_steps = self.epochs * self.num_mini_batches
+        metrics["update_skipped"] = self._skipped / optimizer_steps
+        if self._skipped:
+            metrics.update(self._first_nonfinite())
         self.version += 1
         self.after_step(batch, metrics)
         metrics.update(padding_fraction=self._padding_fraction())
@@ -171,7 +198,7 @@ class FSDPEngineBase(ABC):
             for mini in minis:
                 mbs = self.micro_batches(mini, self.micro_batch_tokens)
                 m = self._backward(mbs, mini)
-                m.update(self.optimizer_step())
+                m.update(self.optimizer_step(self._loss_finite(m)))
                 steps.append(m)
                 num_micro += len(mbs)
         return mean_over_steps(steps, self.metric_names), num_micro
@@ -189,6 +216,10 @@ class FSDPEngineBase(ABC):
                 self._input_tokens[0] += real
                 self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
                 loss, m = self.loss(mb.to(self.device), batch)
+                if i == 0 and self.rank == 0 and batch.step + 1 in self._poisoned:
+                    loss, m = loss * math.nan, {**m, self.metric_names.summed[0]: math.nan}
+                if self._bad_micro_batch < 0 and not self._loss_finite(m):
+                    self._bad_micro_batch = i
                 (loss * self.world_size).backward()
                 finish_backward(self.model)
                 accumulate(acc, m, self.metric_names)
@@ -222,19 +253,54 @@ class FSDPEngineBase(ABC):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
-    def optimizer_step(self) -> dict[str, float]:
-        """Clip, step and advance the schedule (not the version); returns grad_norm and lr."""
+    def optimizer_step(self, loss_finite: bool = True) -> dict[str, float]:
+        """Clip, step and advance the schedule (not the version); returns grad_norm and lr.
+        With a non-finite gradient norm, or `loss_finite` False, the gradients are dropped
+        instead and nothing else changes (counted in `_skipped`)."""
         grad_norm = float(clip_grad_norm_(self.model, self.optim_cfg.grad_clip or float("inf")))
+        lr = float(self.scheduler.get_last_lr()[0])
+        if not (loss_finite and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._skipped += 1
+            return {"grad_norm": grad_norm, "lr": lr}
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         return {"grad_norm": grad_norm, "lr": lr}
 
+    def _loss_finite(self, metrics: dict[str, float]) -> bool:
+        """Whether the reduced losses (`summed` names) of an optimizer step are finite."""
+        return all(math.isfinite(metrics.get(k, 0.0)) for k in self.metric_names.summed)
+
+    def _first_nonfinite(self) -> dict[str, float]:
+        """`nonfinite_rank` / `nonfinite_micro_batch`: the lowest rank with a micro-batch whose
+        loss was not finite, and that micro-batch's index on it (-1 / -1: none; only the
+        gradient norm was not finite). A collective, run on a skipped step only (every rank
+        skips the same steps)."""
+        slots = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        slots[self.rank] = self._bad_micro_batch + 1.0  # one slot per rank, summed: 0 means none
+        dist.all_reduce(slots)
+        bad = [(r, int(v) - 1) for r, v in enumerate(slots.tolist()) if v > 0]
+        rank, index = bad[0] if bad else (-1, -1)
+        return {"nonfinite_rank": float(rank), "nonfinite_micro_batch": float(index)}
+
+    def weights_finite(self) -> bool:
+        """Whether every parameter (this rank's shards, then all ranks) is finite. A collective."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+        flags = [torch.isfinite(t.detach()).all() for t in local if t.numel()]  # one sync for all, below
+        ok = (torch.stack(flags).all() if flags else torch.tensor(True)).to(self.device, torch.int32).reshape(1)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
     # --- checkpoints -----------------------------------------------------------------
     def save(self, directory: Path) -> None:
-        """Write model + optimizer shards (DCP) and this rank's extra state into `directory`."""
+        """Write model + optimizer shards (DCP) and this rank's extra state into `directory`;
+        a ValueError, and nothing written, when the weights hold NaN or inf."""
         self.restore_params()
+        if not self.weights_finite():
+            raise ValueError(
+                f"the weights hold NaN or inf at version {self.version}: no checkpoint is written from them"
+            )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
         extra = {
