@@ -15,10 +15,16 @@ Writers fill `.tmp-step-N/`; `commit` writes the manifest and renames the folder
 crash mid-write never leaves something that looks complete. `find_latest` returns the
 newest checkpoint whose manifest matches its files, and warns (naming it) about every
 newer one that is partial or corrupt.
+
+A save that fails (a full disk, an I/O error) leaves the checkpoints before it as they
+were: `save_failure` is the one line that ends the run, naming the folder, the cause (a
+full file system as `No space left on device (ENOSPC)`, even where torch's writer hid the
+errno) and the newest intact checkpoint, the one `resume=auto` continues from.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +42,7 @@ log = get_logger("checkpoint")
 MANIFEST = "manifest.json"
 HASH_LIMIT = 64 << 20
 RESUME_ENV = "TANDEM_RESUME_DIR"
+FULL_BELOW = 64 << 20  # a file system with less free after a failed write is taken as full
 
 
 def checkpoints_root(run_dir: str | Path) -> Path:
@@ -152,6 +159,38 @@ def resume_dir() -> Path | None:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     return json.loads((path / MANIFEST).read_text())  # type: ignore[no-any-return]
+
+
+def save_failure(run_dir: str | Path, step: int, cause: str) -> str:
+    """The one line a failed save of checkpoint `step` ends the run with (see the module
+    docstring); `cause`: what the writer said. Removes the save's temporary folder (its
+    partial files would only hold the space a resume needs)."""
+    root = checkpoints_root(run_dir)
+    full = "" if "Errno 28" in cause or "No space left" in cause else disk_full(root)  # with the partial files
+    shutil.rmtree(root / f".tmp-{step_name(step)}", ignore_errors=True)
+    latest = find_latest(run_dir, quiet=True)
+    last = (
+        f"the last intact checkpoint is {latest[0]} (resume=auto continues from it)"
+        if latest
+        else ("there is no intact checkpoint")
+    )
+    return f"checkpoint of step {step} into {root} failed: {full + '; ' if full else ''}{cause}; {last}"
+
+
+def disk_full(path: Path) -> str:
+    """'' or, when the file system holding `path` has less than FULL_BELOW free, the phrase
+    naming it as full."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError:
+        return ""
+    if usage.free >= FULL_BELOW:
+        return ""
+    code = errno.errorcode[errno.ENOSPC]
+    return f"No space left on device ({code}): the file system of {path} has {usage.free >> 10} KiB free"
 
 
 def _sha256(path: Path) -> str:

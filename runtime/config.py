@@ -558,6 +558,15 @@ class TrainerConfig(msgspec.Struct, **_STRUCT):
         float,
         Doc(description="Bound on the trainer's (and critic's) rendezvous and each collective of its world.", gt=0),
     ] = 600.0
+    max_nonfinite_steps: Annotated[
+        int,
+        Doc(
+            description="End the run after this many steps in a row whose loss or gradient norm is NaN or infinite "
+            "(each one's optimizer step is skipped: gradients dropped, weights unchanged, counted as "
+            "`update_skipped`); the error names the step, the micro-batch and the last checkpoint.",
+            ge=1,
+        ),
+    ] = 3
 
 
 class CriticConfig(msgspec.Struct, **_STRUCT):
@@ -760,6 +769,23 @@ class CheckpointConfig(msgspec.Struct, **_STRUCT):
     keep: Annotated[int, Doc(description="Keep this many newest checkpoints; 0 = all.", ge=0)] = 3
     export_hf: Annotated[bool, Doc(description="Also write an HF safetensors directory of the policy.")] = True
     timeout_s: Annotated[float, Doc(description="Bound on every rank's save of one checkpoint.", gt=0)] = 600.0
+    every_minutes: Annotated[
+        float,
+        Doc(
+            description="Also checkpoint at the end of the first step this many minutes after the last checkpoint "
+            "(or the run's start), so a crash costs minutes of training, not the run; 0 = off.",
+            ge=0,
+        ),
+    ] = 30.0
+    preempt_grace_s: Annotated[
+        float,
+        Doc(
+            description="On SIGTERM or SIGINT to the launcher (Slurm's warning before preemption, Ctrl-C): the step "
+            "in flight finishes and a checkpoint is saved within this many seconds, then every role stops and the "
+            "launcher prints the resume command; 0 = stop at once, without a checkpoint.",
+            ge=0,
+        ),
+    ] = 60.0
 
 
 class PlacementEntry(msgspec.Struct, **_STRUCT):
@@ -781,6 +807,15 @@ class TransportConfig(msgspec.Struct, **_STRUCT):
     heartbeat_s: Annotated[float, Doc(description="Heartbeat interval.", gt=0)] = 1.0
     peer_timeout_s: Annotated[float, Doc(description="A peer silent this long is lost.", gt=0)] = 10.0
     max_message_mb: Annotated[int, Doc(description="Largest accepted message in MiB.", ge=1)] = 1024
+    max_control_message_mb: Annotated[
+        int,
+        Doc(
+            description="Largest message the controller accepts, in MiB (all frames together; a larger frame is "
+            "never read): what the roles send it (completions, scores, results) is far smaller, and weights never go "
+            "there.",
+            ge=1,
+        ),
+    ] = 64
     hwm: Annotated[int, Doc(description="ZeroMQ high-water mark (messages).", ge=1)] = 1000
     send_timeout_s: Annotated[
         float, Doc(description="A send waits this long for room in a peer's full queue, then fails.", gt=0)

@@ -11,12 +11,22 @@ Guarantees:
 * The first role to exit otherwise (non-zero code or a signal) ends the run: the
   launcher prints which role died and its last logged error, stops all others
   (SIGTERM, then SIGKILL after a short grace) and exits 1 — within seconds.
-* Ctrl-C stops everything the same way and exits 130.
+* SIGTERM or SIGINT (Ctrl-C; Slurm's warning before preemption) asks the controller for
+  a checkpoint (SIGUSR1): the step whose batch is with the trainer finishes, a checkpoint
+  of it is saved, every role stops, all within `checkpoint.preempt_grace_s`; the launcher
+  then prints the checkpoint and the exact command that resumes from it
+  (runtime/interruption.py), records `run_interrupted` in launcher-0.jsonl and exits 130.
+  A second signal, a grace of 0, or a run not yet stepping stops every role at once. Past
+  the grace everything is stopped all the same (the line then names the last checkpoint).
+* When training is done, the summary is printed at once (its wall time is the run's up to
+  the end of training, as the step lines count it); the roles' own shutdown follows.
+* A launcher that returns leaves no `launch.lock` and no `started/` marks behind.
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import shutil
 import signal
@@ -24,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +41,7 @@ import msgspec
 
 from runtime import addresses, base_model, checkpoint, last_words
 from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
+from runtime.checkpoint_space import check_checkpoint_space
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError, to_yaml
 from runtime.console import Console
@@ -39,33 +49,32 @@ from runtime.gpu_check import check_gpu_devices
 from runtime.last_words import LastWords
 from runtime.launcher_env import ROLE_ENV_DEFAULTS
 from runtime.launcher_options import LaunchOptions
-from runtime.logfollow import LogFollower, last_error
-from runtime.logs import get_logger, setup_logging
+from runtime.logfollow import LogFollower
+from runtime.logs import get_logger, log_path, setup_logging
 from runtime.memory_model import ShapeError
 from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
 from runtime.paths import model_dir, reward_model_dir
 from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
-from runtime.process_groups import wait_gone
+from runtime.prompts import check_prompt_lengths
 from runtime.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
-from runtime.run_dir import check_run_dir, lock_run_dir
+from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
 from runtime.run_token import ensure_token
 from runtime.start_order import clear_started
-from runtime.summary import end_summary
+from runtime.supervisor import Proc, Supervisor
 from runtime.tiny_model import make_tiny_model
-from runtime.wall_clock import record_end, record_start, wall_label
+from runtime.wall_clock import record_start
 
 log = get_logger("launcher")
-FAILURE_GRACE_S = 2.0
-GROUP_EXIT_WAIT_S = 30.0  # after SIGKILL: how long the launcher waits for a role's children to be gone
-POLL_S = 0.1
 
 
-@dataclass
-class Proc:
-    spec: ProcSpec
-    popen: subprocess.Popen[bytes]
-    words: LastWords
-    ready: bool = False
+def make_models(cfg: RunConfig) -> None:
+    """The tiny models the run trains (and scores with), made under the run directory: inputs,
+    which a `resume=fresh` leaves in place."""
+    t = msgspec.structs.asdict(cfg.model.tiny)
+    if not cfg.model.path:
+        make_tiny_model(model_dir(cfg), **t)
+    if cfg.reward.model.path == "tiny":  # the policy's shape, another seed
+        make_tiny_model(reward_model_dir(cfg), **{**t, "seed": t["seed"] + 1}, classifier=True)
 
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
@@ -74,11 +83,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     ensure_token(run_dir)
     clear_started(run_dir)  # a colocated trainer waits for this launch's rollouts, not a mark left before
-    t = msgspec.structs.asdict(cfg.model.tiny)
-    if not cfg.model.path:
-        make_tiny_model(model_dir(cfg), **t)
-    if cfg.reward.model.path == "tiny":  # the policy's shape, another seed
-        make_tiny_model(reward_model_dir(cfg), **{**t, "seed": t["seed"] + 1}, classifier=True)
+    make_models(cfg)
     return run_dir
 
 
@@ -94,20 +99,43 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     if quiet:
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' "Writing model shards" bars
     console = Console(Path(cfg.run_dir), cfg, quiet=quiet)
-    resume = ""
-    if opts.node_rank == 0 and not opts.join:  # other nodes join node 0's run (the directory may be shared)
+    early = io.StringIO()  # the launcher's log lines until its log file exists (then copied there)
+    setup_logging(None, "launcher", opts.node_rank, level=cfg.log_level, stream=early)
+    first = opts.node_rank == 0 and not opts.join  # other nodes join node 0's run (the directory may be shared)
+    if first:
         lock_run_dir(Path(cfg.run_dir))
+    try:
+        return _launch(cfg, opts, console, plan, num_gpus, early)
+    finally:
+        if first:  # a finished launch leaves no lock and no start marks
+            clear_started(Path(cfg.run_dir))
+            release_run_dirs(remove=True)
+
+
+def _launch(
+    cfg: RunConfig, opts: LaunchOptions, console: Console, plan: Plan | None, num_gpus: int, early: io.StringIO
+) -> int:
+    resume = ""
+    first = opts.node_rank == 0 and not opts.join
+    if first:
         for line in check_run_dir(cfg):
             console.note(f"resume=fresh: moved {line}")
     if cfg.resume == "auto":
-        found = _resume_from(cfg, console)  # before the run dir is prepared: a refusal changes nothing there
+        found = _resume_from(cfg, console, set_aside_earlier=first)  # before the run dir is prepared
         if found is None:
             return 0
         resume = found
+    if first:
+        make_models(cfg)
+        _check_before_start(cfg, plan)
     run_dir = prepare_run_dir(cfg)
-    if opts.node_rank == 0 and not opts.join:  # the run's one wall clock starts when this launcher did
+    if first:  # the run's one wall clock starts when this launcher did
         record_start(run_dir, time.time() - (time.monotonic() - console.started), continued=bool(resume))
     setup_logging(run_dir, "launcher", opts.node_rank, level=cfg.log_level)
+    with open(log_path(run_dir, "launcher", opts.node_rank), "a") as f:
+        f.write(early.getvalue())
+    if resume:
+        log.info("resuming", checkpoint=resume)
     if plan is not None:
         log.info("memory_plan", rows=plan_rows(plan), table=format_plan(plan).splitlines())
     check_topology(cfg, opts)
@@ -145,6 +173,15 @@ def launch(cfg: RunConfig, opts: LaunchOptions | None = None, *, quiet: bool = F
     return Supervisor(cfg, run_dir, procs, console, follower).watch()
 
 
+def _check_before_start(cfg: RunConfig, plan: Plan | None) -> None:
+    """What needs the model made: every prompt too long, no room for a checkpoint (ConfigError)."""
+    from transformers import AutoTokenizer
+
+    check_prompt_lengths(cfg, AutoTokenizer.from_pretrained(str(model_dir(cfg))))
+    if plan is not None:
+        check_checkpoint_space(cfg, plan.shape)
+
+
 def _memory_plan(cfg: RunConfig, gpus: bool) -> Plan | None:
     """The run's memory plan, checked unless `memory.check` is off (None: the model's shape
     is unknown, so nothing is planned)."""
@@ -156,114 +193,6 @@ def _memory_plan(cfg: RunConfig, gpus: bool) -> Plan | None:
     if cfg.memory.check:
         check_plan(cfg, plan)
     return plan
-
-
-class Supervisor:
-    """Watches the role processes and decides how the run ends."""
-
-    def __init__(
-        self, cfg: RunConfig, run_dir: Path, procs: list[Proc], console: Console, follower: LogFollower
-    ) -> None:
-        self.cfg = cfg
-        self.run_dir = run_dir
-        self.procs = procs
-        self.console = console
-        self.follower = follower
-        self.interrupted = False
-
-    def watch(self) -> int:
-        old = signal.signal(signal.SIGINT, self._on_sigint)
-        signal.signal(signal.SIGTERM, self._on_sigint)
-        start = time.monotonic()
-        try:
-            while True:
-                self._pump_logs()
-                if self.interrupted:
-                    self.console.note("interrupted: stopping every role")
-                    self.teardown(self.cfg.shutdown_timeout_s)
-                    return 130
-                code = self._check_exits()
-                if code is not None:
-                    return code
-                if not all(p.ready for p in self.procs) and time.monotonic() - start > self.cfg.startup_timeout_s:
-                    late = [p.spec.name for p in self.procs if not p.ready]
-                    self.console.error(f"roles not ready after {self.cfg.startup_timeout_s:g}s: {', '.join(late)}")
-                    self.teardown(FAILURE_GRACE_S)
-                    return 1
-                time.sleep(POLL_S)
-        finally:
-            signal.signal(signal.SIGINT, old)
-
-    def _on_sigint(self, *_: object) -> None:
-        self.interrupted = True
-
-    def _pump_logs(self) -> None:
-        for rec in self.follower.poll():
-            if rec.get("event") == "ready":
-                for p in self.procs:
-                    if p.spec.role == rec.get("role") and p.spec.rank == rec.get("rank"):
-                        p.ready = True
-            self.console.show(rec)
-
-    def _check_exits(self) -> int | None:
-        # A role killed by a signal (SIGKILL, an abort) is the likelier first cause than
-        # one that exited 1 because its peer vanished: report it first.
-        for p in sorted(self.procs, key=lambda q: not ((q.popen.poll() or 0) < 0)):
-            code = p.popen.poll()
-            if code is None:
-                continue
-            if code == 0:
-                # A clean exit means the run is ending (the controller finished, or told
-                # this role to stop): give the others time to finish the same way.
-                self._pump_logs()
-                self._wait_all(self.cfg.shutdown_timeout_s)
-                self.teardown(self.cfg.shutdown_timeout_s)
-                self._pump_logs()
-                self.console.finish()
-                for line in end_summary(self.run_dir, wall_label(record_end(self.run_dir))):
-                    self.console.note(line)
-                log.info("run_finished", run_dir=str(self.run_dir), first_exit=p.spec.name)
-                return 0
-            self._pump_logs()
-            cause = p.words.first_line() or last_error(self.run_dir / "logs", p.spec.name)
-            how = _describe_exit(code)
-            if p.spec.role == "rollout" and self.cfg.rollout.elastic and len(self.procs) > 1:
-                # Elastic rollout workers may leave: the controller re-dispatches their work.
-                log.warning("rollout_left", proc=p.spec.name, exit=how, cause=cause)
-                self.console.note(f"rollout {p.spec.name} left ({how}); the run goes on without it")
-                _signal_group(p, signal.SIGKILL)
-                self.procs.remove(p)
-                return None
-            log.error("role_died", proc=p.spec.name, exit=how, cause=cause)
-            self.console.error(f"role {p.spec.name} died ({how}); last error: {cause}")
-            self.teardown(FAILURE_GRACE_S)
-            return 1
-        return None
-
-    def _wait_all(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
-            time.sleep(0.05)
-
-    def teardown(self, grace_s: float) -> None:
-        """SIGTERM every live process group, wait up to `grace_s`, then SIGKILL."""
-        live = [p for p in self.procs if p.popen.poll() is None]
-        for p in live:
-            _signal_group(p, signal.SIGTERM)
-        self._wait_all(grace_s)
-        for p in self.procs:
-            _signal_group(p, signal.SIGKILL)  # also reaps leftovers of roles that exited
-        for p in self.procs:
-            try:
-                p.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                log.error("process_unkillable", proc=p.spec.name, pid=p.popen.pid)
-            p.words.close()
-        # The roles' children (vLLM's engine processes) too: once the launcher returns, the
-        # GPU memory of the run is free for the next one (a resume right after a crash).
-        names = {p.popen.pid: p.spec.name for p in self.procs}
-        for pgid, pids in wait_gone(names, GROUP_EXIT_WAIT_S).items():
-            log.error("process_group_lingering", proc=names[pgid], pids=pids)
 
 
 def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
@@ -286,16 +215,20 @@ def check_topology(cfg: RunConfig, opts: LaunchOptions) -> None:
         )
 
 
-def _resume_from(cfg: RunConfig, console: Console) -> str | None:
+def _resume_from(cfg: RunConfig, console: Console, *, set_aside_earlier: bool = False) -> str | None:
     """The newest intact checkpoint of the run ("" for a fresh start), chosen once per node;
     None when the run is already finished (nothing to train: the launcher exits 0). A
-    ConfigError when no intact checkpoint can serve this config, or when the base model changed."""
+    ConfigError when no intact checkpoint can serve this config, or when the base model changed.
+    With no checkpoint at all, `set_aside_earlier` (node 0) moves the earlier run's files
+    aside as `resume=fresh` does: a fresh start never appends to another run's files."""
     found = checkpoint.find_latest(cfg.run_dir, required=checkpoint.required_parts(cfg))
     if found is None:
         intact = checkpoint.find_latest(cfg.run_dir, quiet=True)
         if intact is not None:
             raise ConfigError(f"resume=auto: {cannot_serve(intact[0], cfg)}; or start over with resume=fresh")
         console.note("resume=auto: no complete checkpoint, starting fresh")
+        for line in set_aside(Path(cfg.run_dir)) if set_aside_earlier else []:
+            console.note(f"resume=auto: moved {line}")
         return ""
     path, manifest = found
     try:
@@ -312,7 +245,6 @@ def _resume_from(cfg: RunConfig, console: Console) -> str | None:
         )
         return None
     console.note(f"resuming from {path} (step {manifest['step']}, version {manifest['version']})")
-    log.info("resuming", checkpoint=str(path), step=manifest["step"])
     return str(path.resolve())
 
 
@@ -375,16 +307,3 @@ def _die_with_parent() -> None:
     # too; its orphan watchdog (runtime.role) kills its whole process group if it lingers.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _signal_group(p: Proc, sig: signal.Signals) -> None:
-    try:
-        os.killpg(p.popen.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"

@@ -5,7 +5,9 @@ Lifecycle of `Role.main()` (one asyncio role per process, on uvloop):
     setup() → connect to the controller and register → log "ready" → run()
 
 * SIGTERM / SIGINT only set a flag; the role then calls `drain()` (bounded by
-  `shutdown_timeout_s`), `close()`, and exits 0.
+  `shutdown_timeout_s`), `close()`, and exits 0. SIGUSR1 calls `preempt()`: the launcher
+  sends it to the controller on a SIGTERM or SIGINT of its own, asking for a checkpoint
+  before the run stops (roles/controller/role.py); any other role just stops.
 * A fatal error — an exception from `setup`/`run`, a named background task that dies,
   `fail(cause)`, or the controller falling silent — logs `fatal` with the cause, sends
   a `Dead` notice to the controller, closes, and exits 1.
@@ -149,6 +151,10 @@ class Role:
             self._fatal = cause
         self._stop.set()
 
+    def preempt(self) -> None:
+        """SIGUSR1: the run is being stopped from outside (see the module docstring)."""
+        self.request_stop("SIGUSR1")
+
     def request_stop(self, reason: str = "") -> None:
         if not self._stop.is_set():
             log.info("stop_requested", reason=reason)
@@ -179,6 +185,7 @@ class Role:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGUSR1, self.preempt)
         on_write_error(lambda cause: loop.call_soon_threadsafe(self.fail, cause))  # a full disk ends the role
         try:
             self._start_auth()

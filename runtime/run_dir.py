@@ -3,10 +3,14 @@
 * While a launcher runs, it holds an exclusive `flock` on `RUN_DIR/launch.lock` (the file
   records its pid): a second launch into the directory is refused in one line naming that
   pid. The kernel drops the lock when the process ends, however it ends, so a crashed
-  run leaves no stale lock.
-* A directory that holds an earlier run (`metrics.jsonl` with a line, or a checkpoint) is
-  launched into only with `resume=auto` (continue it) or `resume=fresh` (start over: the
-  earlier run's files are moved, and the move is printed, to `RUN_DIR/earlier/<UTC time>/`).
+  run leaves no stale lock; a launcher that returns removes the file
+  (`release_run_dirs(remove=True)`).
+* A directory that holds an earlier run (`metrics.jsonl` with a line, a checkpoint, or
+  the logs or config.yaml of a launch that crashed before its first step) is launched
+  into only with `resume=auto` (continue it from its last checkpoint; with none, start
+  over as `resume=fresh` does) or `resume=fresh` (start over: the earlier run's files are
+  moved, and the move is printed, to `RUN_DIR/earlier/<UTC time>/`). So a file such as
+  metrics.jsonl or logs/launcher-0.jsonl always holds one run's lines.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ LOCK_FILE = "launch.lock"
 EARLIER = "earlier"
 # What a run writes that belongs to that run alone (the model made under the run dir,
 # keys and the run token stay: they are inputs, not results).
-RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "logs", "tb", "report.html", "report.png", "config.yaml")
+RUN_OUTPUTS = (
+    "metrics.jsonl", "checkpoints", "logs", "tb", "report.html", "report.png", "config.yaml", "wall.json",
+)  # fmt: skip
 _held: list[IO[str]] = []  # the open lock files: a lock lives as long as its open file
 
 
@@ -51,14 +57,20 @@ def lock_run_dir(run_dir: Path) -> None:
     _held.append(f)
 
 
-def release_run_dirs() -> None:
-    """Drop every lock this process holds (tests launch several runs in one process)."""
+def release_run_dirs(*, remove: bool = False) -> None:
+    """Drop every lock this process holds (tests launch several runs in one process);
+    `remove`: delete the lock files too (a finished launch leaves none behind). A file is
+    unlinked while still locked, so no other launcher can take a lock on it meanwhile."""
     while _held:
-        _held.pop().close()
+        f = _held.pop()
+        if remove:
+            Path(f.name).unlink(missing_ok=True)
+        f.close()
 
 
 def earlier_run(run_dir: Path) -> list[str]:
-    """What of an earlier run `run_dir` holds: metrics.jsonl with a line, checkpoints."""
+    """What of an earlier run `run_dir` holds: metrics.jsonl with a line, checkpoints, and
+    the logs and config.yaml a launch writes before its first step."""
     found = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size:
@@ -66,6 +78,11 @@ def earlier_run(run_dir: Path) -> list[str]:
     ckpts = run_dir / "checkpoints"
     if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
         found.append("checkpoints/")
+    logs = run_dir / "logs"
+    if logs.is_dir() and any(p.is_file() and p.stat().st_size for p in logs.iterdir()):
+        found.append("logs/")
+    if (run_dir / "config.yaml").is_file():
+        found.append("config.yaml")
     return found
 
 

@@ -1,6 +1,9 @@
 """Checkpoints, controller side: every trainer and critic rank saves its shards, the
 controller its state (`ControllerState`); then the folder is committed (runtime/checkpoint.py).
-Taken between steps, so no batch is in training; see README "Checkpoints, resume, export"."""
+Taken between steps, so no batch is in training; see README "Checkpoints, resume, export".
+A save that fails (a rank's error, its timeout, a write of the controller's own) ends the
+run at once with `FatalError` naming the folder, the cause and the last intact checkpoint
+(runtime/checkpoint.py `save_failure`); the checkpoints before it stay as they were."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from roles.controller.ranks import RankGroup
 from runtime import checkpoint
 from runtime.base_model import MANIFEST_KEY as BASE_MODEL_KEY
 from runtime.logs import get_logger
+from runtime.role import FatalError
 from transport import wire
+from transport.rpc import RemoteError, RequestTimeout
 
 log = get_logger("controller")
 
@@ -40,22 +45,33 @@ class Checkpointer:
         self.keep = keep
         self.timeout_s = timeout_s
         self.base_model = base_model
+        self.last_step = -1  # the step of the newest checkpoint this process saved
 
-    async def save(self) -> Path:
+    async def save(self, timeout_s: float | None = None) -> Path:
+        """Checkpoint the run as it is now; `timeout_s` bounds the ranks' saves (default:
+        `checkpoint.timeout_s`). A failure is a FatalError (see the module docstring)."""
         started = time.perf_counter()
         state = self.snapshot()
         step = state.ledger.step
+        try:
+            final = await self._save(state, step, self.timeout_s if timeout_s is None else timeout_s)
+        except (RemoteError, RequestTimeout, ConnectionError, OSError) as exc:
+            cause = exc.message if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+            raise FatalError(checkpoint.save_failure(self.run_dir, step, " ".join(cause.split()))) from None
+        self.last_step = step
+        log.info("checkpoint_saved", step=step, path=str(final), seconds=round(time.perf_counter() - started, 3))
+        return final
+
+    async def _save(self, state: cstate.ControllerState, step: int, timeout_s: float) -> Path:
         tmp = checkpoint.begin(self.run_dir, step)
         save = wire.SaveCheckpoint(step=step, directory=str(tmp))
-        await asyncio.gather(*[group.call(save, self.timeout_s) for group in self.ranks if len(group)])
+        await asyncio.gather(*[group.call(save, timeout_s) for group in self.ranks if len(group)])
         (tmp / "controller.json").write_bytes(cstate.encode(state))
         version = state.ledger.gate["version"]
         meta: dict[str, object] = {"version": version}
         if self.base_model is not None:
             meta[BASE_MODEL_KEY] = self.base_model
-        final = checkpoint.commit(tmp, step, meta, keep=self.keep)
-        log.info("checkpoint_saved", step=step, path=str(final), seconds=round(time.perf_counter() - started, 3))
-        return final
+        return checkpoint.commit(tmp, step, meta, keep=self.keep)
 
 
 def truncate_metrics(path: Path, step: int) -> float:

@@ -2,19 +2,26 @@
 
 `PromptDataset.next()` returns prompts in a seeded order (reshuffled each epoch when
 `data.shuffle`); `state()` / `restore()` capture the cursor exactly, so a resumed run
-continues with the next prompt that was not yet drawn. Prompts longer than
-`data.max_prompt_tokens` are skipped and counted in `skipped_too_long`.
+continues with the next prompt that was not yet drawn. Prompts longer than the run's
+limit (runtime/prompts.py `prompt_limit`: `data.max_prompt_tokens`, at most
+`rollout.engine.max_model_len - 1`) are skipped, counted in `skipped_too_long` (kept in
+checkpoints; `take_skipped` hands the count since its last call to the step's metrics)
+and logged once per row (`prompt_too_long`). The tokenization is runtime/prompts.py's,
+which the launcher's check shares.
 """
 
 from __future__ import annotations
 
 import random
-import string
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import DataConfig
 from runtime.data_files import read_rows
+from runtime.logs import get_logger
+from runtime.prompts import encode, synthetic_rows
+
+log = get_logger("controller")
 
 
 @dataclass
@@ -28,19 +35,12 @@ class Prompt:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the prompt as chat messages, before any template
 
 
-def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
-    """The copy task: prompts of random distinct lowercase letters; see reward builtin copy_task."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(cfg.synthetic_num_prompts):
-        letters = "".join(rng.sample(string.ascii_lowercase, cfg.synthetic_prompt_len))
-        rows.append({"prompt": letters, "answer": letters, "task": "copy"})
-    return rows
-
-
 class PromptDataset:
-    def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int = 0) -> None:
+    def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int = 0, limit: int | None = None) -> None:
+        """`limit`: the longest prompt taken (runtime/prompts.py `prompt_limit`; default
+        `data.max_prompt_tokens`)."""
         self.cfg = cfg
+        self.limit = cfg.max_prompt_tokens if limit is None else limit
         self.tokenizer = tokenizer
         self.seed = seed
         self.rows = synthetic_rows(cfg, seed) if cfg.source == "synthetic" else read_rows(cfg.path, cfg.prompt_key)
@@ -50,6 +50,8 @@ class PromptDataset:
         self.position = 0
         self.drawn = 0
         self.skipped_too_long = 0
+        self._unreported = 0  # skipped since the last take_skipped
+        self._logged: set[int] = set()  # rows whose skip was logged
         self._order = self._epoch_order(0)
 
     def __len__(self) -> int:
@@ -72,11 +74,23 @@ class PromptDataset:
             row = self._order[self.position]
             self.position += 1
             prompt = self.encode(row)
-            if len(prompt.prompt_ids) <= self.cfg.max_prompt_tokens:
+            if len(prompt.prompt_ids) <= self.limit:
                 self.drawn += 1
                 return prompt
-            self.skipped_too_long += 1
-        raise ValueError(f"every prompt is longer than data.max_prompt_tokens={self.cfg.max_prompt_tokens}")
+            self._skip(row, len(prompt.prompt_ids))
+        raise ValueError(f"every prompt is longer than the run's limit of {self.limit} tokens")
+
+    def _skip(self, row: int, tokens: int) -> None:
+        self.skipped_too_long += 1
+        self._unreported += 1
+        if row not in self._logged:
+            self._logged.add(row)
+            log.warning("prompt_too_long", row=row, tokens=tokens, limit=self.limit, skipped=self.skipped_too_long)
+
+    def take_skipped(self) -> int:
+        """Prompts skipped as too long since the last call."""
+        n, self._unreported = self._unreported, 0
+        return n
 
     def encode(self, row: int) -> Prompt:
         rec = self.rows[row]
@@ -89,15 +103,7 @@ class PromptDataset:
         )  # fmt: skip
 
     def _tokenize(self, raw: Any) -> tuple[list[int], str, list[dict[str, Any]]]:
-        tok = self.tokenizer
-        messages = raw if isinstance(raw, list) else [{"role": "user", "content": str(raw)}]
-        if self.cfg.chat_template and getattr(tok, "chat_template", None):
-            if self.cfg.system_prompt and messages[0].get("role") != "system":
-                messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        else:
-            text = "\n".join(str(m.get("content", "")) for m in messages)
-        return list(tok(text, add_special_tokens=False)["input_ids"]), text, messages
+        return encode(raw, self.tokenizer, self.cfg)
 
     def state(self) -> dict[str, int]:
         return {

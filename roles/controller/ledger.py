@@ -206,6 +206,12 @@ class Ledger:
         self.training = batch
         return batch
 
+    def untake(self) -> None:
+        """The batch in training goes back to the front of the ready queue, untrained: its
+        step was abandoned before the batch reached the trainer (a preemption)."""
+        self.ready.extendleft(reversed(self.training))
+        self.training = []
+
     async def wait_batch(self) -> list[Group]:
         """`take_batch`, waiting for completions until it succeeds."""
         while True:

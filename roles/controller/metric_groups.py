@@ -20,8 +20,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("weights", r"weight_sync.*|weights_.*", "weight updates: time, phases, bytes"),
     (
         "rollout",
-        r"(reward|response_len|staleness|dropped|turns|env_tokens|tool|sample_errors)(_.*)?",
-        "rewards, lengths, staleness, dropped groups, multi-turn counts",
+        r"(reward|response_len|staleness|dropped|turns|env_tokens|tool|sample_errors|prompts)(_.*)?",
+        "rewards, lengths, staleness, dropped groups and prompts, multi-turn counts",
     ),
     ("timing", r".*_s|.*_per_s|.*_idle_ratio", "throughput, busy and idle time, step and wall time"),
     ("actor", r".*", "everything else: loss, entropy, KL, clipping, grad norm, lr, memory, policy version"),

@@ -9,10 +9,21 @@ The ledger (ledger.py) is the one owner of the accounting invariant: every admit
 is trained or dropped exactly once. The stages get only what they use and hand groups on
 through the ledger and their queues. Who is in the run (registration, rollouts that join
 or are lost in an elastic run, the shutdown at the end) is membership.py's.
+
+Checkpoints: every `checkpoint.every` steps, at the end of the first step
+`checkpoint.every_minutes` after the last one (or the start), and after the last step
+(`checkpoint.final`). A preemption (SIGUSR1, which the launcher sends on SIGTERM or SIGINT:
+`preempt`) lets the step whose batch is with the trainer finish (one still waiting for its
+batch is abandoned, the batch given back), saves a checkpoint of that step within
+`checkpoint.preempt_grace_s`, logs `preempted` and stops every role; the run then ends
+with exit 0 and the launcher names the checkpoint and the resume command.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -44,6 +55,7 @@ from runtime import addresses, base_model, checkpoint
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
 from runtime.placement import role_counts
+from runtime.prompts import limit_text, prompt_limit
 from runtime.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.role import FatalError, Role
 from runtime.run_token import read_token
@@ -65,7 +77,7 @@ class Controller(Role):
         cfg = self.cfg
         self.run_id = uuid.uuid4().hex[:12]
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir(cfg)))
-        self.dataset = PromptDataset(cfg.data, self.tokenizer, cfg.seed)
+        self.dataset = PromptDataset(cfg.data, self.tokenizer, cfg.seed, limit=prompt_limit(cfg))
         kl = cfg.algorithm.kl
         gae = cfg.algorithm.advantage == "gae"
         self.reward_kl = RewardKL(kl) if gae and kl.enabled and kl.use == "reward" else None
@@ -75,7 +87,8 @@ class Controller(Role):
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()
         self.noisy = Throttled(log)
-        opts = addresses.channel_options(cfg, self.ctx.run_dir)
+        opts = addresses.channel_options(cfg, self.ctx.run_dir)  # a tighter cap: no role sends it much
+        opts = dataclasses.replace(opts, max_message_bytes=cfg.transport.max_control_message_mb << 20)
         bind = addresses.controller_bind_address(cfg, self.ctx.run_dir)
         listen_fd = handed_fd(CONTROLLER_FD_ENV) if bind.startswith("tcp://") else None  # the launcher's socket
         self.server = bind_router(self.zmq, bind, name="controller", options=opts, listen_fd=listen_fd)
@@ -142,6 +155,8 @@ class Controller(Role):
             timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
             on_rollout_failed=self.membership.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
             schedule=self.schedule, before_train=self._rest_before_steps(),
+            max_nonfinite_steps=cfg.trainer.max_nonfinite_steps, last_checkpoint=self._last_checkpoint,
+            more_metrics=self._prompt_metrics,
         )  # fmt: skip
         self.validator: Validator | None = None
         if cfg.validation.every:
@@ -154,6 +169,8 @@ class Controller(Role):
             self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s,
             base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
         )  # fmt: skip
+        if checkpoint.resume_dir() is not None:
+            self.checkpointer.last_step = self.ledger.step  # the checkpoint resumed from is this step's
 
     def _membership_rules(self) -> MembershipRules:
         cfg = self.cfg
@@ -180,10 +197,10 @@ class Controller(Role):
         )  # fmt: skip
         ds = PromptDataset(data, self.tokenizer, self.cfg.seed + 1)
         rows = range(min(len(ds), v.max_prompts or len(ds)))
-        prompts = [p for p in (ds.encode(r) for r in rows) if len(p.prompt_ids) <= d.max_prompt_tokens]
-        if not prompts:
-            limit = d.max_prompt_tokens
-            raise FatalError(f"validation.data: every prompt is longer than data.max_prompt_tokens ({limit})")
+        limit = prompt_limit(self.cfg)
+        prompts = [p for p in (ds.encode(r) for r in rows) if len(p.prompt_ids) <= limit]
+        if not prompts:  # the launcher checked a validation file; synthetic prompts are the training task's
+            raise FatalError(f"validation.data: every prompt is longer than {limit_text(self.cfg)}")
         return prompts
 
     def _validation_sampling(self) -> wire.SamplingSpec:
@@ -217,16 +234,25 @@ class Controller(Role):
         if self.cfg.rollout.elastic:
             self.spawn("rollout-watch", self.membership.watch_rollouts())
         self.dispatcher.wake()
-        every = self.cfg.checkpoint.every
         if self.ledger.step == 0:
             self._validate()
-        while self.ledger.step < self.cfg.trainer.total_steps:
-            await self.steps.step()
+        self.last_save_at = time.monotonic()
+        while self.ledger.step < self.cfg.trainer.total_steps and not self.preempting:
+            self.step_task = asyncio.ensure_future(self.steps.step())
+            try:
+                await self.step_task
+            except asyncio.CancelledError:
+                if not self.preempting or _cancelling():
+                    raise
+                break  # abandoned before its batch went to the trainer: nothing of it was trained
             self._validate()
-            if every and self.ledger.step % every == 0:
-                await self.checkpointer.save()
-        if self.cfg.checkpoint.final and self.ledger.step and not (every and self.ledger.step % every == 0):
-            await self.checkpointer.save()  # the model at the end: what `tandem export` writes
+            if self._checkpoint_due() and not self.preempting:
+                await self._save()
+        if self.preempting:
+            await self._preempted()
+            return
+        if self.cfg.checkpoint.final and self.ledger.step and self.checkpointer.last_step != self.ledger.step:
+            await self._save()  # the model at the end: what `tandem export` writes
         if self.validator is not None:
             await self.validator.drain()
         served = {p.name: p.served for p in self.registry.peers.values() if p.info.role == "rollout"}
@@ -234,6 +260,65 @@ class Controller(Role):
         await self.membership.shutdown_all("training finished")
         self.metrics.close()
         self.schedule.close()
+
+    preempting = False
+    step_task: asyncio.Future[None] | None = None
+    last_save_at = 0.0
+
+    def _checkpoint_due(self) -> bool:
+        """A checkpoint is due after this step: `every` steps, or `every_minutes` since the last."""
+        c, step = self.cfg.checkpoint, self.ledger.step
+        if c.every and step % c.every == 0:
+            return True
+        return bool(c.every_minutes) and time.monotonic() - self.last_save_at >= 60.0 * c.every_minutes
+
+    async def _save(self, timeout_s: float | None = None) -> None:
+        await self.checkpointer.save(timeout_s)
+        self.last_save_at = time.monotonic()
+
+    def _prompt_metrics(self) -> dict[str, float]:
+        """Prompts skipped as too long: this step, and since the run began."""
+        ds = self.dataset
+        return {"prompts_skipped_too_long": float(ds.take_skipped()),
+                "prompts_skipped_too_long_total": float(ds.skipped_too_long)}  # fmt: skip
+
+    def _last_checkpoint(self) -> str:
+        """The newest intact checkpoint of the run ("" when none)."""
+        found = checkpoint.find_latest(self.ctx.run_dir, quiet=True)
+        return str(found[0]) if found else ""
+
+    def preempt(self) -> None:
+        """SIGUSR1 (the launcher's SIGTERM or SIGINT): checkpoint and stop (module docstring)."""
+        if self.preempting:
+            return
+        self.preempting = True
+        self.preempt_deadline = time.monotonic() + self.cfg.checkpoint.preempt_grace_s
+        in_training = self.steps.in_training if hasattr(self, "steps") else False
+        log.info("preempting", step=self.ledger.step if hasattr(self, "ledger") else 0,
+                    step_in_training=in_training, grace_s=self.cfg.checkpoint.preempt_grace_s)  # fmt: skip
+        if not hasattr(self, "membership"):  # still setting up
+            self.request_stop("interrupted while setting up")
+        elif self.step_task is None:  # not stepping yet: nothing to save
+            self.spawn("interrupted", self._stop_all("interrupted before the first step"))
+        elif not self.step_task.done() and not in_training:
+            self.step_task.cancel()
+
+    async def _preempted(self) -> None:
+        """After the step in flight: a checkpoint of it (unless one is there or nothing was
+        trained), then every role stops."""
+        started = time.monotonic()
+        step = self.ledger.step
+        if step and self.checkpointer.last_step != step:
+            await self._save(timeout_s=max(1.0, self.preempt_deadline - time.monotonic() - 1.0))
+        path = self._last_checkpoint()
+        log.info("preempted", step=step, checkpoint=path, seconds=round(time.monotonic() - started, 3))
+        await self._stop_all(f"interrupted at step {step}")
+
+    async def _stop_all(self, reason: str) -> None:
+        await self.membership.shutdown_all(reason)
+        self.metrics.close()
+        self.schedule.close()
+        self.request_stop(reason)
 
     def _validate(self) -> None:
         """Start a validation round when one is due (training goes on meanwhile)."""
@@ -290,6 +375,12 @@ class Controller(Role):
             self.schedule.close()  # a failed run keeps its schedule up to the failure
         if hasattr(self, "server"):
             await self.server.aclose()
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not only a task it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _name(identity: bytes | None) -> str:

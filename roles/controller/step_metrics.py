@@ -17,7 +17,8 @@ TRAINER_KEYS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_we
                 "weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s", "cuda_free_gb", "cuda_peak_gb",
                 "optimizer_steps", "ratio_max", "importance_weight_mean", "truncated_fraction", "masked_fraction",
                 "behaviour_proximal_abs_diff", "dual_clip_fraction", "micro_batches", "padding_fraction",
-                "cuda_reserved_gb", "optimizer_offload_s", "params_restore_s", "release_s")  # fmt: skip
+                "cuda_reserved_gb", "optimizer_offload_s", "params_restore_s", "release_s", "update_skipped",
+                "nonfinite_rank", "nonfinite_micro_batch")  # fmt: skip
 ZERO_DEFAULTS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max", "clip_fraction",
                  "entropy", "grad_norm")  # fmt: skip
 

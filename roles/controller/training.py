@@ -10,6 +10,14 @@ the window from the previous step's trainer reply to this one's).
 Rollouts the new weights could not reach are reported to `on_rollout_failed`. With
 `before_train` (a synchronous run: roles/controller/rest.py), each batch is handed to the
 trainer only after `before_train(version)` returned.
+
+Non-finite training: a step whose trainer skipped its update (`update_skipped`: the loss
+or gradient norm was NaN or infinite; the weights did not change) is counted
+(`skipped_steps_total`) and logged (`update_skipped`, with the first rank and micro-batch
+whose loss was not finite); `max_nonfinite_steps` of them in a row end the run with a
+FatalError naming the steps, the micro-batch and the last checkpoint (`last_checkpoint()`).
+A step cancelled before its batch went to the trainer (`in_training` False: a preemption)
+gives the batch back to the ledger untrained.
 """
 
 from __future__ import annotations
@@ -52,11 +60,17 @@ class StepRunner:
         max_reward_failures: float = 1.0,
         schedule: ScheduleLog | None = None,
         before_train: Callable[[int], Awaitable[object]] | None = None,
+        max_nonfinite_steps: int = 3,
+        last_checkpoint: Callable[[], str] = lambda: "",
+        more_metrics: Callable[[], dict[str, float]] = dict,
     ) -> None:
         """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
         `before_train(version)`: awaited before each batch goes to the trainer;
         `max_reward_failures`: the fraction of a batch's samples without a reward that ends the run;
-        `schedule`: where each step's span and trained groups are recorded."""
+        `schedule`: where each step's span and trained groups are recorded;
+        `max_nonfinite_steps`, `last_checkpoint()`: see the module docstring (the latter
+        says which checkpoint a resume would continue from, "" when none); `more_metrics()`:
+        added to each step's record (the dataset's skipped prompts)."""
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.trainers = trainers
@@ -70,6 +84,12 @@ class StepRunner:
         self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop)
         self.before_train = before_train
         self.last_reply = 0.0  # Unix time of the previous step's trainer reply (0: none since the start)
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.last_checkpoint = last_checkpoint
+        self.skipped_in_a_row: list[int] = []  # the steps of the current run of skipped updates
+        self.skipped_total = 0
+        self.in_training = False  # the step's batch is with the trainer (a preemption waits for it)
+        self.more_metrics = more_metrics
 
     async def step(self) -> None:
         groups = await self.ledger.wait_batch()
@@ -82,9 +102,17 @@ class StepRunner:
         )
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
-        rest = await self._rest()
+        try:
+            rest = await self._rest()
+        except asyncio.CancelledError:
+            self.ledger.untake()
+            raise
         started = time.time()
-        actor, critic = await self._train(groups, batches, build)
+        self.in_training = True
+        try:
+            actor, critic = await self._train(groups, batches, build)
+        finally:
+            self.in_training = False
         times = batch_times(groups, self.last_reply or self.recorder.started_at, time.time(),
                             rest=rest, train_sent=started, trainer=actor.metrics)  # fmt: skip
         self.last_reply = times.end
@@ -99,9 +127,36 @@ class StepRunner:
         drops = self.ledger.take_step_drops()
         drops["dropped_stale_total"] = self.ledger.dropped("stale")
         drops["dropped_filtered_total"] = self.ledger.dropped("filtered")
+        skipped = float(actor.metrics.get("update_skipped", 0.0)) > 0.0
+        self.skipped_total += skipped
+        extra["skipped_steps_total"] = float(self.skipped_total)
+        extra.update(self.more_metrics())
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         self.mismatch.check(self.ledger.step, actor.metrics.get("kl_behaviour_proximal"), max(staleness, default=0))
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])
+        self._check_finite(skipped, actor.metrics)
+
+    def _check_finite(self, skipped: bool, metrics: dict[str, float]) -> None:
+        """Count a skipped update; end the run after `max_nonfinite_steps` in a row."""
+        if not skipped:
+            self.skipped_in_a_row = []
+            return
+        step = self.ledger.step
+        self.skipped_in_a_row.append(step)
+        where = _nonfinite_where(metrics)
+        log.warning("update_skipped", step=step, loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm"),
+                    where=where, in_a_row=len(self.skipped_in_a_row), limit=self.max_nonfinite_steps)  # fmt: skip
+        if len(self.skipped_in_a_row) < self.max_nonfinite_steps:
+            return
+        first = self.skipped_in_a_row[0]
+        last = self.last_checkpoint()
+        resume = f"the last checkpoint is {last} (resume=auto continues from it)" if last else "no checkpoint was saved"
+        raise FatalError(
+            f"step {step}: the loss or gradient norm was not finite {len(self.skipped_in_a_row)} steps in a row "
+            f"(steps {first}-{step}, trainer.max_nonfinite_steps={self.max_nonfinite_steps}); at step {step}: "
+            f"loss {metrics.get('loss')}, grad_norm {metrics.get('grad_norm')}, {where}; their updates were "
+            f"skipped, so the weights are those of step {first - 1}; {resume}"
+        )
 
     async def _rest(self) -> tuple[float, float] | None:
         """Await `before_train` (vLLM sleeps); when it began and ended, None without it."""
@@ -146,6 +201,14 @@ class StepRunner:
         if critic is not None:
             out.update({f"critic_{k}": v for k, v in critic.metrics.items() if k != "explained_variance_local"})
         return out
+
+
+def _nonfinite_where(metrics: dict[str, float]) -> str:
+    """Which micro-batch first had a non-finite loss, as the trainer reported it."""
+    rank, index = int(metrics.get("nonfinite_rank", -1)), int(metrics.get("nonfinite_micro_batch", -1))
+    if rank < 0:
+        return "every micro-batch's loss was finite, the gradient norm was not"
+    return f"first non-finite loss in micro-batch {index} of trainer-{rank}"
 
 
 def batch_times(

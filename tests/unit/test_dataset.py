@@ -91,8 +91,39 @@ def test_a_single_short_prompt_among_long_ones_is_always_found(tok: Any, tmp_pat
 
 def test_every_prompt_too_long_is_an_error(tok: Any, tmp_path: Path) -> None:
     ds = _dataset(tok, _jsonl(tmp_path, [{"prompt": "x" * 20}] * 3), chat_template=False, max_prompt_tokens=5)
-    with pytest.raises(ValueError, match="max_prompt_tokens=5"):
+    with pytest.raises(ValueError, match="longer than the run's limit of 5 tokens"):
         ds.next()
+
+
+def test_a_skipped_prompt_is_counted_for_the_step_and_logged_once_per_row(tok: Any, tmp_path: Path) -> None:
+    """Issue 52: a row over the limit was skipped in silence (the count only in checkpoints)."""
+    import structlog
+
+    rows = [{"prompt": "x" * 20}, {"prompt": "ok"}, {"prompt": "y" * 30}]
+    ds = _dataset(tok, _jsonl(tmp_path, rows), shuffle=False, chat_template=False, max_prompt_tokens=5)
+    with structlog.testing.capture_logs() as logs:
+        assert [p.text for p in _draw(ds, 4)] == ["ok"] * 4  # two epochs and a bit: each long row met 2-3 times
+    assert ds.take_skipped() == ds.skipped_too_long == 7 and ds.take_skipped() == 0
+    warned = [(e["row"], e["tokens"], e["limit"]) for e in logs if e["event"] == "prompt_too_long"]
+    assert warned == [(0, 20, 5), (2, 30, 5)]
+
+
+def test_the_launch_check_refuses_data_where_no_prompt_fits(tok: Any, tmp_path: Path) -> None:
+    """Issue 53 item 4: found before anything starts (the launcher raises it: exit 2, one line),
+    as the run's limit counts: data.max_prompt_tokens, at most max_model_len - 1."""
+    from runtime.config_load import ConfigError, load_config
+    from runtime.prompts import check_prompt_lengths, prompt_limit
+
+    cfg = load_config("configs/tiny_cpu.yaml", ["data.max_prompt_tokens=5", "data.chat_template=false"])
+    with pytest.raises(ConfigError, match=r"every prompt of the synthetic data \(4096 rows\) is longer than "
+                       r"data.max_prompt_tokens=5: the shortest has 8 tokens"):  # fmt: skip
+        check_prompt_lengths(cfg, tok)
+    check_prompt_lengths(load_config("configs/tiny_cpu.yaml", ["data.chat_template=false"]), tok)
+    path = _jsonl(tmp_path, [{"prompt": "x" * 300}, {"prompt": "y" * 260}])
+    over = load_config("configs/tiny_cpu.yaml", ["data.source=file", f"data.path={path}", "data.chat_template=false"])
+    assert prompt_limit(over) == 255  # rollout.engine.max_model_len 256
+    with pytest.raises(ConfigError, match=r"longer than rollout.engine.max_model_len=256 .* shortest has 260 tokens"):
+        check_prompt_lengths(over, tok)
 
 
 def test_epochs_cycle_and_reshuffle_deterministically(tok: Any, tmp_path: Path) -> None:

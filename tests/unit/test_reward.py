@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from roles.reward.builtin import copy_task, extract_answer, gsm8k_exact_match
@@ -84,9 +85,7 @@ def nan_or_inf(completion: str) -> float:
     return {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}.get(completion, 0.25)
 
 
-def numpy_scalar(completion: str) -> Any:
-    import numpy as np
-
+def numpy_scalar(completion: str) -> Any:  # numpy is imported with this module: not in the call's 0.2 s
     return {"f32": np.float32(0.5), "i64": np.int64(1), "0d": np.array(0.75), "bool": np.bool_(True)}[completion]
 
 

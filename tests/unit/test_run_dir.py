@@ -63,7 +63,7 @@ def earlier(run_dir: Path) -> None:
 
 def test_an_earlier_run_is_refused_without_resume(tmp_path: Path) -> None:
     earlier(tmp_path)
-    with pytest.raises(ConfigError, match=r"holds an earlier run \(metrics.jsonl\): continue it with resume=auto"):
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(metrics.jsonl, config.yaml\): continue it"):
         check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
     assert check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}", "resume=auto"])) == []
     ckpt_only = tmp_path / "ckpt"
@@ -73,6 +73,26 @@ def test_an_earlier_run_is_refused_without_resume(tmp_path: Path) -> None:
     empty = tmp_path / "new"
     (empty / "model").mkdir(parents=True)  # a tiny model or keys alone are no earlier run
     assert check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={empty}"])) == []
+
+
+def test_a_launch_that_crashed_before_its_first_step_is_an_earlier_run(tmp_path: Path) -> None:
+    """Issue 53 item 5: its logs and config.yaml were overwritten and appended to in silence."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "launcher-0.jsonl").write_text('{"event": "launching"}\n')
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(logs/\)"):
+        check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
+    (tmp_path / "logs" / "launcher-0.jsonl").unlink()
+    (tmp_path / "config.yaml").write_text("name: old\n")
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(config.yaml\)"):
+        check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
+
+
+def test_a_released_lock_with_remove_leaves_no_file(tmp_path: Path) -> None:
+    lock_run_dir(tmp_path)
+    release_run_dirs(remove=True)
+    assert not (tmp_path / "launch.lock").exists()
+    lock_run_dir(tmp_path)  # a new launch takes a new lock
+    release_run_dirs(remove=True)
 
 
 def test_resume_fresh_moves_the_earlier_run_aside_and_says_so(tmp_path: Path) -> None:
@@ -121,7 +141,7 @@ def test_export_of_a_missing_step_lists_the_steps_there(tmp_path: Path) -> None:
         fake_checkpoint(tmp_path, step, ["controller.json"])
     with pytest.raises(FileNotFoundError, match=r"no intact checkpoint for step 5 .*\(steps there: 10, 15, 20\)"):
         export_checkpoint(tmp_path, 5, tmp_path / "out")
-    with pytest.raises(FileNotFoundError, match=r"it holds no checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"is not a directory"):
         export_checkpoint(tmp_path / "none", None, tmp_path / "out")
 
 
