@@ -51,7 +51,11 @@ class TinyModelConfig(msgspec.Struct, **_STRUCT):
 
 class ModelConfig(msgspec.Struct, **_STRUCT):
     path: Annotated[
-        str, Doc(description="HF model directory. Empty: make the tiny model (below) under the run directory.")
+        str,
+        Doc(
+            description="HF model directory. Empty or `tiny`: make the tiny model (below) under the run directory. "
+            "A recipe that leaves it `???` (configs/grpo_gsm8k.yaml) is refused until it is given."
+        ),
     ] = ""
     tiny: Annotated[TinyModelConfig, Doc(description="The tiny model's shape (used when `path` is empty).")] = (
         msgspec.field(default_factory=TinyModelConfig)
