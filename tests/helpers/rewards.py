@@ -58,3 +58,13 @@ def copy_task_passed(completion_ids: list[int], answer: str | None = None, **_: 
     from roles.reward.builtin import copy_task
 
     return float(copy_task(completion_ids, answer) >= 0.5)
+
+
+def nan_or_inf_sometimes(completion_ids: list[int], **_: object) -> float:
+    """NaN for about one sample in ten and +inf for another (a verifier dividing by zero):
+    each must count as a failure, never as a score."""
+    if completion_ids and completion_ids[0] % 10 == 0:
+        return float("nan")
+    if completion_ids and completion_ids[0] % 10 == 1:
+        return float("inf")
+    return 0.0

@@ -149,3 +149,18 @@ def test_manifest_records_the_base_model(tmp_path: Path) -> None:
     base = {"path": "/m", "digest": "abc"}
     path = fake_checkpoint(tmp_path, 3, ["controller.json"], base)
     assert json.loads((path / "manifest.json").read_text())[MANIFEST_KEY] == base
+
+
+def test_resume_auto_without_a_checkpoint_sets_the_earlier_run_aside(tmp_path: Path) -> None:
+    """Issue 52: it printed "starting fresh" and appended to the old metrics.jsonl (steps
+    1..100 twice, a report of "300/300"); now the earlier run goes where resume=fresh puts it."""
+    from runtime.console import Console
+    from runtime.launcher import _resume_from
+
+    earlier(tmp_path)
+    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}", "resume=auto"])
+    assert check_run_dir(cfg) == []  # resume=auto is never refused for an earlier run
+    assert _resume_from(cfg, Console(tmp_path, cfg, quiet=True), set_aside_earlier=True) == ""
+    (dest,) = (tmp_path / "earlier").iterdir()
+    assert sorted(p.name for p in dest.iterdir()) == ["config.yaml", "logs", "metrics.jsonl", "schedule.jsonl"]
+    assert not (tmp_path / "metrics.jsonl").exists()
