@@ -7,6 +7,7 @@ add records of their own (`kind: "validation"`, keys `val/...`); a step's record
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from roles.controller.metric_groups import grouped
 from runtime import checkpoint
 from runtime.config import MetricsConfig
 from runtime.logs import get_logger, json_ready
+from runtime.role import FatalError
 
 log = get_logger("metrics")
 
@@ -46,15 +48,22 @@ class MetricsSink:
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise KeyError(f"step metrics lack {missing}")
-        self._file.write(json.dumps(json_ready(record)) + "\n")
+        self._append(record)
         log.info("step", **record)
         self._mirror(record)
 
     def write_validation(self, record: dict[str, Any]) -> None:
         """A validation round's record (`kind`, `step`, `policy_version`, `val/...`)."""
-        self._file.write(json.dumps(json_ready(record)) + "\n")
+        self._append(record)
         log.info("validation", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in record.items()})
         self._mirror(record)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        """One line; a line that cannot be written (a full disk) ends the run naming the file."""
+        try:
+            self._file.write(json.dumps(json_ready(record)) + "\n")
+        except OSError as exc:
+            raise FatalError(f"cannot write {self.path}: {exc.strerror or exc} ({errno_name(exc)})") from None
 
     def _mirror(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
@@ -71,6 +80,11 @@ class MetricsSink:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def errno_name(exc: OSError) -> str:
+    """`ENOSPC` for an OSError of errno 28 ("OSError" when it has none)."""
+    return errno.errorcode.get(exc.errno or 0, "OSError")
 
 
 def dashboard_values(record: dict[str, Any]) -> dict[str, float]:
