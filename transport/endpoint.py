@@ -11,9 +11,13 @@ A caller may rely on:
   `tick`, from the endpoint's heartbeat) that count every drop not logged one by one, by
   peer and reason, with the channel's totals. So a flood from any number of peers, with or
   without the run's token, costs a few lines a minute and every drop is counted in one.
-* A message whose frames add up to more than `max_message_bytes` is `oversized`: the
-  receiver (transport/rpc.py) lets go of its frames as soon as the total passes the cap,
-  and no single frame above the cap is ever read (ZMQ_MAXMSGSIZE).
+* A message whose frames add up to more than `max_message_bytes` is dropped as
+  `oversized` as soon as it is received (its frames are zero-copy views of libzmq's
+  buffers, let go at once), and no single frame above the cap is ever read
+  (ZMQ_MAXMSGSIZE: libzmq cuts the connection at the frame's length). What a message costs
+  the receiver before it is refused is thus bounded by the per-frame cap for one frame;
+  libzmq hands over a message only whole, so a message of many frames each under the cap
+  costs their sum until then (transport/sockets.py).
 * `last_seen[peer]` is the time (`time.monotonic()`) anything last arrived from `peer`,
   dropped or not; `last_sent[peer]` the time a message last left for it.
 """
@@ -106,15 +110,13 @@ class Endpoint:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
 
-    def admit(self, frames: list[Any], size: int | None = None) -> Envelope | None:
-        """The message `frames` carry, or None when it is dropped (see the module docstring);
-        `size`: the bytes of every frame the message had (a ROUTER's identity not counted),
-        when the receiver let go of some of them for passing the cap."""
+    def admit(self, frames: list[Any]) -> Envelope | None:
+        """The message `frames` carry, or None when it is dropped (see the module docstring)."""
         peer = None
         if self.is_router:
             peer, frames = frames[0].bytes, frames[1:]
         self.last_seen[peer] = time.monotonic()
-        size = sum(map(len, frames)) if size is None else size
+        size = sum(map(len, frames))  # zmq frames: len() is the byte size
         self.stats.bytes_received += size
         try:
             if size > self.options.max_message_bytes:

@@ -209,7 +209,7 @@ class RpcEndpoint(Endpoint):
         """Admit and dispatch every message as it arrives, until the endpoint closes."""
         while True:
             try:
-                frames, size = await self._recv_message()
+                frames = await self.sock.recv_multipart(copy=False)
             except zmq.ZMQError as exc:
                 if self.sock.closed:
                     return
@@ -217,26 +217,9 @@ class RpcEndpoint(Endpoint):
                 self.noisy.warning("recv_failed", channel=self.name, error=repr(exc))
                 await asyncio.sleep(RECV_RETRY_S)
                 continue
-            env = self.admit(frames, size)
+            env = self.admit(frames)
             if env is not None:
                 self._dispatch(env)
-
-    async def _recv_message(self) -> tuple[list[Any], int]:
-        """The next message's frames and their total size (a ROUTER's identity frame not
-        counted). Once the total passes
-        `max_message_bytes` only the first frame (a ROUTER's peer identity) is kept: the
-        others are let go as they are read, so `admit` drops the message as oversized
-        without its frames ever being held together here."""
-        frame = await self.sock.recv(copy=False)
-        frames, size, cap = [frame], 0 if self.is_router else len(frame), self.options.max_message_bytes
-        while frame.more:  # the rest of a message is there once its first frame is: no wait
-            frame = await self.sock.recv(zmq.DONTWAIT, copy=False)
-            size += len(frame)
-            if size <= cap:
-                frames.append(frame)
-            elif len(frames) > 1:
-                del frames[1:]
-        return frames, size
 
     def _dispatch(self, env: Envelope) -> None:
         self._heard.add(env.peer)

@@ -414,7 +414,7 @@ async def test_handler_errors_become_remote_errors(ctx: zmq.asyncio.Context, add
 
 async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) -> None:
     server = bind_router(ctx, "tcp://127.0.0.1:0", name="server")
-    real_recv = server.sock.recv
+    real_recv = server.sock.recv_multipart
     failures = [zmq.ZMQError(errno.EINTR)]
 
     def flaky_recv(*args: Any, **kwargs: Any) -> Any:
@@ -422,7 +422,7 @@ async def test_receive_path_outlives_a_socket_error(ctx: zmq.asyncio.Context) ->
             raise failures.pop()
         return real_recv(*args, **kwargs)
 
-    server.sock.recv = flaky_recv  # type: ignore[method-assign]
+    server.sock.recv_multipart = flaky_recv  # type: ignore[method-assign]
     server.start(echo)
     c = client(ctx, server.address, "caller")
     reply = await c.request(ask(group_id=5), timeout=2)
