@@ -8,7 +8,7 @@ one-line `ConfigError` naming the key and, where there are any, the valid choice
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -66,10 +66,51 @@ class ModelConfig(msgspec.Struct, **_STRUCT):
     ] = "bfloat16"
 
 
+class ReasoningGymConfig(msgspec.Struct, **_STRUCT):
+    """`data.source: reasoning_gym`: prompts drawn from a reasoning-gym task (docs/ecosystem.md)."""
+
+    task: Annotated[
+        str, Doc(description="The reasoning-gym dataset name (`basic_arithmetic`, `leg_counting`, `composite`, ...).")
+    ] = ""
+    config: Annotated[
+        dict[str, Any], Doc(description="The task's own config fields (reasoning-gym's `create_dataset` keywords).")
+    ] = {}
+    size: Annotated[
+        int, Doc(description="Rows of the task, made from the run's `seed`; epochs reshuffle them.", ge=1)
+    ] = 10000
+    system_prompt: Annotated[
+        str,
+        Doc(
+            description="A reasoning-gym system prompt by name (`default` asks for `<answer>` tags, which its scorer "
+            "reads), or empty for none."
+        ),
+    ] = "default"
+
+
+class VerifiersConfig(msgspec.Struct, **_STRUCT):
+    """`data.source: verifiers`: an installed verifiers environment as data, episodes and rubric."""
+
+    id: Annotated[
+        str, Doc(description="The verifiers environment: the id of an installed taskset (`my-env`, `owner/my-env`).")
+    ] = ""
+    args: Annotated[dict[str, Any], Doc(description="The taskset's config fields (verifiers' `--env.taskset.*`).")] = {}
+    env: Annotated[
+        dict[str, Any],
+        Doc(
+            description="The rest of verifiers' env config (`--env.*`: `id` of a paired Env, the `agent` seat's "
+            "`harness` and `runtime`, `timeout`, ...)."
+        ),
+    ] = {}
+
+
 class DataConfig(msgspec.Struct, **_STRUCT):
     source: Annotated[
-        Literal["synthetic", "file"],
-        Doc(description="`synthetic`: the built-in copy task; `file`: JSONL or Parquet at `path`."),
+        Literal["synthetic", "file", "reasoning_gym", "verifiers"],
+        Doc(
+            description="`synthetic`: the built-in copy task; `file`: JSONL or Parquet at `path`; `reasoning_gym`: "
+            "a reasoning-gym task (`data.reasoning_gym`); `verifiers`: a verifiers environment's taskset, its "
+            "episodes and rubric (`data.verifiers`, docs/ecosystem.md)."
+        ),
     ] = "synthetic"
     path: Annotated[str, Doc(description="Prompt file (JSONL or Parquet) when `source: file`.")] = ""
     prompt_key: Annotated[str, Doc(description="Field holding the prompt text (or a list of chat messages).")] = (
@@ -88,6 +129,20 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     shuffle: Annotated[bool, Doc(description="Shuffle the dataset each epoch (seeded by `seed`).")] = True
     synthetic_num_prompts: Annotated[int, Doc(description="Size of the synthetic dataset.")] = 4096
     synthetic_prompt_len: Annotated[int, Doc(description="Letters per synthetic prompt.")] = 8
+    render_prompt: Annotated[
+        bool,
+        Doc(
+            description="false: the controller sends no prompt tokens and the prompt's messages go to the rollout's "
+            "agent (`rollout.agent`, a verifiers environment), which renders its own; the sample then begins with "
+            "the agent's first request (loss mask 0)."
+        ),
+    ] = True
+    reasoning_gym: Annotated[ReasoningGymConfig, Doc(description="The reasoning-gym task.")] = msgspec.field(
+        default_factory=ReasoningGymConfig
+    )
+    verifiers: Annotated[VerifiersConfig, Doc(description="The verifiers environment.")] = msgspec.field(
+        default_factory=VerifiersConfig
+    )
 
 
 class EngineConfig(msgspec.Struct, **_STRUCT):
@@ -170,6 +225,19 @@ class LengthDistConfig(msgspec.Struct, **_STRUCT):
         float, Doc(description="Std of log(budget): 1.0 puts ~10% of groups above 3.6x the median.", gt=0, le=4)
     ] = 1.0
     min_tokens: Annotated[int, Doc(description="Shortest budget (draws below it are raised to it).", ge=1)] = 16
+
+
+class OpenAIEndpointConfig(msgspec.Struct, **_STRUCT):
+    """The OpenAI-compatible endpoint a rollout serves to agents (`rollout.agent`, verifiers)."""
+
+    port: Annotated[
+        int,
+        Doc(description="TCP port of rollout rank 0 (rank r: port + r) on transport.bind_host; 0 = a free one.", ge=0),
+    ] = 0
+    tool_parser: Annotated[
+        str, Doc(description="vLLM's tool-call parser for replies (`hermes`: Qwen2.5 / Hermes); empty = none.")
+    ] = "hermes"
+    model_name: Annotated[str, Doc(description="The model name the endpoint answers with; empty = `tandem`.")] = ""
 
 
 class RolloutConfig(msgspec.Struct, **_STRUCT):
@@ -256,6 +324,17 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     tool_timeout_s: Annotated[
         float, Doc(description="Bound of each tool call; one over it becomes an error observation.", gt=0)
     ] = 10.0
+    agent: Annotated[
+        str,
+        Doc(
+            description="An agent that owns its loop, as `module:function` (docs/ecosystem.md): called once per "
+            "sample with an AgentTask (base_url and api_key of the rollout's OpenAI-compatible endpoint, the "
+            "dataset row); its return value is the sample's reward."
+        ),
+    ] = ""
+    openai: Annotated[OpenAIEndpointConfig, Doc(description="The rollout's OpenAI-compatible endpoint.")] = (
+        msgspec.field(default_factory=lambda: OpenAIEndpointConfig())
+    )
 
 
 class MixedPrecisionConfig(msgspec.Struct, **_STRUCT):
