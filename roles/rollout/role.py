@@ -45,6 +45,7 @@ from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
+from .agents import AgentRunner, setup_agents
 from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")
@@ -87,6 +88,10 @@ class RolloutRole(Role):
             sleep_level=self.sleep_level if self.sleeps else None,
         )
         set_policy_version(self.engine.version)
+        self.agents: AgentRunner | None = None
+        if cfg.rollout.agent or cfg.data.source == "verifiers":  # agents drive episodes over the endpoint
+            self.agents = await setup_agents(cfg, self.ctx.run_dir, self.ctx.rank, self.engine, str(path))
+            log.info("endpoint_started", url=self.agents.server.base_url)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)
         bind = addresses.server_bind_address(cfg, self.ctx.run_dir, f"{self.ctx.name}-weights", self.ctx.rank)
         self.weights: RpcEndpoint = bind_router(self.zmq, bind, name="weights", options=opts)
@@ -170,7 +175,9 @@ class RolloutRole(Role):
 
     async def _sample(self, req: wire.Generate, index: int) -> None:
         try:
-            if self.episodes is not None:
+            if self.agents is not None:
+                done = await self.agents.complete(self.engine, req, index)
+            elif self.episodes is not None:
                 done = await self.episodes.complete(self.engine, req, index)
             else:
                 timeout_s = self.cfg.rollout.request_timeout_s
@@ -273,6 +280,8 @@ class RolloutRole(Role):
                 await asyncio.wait(pending, timeout=2.0)
 
     async def close(self) -> None:
+        if getattr(self, "agents", None) is not None:
+            await self.agents.close()  # type: ignore[union-attr]
         if hasattr(self, "weights"):
             await self.weights.aclose()
         if hasattr(self, "receiver"):
