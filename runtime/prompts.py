@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.config import DataConfig, RunConfig
@@ -39,6 +40,8 @@ def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
 def encode(raw: Any, tokenizer: Any, cfg: DataConfig) -> tuple[list[int], str, list[dict[str, Any]]]:
     """A prompt's token ids, its text, and its chat messages (before any template)."""
     messages = raw if isinstance(raw, list) else [{"role": "user", "content": str(raw)}]
+    if not cfg.render_prompt:  # the rollout's agent renders it (data.render_prompt=false)
+        return [], "\n".join(str(m.get("content", "")) for m in messages), messages
     if cfg.chat_template and getattr(tokenizer, "chat_template", None):
         if cfg.system_prompt and messages[0].get("role") != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
@@ -64,8 +67,10 @@ def limit_text(cfg: RunConfig) -> str:
 def check_prompt_lengths(cfg: RunConfig, tokenizer: Any) -> None:
     """ConfigError when no training (or validation) prompt fits (see the module docstring)."""
     d = cfg.data
-    rows = synthetic_rows(d, cfg.seed) if d.source == "synthetic" else read_rows(d.path, d.prompt_key)
-    _some_fit(rows, tokenizer, cfg, "data.path" if d.source == "file" else "the synthetic data")
+    from runtime.task_sources import source_rows
+
+    what = {"file": "data.path", "synthetic": "the synthetic data"}.get(d.source, f"the {d.source} data")
+    _some_fit(source_rows(d, cfg.seed), tokenizer, cfg, what)
     v = cfg.validation
     if v.every:
         if v.data == "synthetic":
@@ -74,7 +79,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer: Any) -> None:
         _some_fit(rows[: v.max_prompts or len(rows)], tokenizer, cfg, "validation.data")
 
 
-def _some_fit(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> None:
+def _some_fit(rows: Sequence[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> None:
     limit, shortest = prompt_limit(cfg), None
     for row in rows:
         n = len(encode(row.get(cfg.data.prompt_key, ""), tokenizer, cfg.data)[0])

@@ -14,6 +14,7 @@ import msgspec
 
 from runtime.config import RunConfig
 from runtime.config_load import ConfigError
+from runtime.ecosystem import check_ecosystem
 from runtime.gpu_check import (
     check_gpu_memory,
     check_ipc_weight_sync,
@@ -76,6 +77,7 @@ def _check_attention_kernel(cfg: RunConfig) -> None:
 
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
+    check_ecosystem(cfg)  # optional extras, verifiers environments, agents (runtime/ecosystem.py)
     check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)

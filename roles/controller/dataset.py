@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import DataConfig
-from runtime.data_files import read_rows
 from runtime.logs import get_logger
-from runtime.prompts import encode, synthetic_rows
+from runtime.prompts import encode
+from runtime.task_sources import source_rows
 
 log = get_logger("controller")
 
@@ -43,7 +43,7 @@ class PromptDataset:
         self.limit = cfg.max_prompt_tokens if limit is None else limit
         self.tokenizer = tokenizer
         self.seed = seed
-        self.rows = synthetic_rows(cfg, seed) if cfg.source == "synthetic" else read_rows(cfg.path, cfg.prompt_key)
+        self.rows = source_rows(cfg, seed)
         if not self.rows:
             raise ValueError("the synthetic dataset is empty (data.synthetic_num_prompts)")
         self.epoch = 0
@@ -97,6 +97,8 @@ class PromptDataset:
         raw = rec.get(self.cfg.prompt_key, "")
         ids, text, messages = self._tokenize(raw)
         meta = {k: v for k, v in rec.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
+        if not self.cfg.render_prompt:  # the rollout's agent renders the prompt (docs/ecosystem.md)
+            meta["prompt"] = messages
         return Prompt(
             uid=self.drawn, row=row, prompt_ids=ids, text=text, answer=rec.get(self.cfg.answer_key), metadata=meta,
             messages=messages,
