@@ -1,16 +1,20 @@
 """A recipe for a real model does not silently train a random one: configs/grpo_gsm8k.yaml
 (and gsm8k_tool.yaml on top of it) leave `model.path` `???`, and a launch without it is
 refused in one line naming `model.path`, exit 2, before anything is made. The tiny random
-model stays the default of the recipes made for it, and `model.path=tiny` asks for it."""
+model stays the default of the recipes made for it (each says so in its opening comment), and
+`model.path=tiny` asks for it."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from runtime.config_load import ConfigError, check_set, load_config, unset_keys
 from tests.conftest import ROOT
@@ -52,9 +56,21 @@ def test_the_recipes_made_for_the_tiny_model_keep_it_as_their_default(name: str)
     assert cfg.model.path == ""
 
 
-def test_every_shipped_recipe_is_one_or_the_other() -> None:
-    names = {p.stem for p in (ROOT / "configs").glob("*.yaml") if not p.stem.startswith("bench_")}
-    assert names == set(TINY_RECIPES) | set(REAL_MODEL_RECIPES), "a new recipe: does it need model.path?"
+def says_it_trains_a_random_model(recipe: Path) -> bool:
+    """The recipe's opening comment (or its base's) says its model is the tiny or a random one."""
+    lines = recipe.read_text().splitlines()
+    head = "\n".join(itertools.takewhile(lambda line: line.startswith("#") or not line.strip(), lines))
+    if re.search(r"\b(tiny|random)", head, re.I):
+        return True
+    base = yaml.safe_load(recipe.read_text()).get("base")
+    return bool(base) and says_it_trains_a_random_model(recipe.parent / base)
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_recipe_that_trains_a_random_model_by_default_says_so(recipe: Path) -> None:
+    cfg = load_config(recipe)
+    if cfg.model.path == "" and not unset_keys(cfg):  # no model.path given: the tiny model, shaped by model.tiny
+        assert says_it_trains_a_random_model(recipe), f"{recipe.name}: leave model.path ??? or say it is random"
 
 
 def test_check_set_names_the_key_and_the_recipe() -> None:
