@@ -110,6 +110,7 @@ async def flood(run: Path, count: int = 5_000, batch: int = 250) -> None:
     cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={run}"])
     address, token = addresses.controller_bind_address(cfg, run), read_token(run)
     ctx = zmq.asyncio.Context()
+    ctx.set(zmq.MAX_SOCKETS, 2 * count)  # closed sockets count until their message has left (linger)
     bad = [wire.Header(wire.SCHEMA_VERSION, wire.MsgType.COMPLETION, 0, 0).pack(), b"\xc1 not msgpack"]
     try:
         for start in range(0, count, batch):
@@ -122,9 +123,9 @@ async def flood(run: Path, count: int = 5_000, batch: int = 250) -> None:
                 s.connect(address)
                 socks.append(s)
             await asyncio.gather(*(s.send_multipart(bad) for s in socks))
-            await asyncio.sleep(0.2)
             for s in socks:
                 s.close()  # with its linger: the message leaves first
+            await asyncio.sleep(0.5)  # a batch's handshakes and drops, before the next one's
     finally:
         ctx.destroy(linger=2000)
 
