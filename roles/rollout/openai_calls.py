@@ -108,7 +108,7 @@ async def complete(ep: AgentEpisode, renderer: ChatRenderer, body: dict[str, Any
 
 
 def _max_tokens(request: Any, cap: int) -> int:
-    asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    asked = getattr(request, "max_completion_tokens", None) or request.__dict__.get("max_tokens")
     return min(cap, asked) if asked else cap
 
 
