@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.conftest import ROOT
 ENVS = str(ROOT / "tests" / "fixtures" / "verifiers_envs")
 
 
-def _cfg(path: str, *overrides: str):  # noqa: ANN202
+def _cfg(path: str, *overrides: str) -> Any:
     return load_config(ROOT / path, list(overrides))
 
 
@@ -42,21 +43,21 @@ def test_verifiers_environment_refusals(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.syspath_prepend(ENVS)
     check_ecosystem(_cfg("tests/fixtures/verifiers_tiny_cpu.yaml"))
     host = _cfg("tests/fixtures/verifiers_tiny_cpu.yaml", "data.verifiers.env={agent: {harness: {id: bash}}}")
-    with pytest.raises(ConfigError, match="executes model-written code.*runtime.type=docker"):
+    with pytest.raises(ConfigError, match=r"executes model-written code.*runtime\.type=docker"):
         check_ecosystem(host)
     remote = _cfg("tests/fixtures/verifiers_tiny_cpu.yaml", "data.verifiers.env={agent: {runtime: {type: prime}}}")
-    with pytest.raises(ConfigError, match="prime runtime, which cannot reach"):
+    with pytest.raises(ConfigError, match=r"prime runtime, which cannot reach"):
         check_ecosystem(remote)
-    with pytest.raises(ConfigError, match="set data.render_prompt=false"):
+    with pytest.raises(ConfigError, match=r"set data\.render_prompt=false"):
         check_ecosystem(_cfg("tests/fixtures/verifiers_tiny_cpu.yaml", "data.render_prompt=true"))
     with pytest.raises(ConfigError, match=r"data\.verifiers \(environment 'no-such-env'\)"):
         check_ecosystem(_cfg("tests/fixtures/verifiers_tiny_cpu.yaml", "data.verifiers.id=no-such-env"))
 
 
 def test_agent_settings_that_contradict_are_refused() -> None:
-    with pytest.raises(ConfigError, match="rollout.env and rollout.agent both drive"):
+    with pytest.raises(ConfigError, match=r"rollout\.env and rollout\.agent both drive"):
         check_ecosystem(_cfg("configs/agent_tiny_cpu.yaml", "rollout.env=roles.rollout.synthetic_env:factory"))
-    with pytest.raises(ConfigError, match="data.render_prompt=false needs an agent"):
+    with pytest.raises(ConfigError, match=r"data\.render_prompt=false needs an agent"):
         check_ecosystem(_cfg("configs/tiny_cpu.yaml", "data.render_prompt=false"))
 
 
