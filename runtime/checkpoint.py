@@ -166,7 +166,9 @@ def save_failure(run_dir: str | Path, step: int, cause: str) -> str:
     docstring); `cause`: what the writer said. Removes the save's temporary folder (its
     partial files would only hold the space a resume needs)."""
     root = checkpoints_root(run_dir)
-    full = "" if "Errno 28" in cause or "No space left" in cause else disk_full(root)  # with the partial files
+    full = disk_full(root)  # measured with the partial files still there
+    if not full and ("Errno 28" in cause or "No space left" in cause):
+        full = f"No space left on device ({errno.errorcode[errno.ENOSPC]})"
     shutil.rmtree(root / f".tmp-{step_name(step)}", ignore_errors=True)
     latest = find_latest(run_dir, quiet=True)
     last = (
