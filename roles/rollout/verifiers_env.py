@@ -23,7 +23,6 @@ import contextlib
 import os
 from typing import Any
 
-from roles.rollout.agents import AgentTask
 from runtime.config import VerifiersConfig
 from runtime.verifiers_tasks import env_config
 
@@ -45,7 +44,7 @@ class VerifiersAgent:
         await stack.enter_async_context(env.serving())
         return cls(env, stack)
 
-    async def __call__(self, task: AgentTask) -> float:
+    async def __call__(self, task: Any) -> float:  # a roles.rollout.agents.AgentTask (agents.py imports this)
         from verifiers.v1 import EvalClientConfig, ModelContext
 
         os.environ[KEY_VAR] = task.api_key
