@@ -263,11 +263,17 @@ class TandemWorkerExtension:
 
 def refuse_nonfinite(weights: list[tuple[str, torch.Tensor]]) -> None:
     """Raise ValueError (`NONFINITE`, naming the first such tensor) when a floating-point
-    tensor of `weights` holds NaN or inf; one device synchronization for all of them."""
+    tensor of `weights` holds NaN or inf; one device synchronization for all of them. Each
+    tensor's L1 norm (a sum, which NaN and inf reach) in torch's fused multi-tensor kernel:
+    it reads every weight once and allocates no tensor of a weight's size (an `isfinite` mask
+    per tensor cost half a bucket's bytes of GPU memory in temporaries). A tensor whose
+    absolute values sum past float32's range (3.4e38) counts as infinite too: no model that
+    still trains holds such weights."""
     floats = [(n, t) for n, t in weights if t.is_floating_point() and t.numel()]
     if not floats:
         return
-    bad = torch.stack([~torch.isfinite(t).all() for _, t in floats])
+    norms = torch._foreach_norm([t for _, t in floats], 1)
+    bad = ~torch.isfinite(torch.stack([n.to(torch.float32) for n in norms]))
     if bool(bad.any()):
         first = floats[int(bad.nonzero()[0, 0])][0]
         raise ValueError(f"{NONFINITE}: {first} holds NaN or inf ({int(bad.sum())} of {len(floats)} tensors)")
