@@ -61,9 +61,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 # The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-# vLLM's offline LLM runs its engine core in the calling process only with this set: its
-# fastest drive, the baseline. (The role's engine core is in its process whatever it says.)
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from benchmarks.json_out import print_json, provenance
 from runtime.config import RunConfig
@@ -343,6 +340,11 @@ def main() -> None:
     prepare_run_dir(cfg)
     prompts = requests(args.prompts, args.prompt_len)
     args_bare = bare_args(cfg, args.bare_arg)
+    # vLLM's offline LLM runs its engine core in the calling process only with this set: its
+    # fastest drive, the baseline (the role's engine core is in its process whatever it says).
+    # Set here, just before the engines, not at import: a test importing this module must not
+    # change how every vLLM engine of its process runs (on a CPU the workers would move in too).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     base, ours, params, update = uvloop.run(
         interleaved(cfg, args_bare, prompts, args.max_tokens, args.reps, args.update_every)
     )

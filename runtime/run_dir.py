@@ -6,7 +6,7 @@
   run leaves no stale lock; a launcher that returns removes the file
   (`release_run_dirs(remove=True)`).
 * A directory that holds an earlier run (`metrics.jsonl` with a line, a checkpoint, or
-  the logs or config.yaml of a launch that crashed before its first step) is launched
+  node 0's launcher log of a launch that crashed before its first step) is launched
   into only with `resume=auto` (continue it from its last checkpoint; with none, start
   over as `resume=fresh` does) or `resume=fresh` (start over: the earlier run's files are
   moved, and the move is printed, to `RUN_DIR/earlier/<UTC time>/`). So a file such as
@@ -70,7 +70,9 @@ def release_run_dirs(*, remove: bool = False) -> None:
 
 def earlier_run(run_dir: Path) -> list[str]:
     """What of an earlier run `run_dir` holds: metrics.jsonl with a line, checkpoints, and
-    the logs and config.yaml a launch writes before its first step."""
+    node 0's launcher log, which a launch writes before its first step. Not config.yaml or
+    other nodes' logs: in a multi-node run the other nodes' launchers write those into the
+    shared directory while node 0 is still checking it."""
     found = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size:
@@ -78,11 +80,9 @@ def earlier_run(run_dir: Path) -> list[str]:
     ckpts = run_dir / "checkpoints"
     if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
         found.append("checkpoints/")
-    logs = run_dir / "logs"
-    if logs.is_dir() and any(p.is_file() and p.stat().st_size for p in logs.iterdir()):
-        found.append("logs/")
-    if (run_dir / "config.yaml").is_file():
-        found.append("config.yaml")
+    first_log = run_dir / "logs" / "launcher-0.jsonl"
+    if first_log.is_file() and first_log.stat().st_size:
+        found.append("logs/launcher-0.jsonl")
     return found
 
 

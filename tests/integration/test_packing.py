@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -66,11 +67,11 @@ def _step(engine: FSDPEngine, batch: TrainBatch) -> tuple[dict[str, float], dict
     grads: dict[str, torch.Tensor] = {}
     step = engine.optimizer_step
 
-    def recording() -> dict[str, float]:
+    def recording(*args: Any, **kwargs: Any) -> dict[str, float]:
         grads.update(
             {n: p.grad.full_tensor().clone() for n, p in engine.model.named_parameters() if p.grad is not None}
         )
-        return step()
+        return step(*args, **kwargs)
 
     engine.optimizer_step = recording  # type: ignore[method-assign]
     return engine.train_step(batch), grads

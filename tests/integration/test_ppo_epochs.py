@@ -8,6 +8,7 @@ the clip acts; every configuration publishes exactly one policy version per batc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,10 +37,10 @@ def _record_grads(engine: FSDPEngine) -> list[dict[str, torch.Tensor]]:
     seen: list[dict[str, torch.Tensor]] = []
     step = engine.optimizer_step
 
-    def recording() -> dict[str, float]:
+    def recording(*args: Any, **kwargs: Any) -> dict[str, float]:
         grads = {n: p.grad.full_tensor().clone() for n, p in engine.model.named_parameters() if p.grad is not None}
         seen.append(grads)
-        return step()
+        return step(*args, **kwargs)
 
     engine.optimizer_step = recording  # type: ignore[method-assign]
     return seen

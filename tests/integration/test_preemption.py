@@ -183,13 +183,13 @@ def test_every_prompt_too_long_is_refused_before_anything_starts(tmp_path: Path)
 
 
 def test_a_directory_whose_first_launch_crashed_is_not_reused(tmp_path: Path) -> None:
-    """Issue 53 item 5: the second launch overwrote config.yaml and appended to the logs."""
+    """The second launch used to overwrite config.yaml and append to the first one's logs."""
     (tmp_path / "run" / "logs").mkdir(parents=True)
     (tmp_path / "run" / "logs" / "launcher-0.jsonl").write_text('{"event": "launching"}\n')
     (tmp_path / "run" / "config.yaml").write_text("name: first\n")
     out = refused(tmp_path)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "holds an earlier run (logs/, config.yaml): continue it with resume=auto" in out.stderr
+    assert "holds an earlier run (logs/launcher-0.jsonl): continue it with resume=auto" in out.stderr
     assert (tmp_path / "run" / "config.yaml").read_text() == "name: first\n"
 
 

@@ -63,7 +63,7 @@ def earlier(run_dir: Path) -> None:
 
 def test_an_earlier_run_is_refused_without_resume(tmp_path: Path) -> None:
     earlier(tmp_path)
-    with pytest.raises(ConfigError, match=r"holds an earlier run \(metrics.jsonl, config.yaml\): continue it"):
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(metrics.jsonl\): continue it"):
         check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
     assert check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}", "resume=auto"])) == []
     ckpt_only = tmp_path / "ckpt"
@@ -76,15 +76,22 @@ def test_an_earlier_run_is_refused_without_resume(tmp_path: Path) -> None:
 
 
 def test_a_launch_that_crashed_before_its_first_step_is_an_earlier_run(tmp_path: Path) -> None:
-    """Issue 53 item 5: its logs and config.yaml were overwritten and appended to in silence."""
+    """Its logs and config.yaml used to be overwritten and appended to in silence: node 0's
+    launcher log marks it."""
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "launcher-0.jsonl").write_text('{"event": "launching"}\n')
-    with pytest.raises(ConfigError, match=r"holds an earlier run \(logs/\)"):
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(logs/launcher-0.jsonl\)"):
         check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
-    (tmp_path / "logs" / "launcher-0.jsonl").unlink()
-    (tmp_path / "config.yaml").write_text("name: old\n")
-    with pytest.raises(ConfigError, match=r"holds an earlier run \(config.yaml\)"):
-        check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"]))
+
+
+def test_other_nodes_writing_the_shared_directory_are_no_earlier_run(tmp_path: Path) -> None:
+    """A multi-node launch: nodes 1 and 2 write config.yaml and their own launcher logs into
+    the shared run directory while node 0 is still checking it (the three-host test raced)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "launcher-1.jsonl").write_text('{"event": "launching"}\n')
+    (tmp_path / "logs" / "rollout-1.out").write_text("starting\n")
+    (tmp_path / "config.yaml").write_text("name: this run\n")
+    assert check_run_dir(load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"])) == []
 
 
 def test_a_released_lock_with_remove_leaves_no_file(tmp_path: Path) -> None:
