@@ -91,7 +91,9 @@ def test_sigkill_of_any_role_ends_the_run(tmp_path: Path, victim: str) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert elapsed < 5.0, elapsed
+    # About 2.3 s on an idle 2-core box (0.4 s for the rollout), 5.6 s once under the whole
+    # suite on 2 cores: the bound tells "ends within seconds" from a hang, not a fast teardown.
+    assert elapsed < 15.0, elapsed
     assert f"role {victim} died (killed by SIGKILL)" in out, out[-3000:]
     time.sleep(0.2)
     assert_all_gone(everything)
