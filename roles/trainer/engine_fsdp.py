@@ -39,15 +39,14 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES
 from roles.weights.lora import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
+from runtime.memory_model import compiles_on_gpu
 from transport.wire import TrainBatch
 
 
 def compiles(t: TrainerConfig, device: torch.device) -> bool:
     """`trainer.compile` on `device`: `auto` compiles the full-parameter actor on CUDA with
     torch's kernels (Liger's cannot be traced; LoRA adapters are not measured compiled)."""
-    if t.compile != "auto":
-        return bool(t.compile)
-    return device.type == "cuda" and t.kernels == "torch" and t.lora.rank == 0
+    return compiles_on_gpu(t) and (device.type == "cuda" or t.compile is True)
 
 
 class FSDPEngine(FSDPEngineBase):

@@ -134,7 +134,8 @@ def test_sync_colocated_gpu_has_a_step_phase_and_an_update_phase() -> None:
 
 
 def test_a_run_that_cannot_fit_is_refused_in_one_line_with_a_fix_that_fits() -> None:
-    cfg = _bench("trainer.micro_batch_tokens=16384")  # the recipe that died at step 3
+    eager = ("trainer.micro_batch_tokens=16384", "trainer.compile=false")  # the recipe that died at step 3
+    cfg = _bench(*eager)
     plan = build_plan(cfg, H200_GB, 0.0)
     with pytest.raises(ConfigError) as info:
         check_plan(cfg, plan)
@@ -143,7 +144,7 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_with_a_fix_that_fits() -> 
     assert line.startswith("memory plan: GPU 0 of node 0 needs ")
     assert "largest: rollout-0 vLLM (gpu_memory_utilization 0.45) 67.5 GB" in line
     fix = line.split("it fits with ")[1].split(" (tandem launch --plan")[0]
-    fixed = _bench("trainer.micro_batch_tokens=16384", *fix.split())
+    fixed = _bench(*eager, *fix.split())
     assert not list(build_plan(fixed, H200_GB, 0.0).problems()), fix
 
 
@@ -223,3 +224,13 @@ def test_lora_trains_and_sends_only_the_adapters() -> None:
     assert adapters == pytest.approx(81e6, rel=0.01)
     assert weight_sync_items(lora, shape, "ipc")[0].gb == pytest.approx(2 * adapters / GB)
     assert build_plan(lora, 150.8, 0.0).trainer_peak_gb() == pytest.approx(51.6, rel=0.03)
+
+
+def test_a_compiled_actor_is_planned_with_the_activations_it_keeps() -> None:
+    """trainer.compile (auto: the full-parameter actor with torch's kernels, on a GPU) keeps
+    0.70 of the eager activations; LoRA and Liger runs stay eager, and so does the plan."""
+    eager = _items(_bench("trainer.compile=false"))["activations"]
+    assert _items(_bench("trainer.compile=auto"))["activations"] == pytest.approx(0.70 * eager)
+    assert _items(_bench("trainer.compile=true"))["activations"] == pytest.approx(0.70 * eager)
+    assert _items(_bench("trainer.compile=auto", "trainer.lora.rank=16"))["activations"] == pytest.approx(eager)
+    assert _items(_bench("trainer.compile=auto", "trainer.kernels=liger"))["activations"] == pytest.approx(eager)
