@@ -152,6 +152,16 @@ issue50_tests() {  # the in-process engine's GPU tests alone (a short lease)
     step gpu_ipc 400 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -q -s -o addopts=""
 }
 
+issue51() {  # one H100: the 3B and 7B-LoRA recipes as they stand (auto settings), sync and async, 10 steps
+    # each; then the in-process engine's GPU tests
+    local avs=(python3 benchmarks/async_vs_sync.py --measured-steps 10)
+    step avs_3b 1200 "${avs[@]}" --config configs/bench_3b.yaml --run-root /root/a3 \
+        --out $Q/async_vs_sync_h100x1_3b.json
+    step avs_7b_lora 1500 "${avs[@]}" --config configs/bench_7b_lora.yaml --run-root /root/a7l \
+        --out $Q/async_vs_sync_h100x1_7b_lora.json
+    issue50_tests
+}
+
 trainer_only() {  # issue 34's deciding run alone, needing no vLLM (carry 0, then `start trainer_only`)
     trainer_variants 900
 }
