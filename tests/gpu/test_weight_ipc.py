@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -218,8 +219,24 @@ async def test_a_zmq_update_writes_every_parameter_too(rollout: RoleHarness, tra
         await side.aclose()
 
 
-def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path: Path) -> None:
+def _gpu_processes_peak(stop: threading.Event, peaks: dict[int, float]) -> None:
+    """Each GPU process's largest use (GB, as nvidia-smi reports it) until `stop`."""
+    while not stop.wait(0.5):
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout  # fmt: skip
+        for line in out.splitlines():
+            pid, used = (x.strip() for x in line.split(","))
+            if pid.isdigit() and used.isdigit():
+                peaks[int(pid)] = max(peaks.get(int(pid), 0.0), int(used) * 2**20 / 1e9)
+
+
+@pytest.mark.parametrize("variant", ["full_level2", "lora_level1"])
+def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path: Path, variant: str) -> None:
+    """Full fine-tuning sleeps vLLM at level 2 (weights discarded, every update reloads them);
+    LoRA at level 1 (the base weights wait in host memory, the adapter is the update): in both,
+    vLLM's process never holds more than its share of the GPU plus what a sleeping engine keeps."""
     run = tmp_path / "run"
+    level = 1 if variant.startswith("lora") else 2
     placement = (
         "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
         " {role: trainer, count: 1, devices: [0]}]"
@@ -228,12 +245,23 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
         f"run_dir={run}", placement, "trainer.device=cuda", "rollout.max_staleness=0", "trainer.total_steps=6",
         "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.5",
         # Explicit: on a large GPU `auto` keeps this tiny run awake (both fit), and sleep is what is tested.
-        "rollout.engine.sleep_when_idle=true", "rollout.engine.sleep_level=2",
+        "rollout.engine.sleep_when_idle=true", f"rollout.engine.sleep_level={level}",
+        *(["trainer.lora.rank=8"] if level == 1 else []),
     ]  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
+    stop = threading.Event()
+    peaks: dict[int, float] = {}
+    sampler = threading.Thread(target=_gpu_processes_peak, args=(stop, peaks), daemon=True)
+    sampler.start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
+            cwd=ROOT, capture_output=True, text=True, timeout=540,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        sampler.join()
+    pids = {e["proc"]: e["pid"] for e in _log(run, "launcher-0") if e["event"] == "spawned"}
+    print(f"\npeak GPU use per process (GB): {[(name, round(peaks.get(pid, 0.0), 1)) for name, pid in pids.items()]}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     total = torch.cuda.get_device_properties(GPU).total_memory / 1e9
@@ -249,9 +277,15 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     # hands the trainer its batch once it is asleep, so every step sees vLLM's half of the GPU
     # free; the update after it reloads every weight, which the next step's behaviour/proximal
     # KL shows (bf16 noise, not the 1.4 of weights that are not the trainer's).
-    assert len(free) == 6 and len(sleeps) == 6 and all(e["level"] == 2 for e in sleeps)
+    assert len(free) == 6 and len(sleeps) == 6 and all(e["level"] == level for e in sleeps)
     assert min(free) > 0.55 * total
+    rollout_peak = max((peaks.get(pid, 0.0) for name, pid in pids.items() if name.startswith("rollout")), default=0)
+    assert 0 < rollout_peak < 0.5 * total + 4.0, f"vLLM's process held {rollout_peak:.1f} GB of its 0.5 x {total:.0f}"
     assert max(kl) < 0.01
     backends = [e for e in (json.loads(x) for x in (run / "logs" / "trainer-0.jsonl").read_text().splitlines())
                 if e["event"] == "weight_sync_backend"]  # fmt: skip
     assert backends and backends[0]["backend"] == "ipc"
+
+
+def _log(run: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run / "logs" / f"{name}.jsonl").read_text().splitlines()]

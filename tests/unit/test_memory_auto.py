@@ -11,7 +11,7 @@ import pytest
 import runtime.memory_plan as memory_plan
 from runtime.config import RunConfig
 from runtime.config_load import AUTO_KEYS, ConfigError, load_config, to_yaml
-from runtime.memory_auto import MAX_MICRO_BATCH, choose, replace
+from runtime.memory_auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, replace
 from runtime.memory_model import model_shape, vllm_weights_gb
 from runtime.memory_plan import build_plan, check_plan, format_plan, launch_plan
 
@@ -138,3 +138,13 @@ def _get(cfg: object, dotted: str) -> object:
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+def test_a_lever_comes_before_a_micro_batch_below_the_floor() -> None:
+    """The 3.09B recipe on an H100 (85.5 GB as nvidia-smi reports it): with everything awake
+    and on the GPU only 1024-token micro-batches fit (6.6 % MFU measured); sleeping vLLM
+    (synchronous) or half its KV cache (asynchronous) keeps 16384."""
+    for staleness in (0, 2):
+        cfg = load_config("configs/bench_3b.yaml", [f"rollout.max_staleness={staleness}", "memory.gpu_gb=85.52"])
+        assert cfg.trainer.micro_batch_tokens >= FAST_MICRO_BATCH, cfg.memory.chosen
+        assert cfg.rollout.engine.sleep_when_idle == (staleness == 0)
