@@ -94,10 +94,12 @@ def requests(num: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
 def bare_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The engine arguments the rollout role (rank 0) starts vLLM with under `cfg`."""
     from roles.generation.engine import engine_kwargs
+    from roles.rollout.agents import serves_agents
     from runtime.gpu_check import rollout_sleeps
     from runtime.paths import model_dir
 
-    return engine_kwargs(cfg.rollout.engine, str(model_dir(cfg)), sleep_mode=rollout_sleeps(cfg, 0))
+    sleeps, structured = rollout_sleeps(cfg, 0), serves_agents(cfg)
+    return engine_kwargs(cfg.rollout.engine, str(model_dir(cfg)), sleep_mode=sleeps, structured_outputs=structured)
 
 
 def role_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -235,7 +235,11 @@ class OpenAIEndpointConfig(msgspec.Struct, **_STRUCT):
         Doc(description="TCP port of rollout rank 0 (rank r: port + r) on transport.bind_host; 0 = a free one.", ge=0),
     ] = 0
     tool_parser: Annotated[
-        str, Doc(description="vLLM's tool-call parser for replies (`hermes`: Qwen2.5 / Hermes); empty = none.")
+        str,
+        Doc(
+            description="vLLM's tool-call parser (`hermes`: Qwen2.5 / Hermes): it parses replies' tool calls and "
+            "gives tool_choice `required` / a named function its grammar; empty = none (those are then refused)."
+        ),
     ] = "hermes"
     model_name: Annotated[str, Doc(description="The model name the endpoint answers with; empty = `tandem`.")] = ""
 

@@ -22,8 +22,13 @@ What a caller may rely on:
   sleeps. Nothing is ever sampled from discarded weights: a request that comes before an
   update has reloaded them waits for one (`reload_wait_s`), then fails as `EngineDead`.
 * An engine call that runs out of GPU memory raises `OutOfGpuMemory` (an `EngineDead`).
-* Bad requests (prompt too long, bad sampling values) come back as samples with
-  `finish_reason=ERROR` and a one-line `error`; they never disturb other requests.
+* With `structured_outputs`, vLLM loads the model's tokenizer and a `generate` may carry
+  a grammar (vLLM's `StructuredOutputsParams`): the sample's tokens are drawn from the
+  constrained distribution, and their logprobs are that distribution's (vLLM applies the
+  grammar's mask before it takes logprobs; a token the grammar forces has logprob 0).
+* Bad requests (prompt too long, bad sampling values, a grammar vLLM cannot build) come
+  back as samples with `finish_reason=ERROR`, a one-line `error` and `refused` (nothing
+  was sampled); they never disturb other requests.
   A dead engine raises `EngineDead` from every call.
 """
 
@@ -74,6 +79,7 @@ class Sample:
     prompt_len: int
     gen_s: float
     error: str = ""
+    refused: bool = False  # vLLM raised for the request (it refused it): nothing was sampled
 
 
 @dataclass
@@ -107,12 +113,15 @@ class RolloutEngine:
         sleep_mode: bool = False,
         lora: LoraServing | None = None,
         reload_wait_s: float = 600.0,
+        structured_outputs: bool = False,
     ) -> None:
         """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory;
         `lora`: serve LoRA adapters (updates are adapters); `reload_wait_s`: how long a
-        request waits for an update to reload weights that a level-2 sleep discarded."""
+        request waits for an update to reload weights that a level-2 sleep discarded;
+        `structured_outputs`: requests may carry grammars (vLLM then loads the tokenizer)."""
         self.cfg = cfg
         self.sleep_mode = sleep_mode
+        self.structured_outputs = structured_outputs
         self.lora = lora
         self.adapter: tuple[int, str] | None = None  # (version, directory) new requests run on
         self._lora_fallback_logged = False  # vLLM refused an adapter from tensors (said once)
@@ -135,7 +144,10 @@ class RolloutEngine:
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"model.path '{self.model_path}' is not a directory")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.cpu_kvcache_gb))
-        kwargs = engine_kwargs(self.cfg, self.model_path, sleep_mode=self.sleep_mode, lora=self.lora)
+        kwargs = engine_kwargs(
+            self.cfg, self.model_path, sleep_mode=self.sleep_mode, lora=self.lora,
+            structured_outputs=self.structured_outputs,
+        )  # fmt: skip
         log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
         engine = InprocEngine(kwargs)
         await engine.start()
@@ -164,10 +176,13 @@ class RolloutEngine:
         self._quiet_from = when
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0, *, timeout_s: float = 0.0
-    ) -> Sample:
+        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0, *, timeout_s: float = 0.0,
+        structured: Any = None,
+    ) -> Sample:  # fmt: skip
         """One completion of `prompt_ids` (sample `index` of request `request_id`). With
-        `timeout_s`, a sample not finished by then is aborted and comes back as an error."""
+        `timeout_s`, a sample not finished by then is aborted and comes back as an error;
+        `structured` (vLLM's `StructuredOutputsParams`, an engine started with
+        `structured_outputs`) constrains it to a grammar."""
         self._check_alive()
         if self.sleep_mode:
             await self._await_weights()
@@ -176,7 +191,7 @@ class RolloutEngine:
         vid = f"{request_id}#{index}"
         state = _Active(marks=[(0, self.version)])
         try:
-            params = _sampling_params(spec, index)
+            params = _sampling_params(spec, index, structured)
             prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
             if self.prefix_salt:
                 prompt["cache_salt"] = f"v{self.version}"
@@ -186,7 +201,8 @@ class RolloutEngine:
         except Exception as exc:  # vLLM raises several types for bad requests
             self._check_alive(exc)
             prefix = "bad sampling params: " if isinstance(exc, _BadParams) else ""
-            return _error_sample(prompt_ids, started, prefix + _one_line(exc.__cause__ or exc), state)
+            error = prefix + _one_line(exc.__cause__ or exc)
+            return _error_sample(prompt_ids, started, error, state, refused=True)
         finally:
             self._active.pop(vid, None)
         if timed_out:
@@ -502,12 +518,14 @@ class _BadParams(ValueError):
 
 
 def engine_kwargs(
-    cfg: EngineConfig, model_path: str, *, sleep_mode: bool = False, lora: LoraServing | None = None
-) -> dict[str, Any]:
+    cfg: EngineConfig, model_path: str, *, sleep_mode: bool = False, lora: LoraServing | None = None,
+    structured_outputs: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """The keyword arguments of vLLM's `AsyncEngineArgs` a rollout engine starts with (plain
-    values: a bare engine built from them is configured as the role's)."""
+    values: a bare engine built from them is configured as the role's). vLLM's grammars need
+    its tokenizer; without `structured_outputs` it is not loaded."""
     kwargs: dict[str, Any] = dict(
-        model=model_path, skip_tokenizer_init=True, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+        model=model_path, skip_tokenizer_init=not structured_outputs, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
         gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
         enforce_eager=cfg.enforce_eager, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
         enable_prefix_caching=cfg.enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
@@ -519,9 +537,9 @@ def engine_kwargs(
     return kwargs
 
 
-def _sampling_params(spec: SamplingSpec, index: int) -> Any:
+def _sampling_params(spec: SamplingSpec, index: int, structured: Any = None) -> Any:
     """vLLM params for one sample: its final output only (versions are marked by token
-    count at each update, not read off per-token outputs)."""
+    count at each update, not read off per-token outputs), under grammar `structured`."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -538,6 +556,7 @@ def _sampling_params(spec: SamplingSpec, index: int) -> Any:
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
+            structured_outputs=structured,
         )
     except Exception as exc:  # vLLM validates with several exception types
         raise _BadParams(str(exc)) from exc
@@ -552,14 +571,15 @@ def _versions(n: int, marks: list[tuple[int, int]]) -> list[int]:
 
 
 def _error_sample(
-    prompt_ids: list[int], started: float, error: str, state: _Active, so_far: Finished | None = None
-) -> Sample:
+    prompt_ids: list[int], started: float, error: str, state: _Active, so_far: Finished | None = None,
+    refused: bool = False,
+) -> Sample:  # fmt: skip
     """A failed sample, with the tokens it had sampled (a timed-out request's) if any."""
     tokens = so_far.token_ids if so_far is not None else []
     logprobs = so_far.logprobs[: len(tokens)] if so_far is not None else []
     versions = _versions(len(tokens), state.marks)
     elapsed = time.perf_counter() - started
-    return Sample(tokens, logprobs, versions, FinishReason.ERROR, len(prompt_ids), elapsed, error)
+    return Sample(tokens, logprobs, versions, FinishReason.ERROR, len(prompt_ids), elapsed, error, refused)
 
 
 def _one_line(exc: BaseException | None) -> str:

@@ -14,6 +14,8 @@ turns them into one trajectory the trainer can use. What a caller may rely on:
   the call is refused.
 * The trajectory's length is bounded by `budget` (a call that would pass it is refused
   and the sample ends with finish LENGTH) and its calls by `max_calls`.
+* A call vLLM refuses (a grammar it cannot build, a prompt too long: what `vllm serve`
+  answers with a 400) is refused with vLLM's error and leaves the episode as it was.
 * `reward` is the last value the agent reported (None: it reported none).
 """
 
@@ -28,7 +30,8 @@ from roles.generation.engine import Sample
 from roles.rollout.episode import Trajectory
 from transport.wire import FinishReason
 
-Sampler = Callable[[list[int], int, int], Awaitable[Sample]]  # (context ids, max_tokens, call index) -> Sample
+# (context ids, max_tokens, call index, grammar: vLLM's StructuredOutputsParams or None) -> Sample
+Sampler = Callable[[list[int], int, int, Any], Awaitable[Sample]]
 
 
 class CallRefused(ValueError):
@@ -64,19 +67,24 @@ class AgentEpisode:
     def context(self) -> list[int]:
         return self.prompt_ids + self.traj.token_ids
 
-    async def generate(self, ids: list[int], max_tokens: int) -> Sample:
-        """Sample the next reply from `ids` (see the module docs); raises CallRefused."""
+    async def generate(self, ids: list[int], max_tokens: int, structured: Any = None) -> Sample:
+        """Sample the next reply from `ids` (see the module docs), under grammar `structured`
+        if given; raises CallRefused."""
         if self.finished:
             raise CallRefused(f"episode {self.episode_id} has ended")
         if self.calls >= self.max_calls:
             raise CallRefused(f"episode {self.episode_id} made its {self.max_calls} calls (rollout.max_turns)")
-        self._extend(ids)
-        room = self.budget - len(self.traj)
+        continues = self._continues(ids)
+        room = self.budget - (len(ids) - len(self.prompt_ids))  # what the trajectory leaves after the prompt
         if room <= 0:
+            self._extend(ids, continues)
             self.traj.finish_reason = FinishReason.LENGTH
             self.finished = True
             raise CallRefused(f"episode {self.episode_id} spent its {self.budget} tokens (rollout.max_total_tokens)")
-        s = await self.sample(self.context(), max(1, min(max_tokens, room)), self.calls)
+        s = await self.sample(ids, max(1, min(max_tokens, room)), self.calls, structured)
+        if s.refused:  # vLLM refused the request (as `vllm serve` would, with a 400): the episode is as it was
+            raise CallRefused(f"invalid request: vLLM refused it: {s.error}")
+        self._extend(ids, continues)
         self.calls += 1
         self.traj.sampled(s)
         self.traj.num_turns += 1
@@ -86,16 +94,24 @@ class AgentEpisode:
             self.finished = True
         return s
 
-    def _extend(self, ids: list[int]) -> None:
+    def _continues(self, ids: list[int]) -> bool:
+        """Whether the call's `ids` continue the segment (they begin with the context); a
+        call that starts a new one must begin with the request's prompt, or it is refused."""
         context = self.context()
         if self.segments and ids[: len(context)] == context:
-            self.traj.observed(ids[len(context) :])
-            return
+            return True
         if ids[: len(self.prompt_ids)] != self.prompt_ids:
             raise CallRefused(
                 "the agent's prompt does not begin with the run's prompt tokens; let the agent render its own "
                 "(data.render_prompt=false)"
             )
+        return False
+
+    def _extend(self, ids: list[int], continues: bool) -> None:
+        """Record the call's prompt: what is new after the context, or a new segment."""
+        if continues:
+            self.traj.observed(ids[len(self.context()) :])
+            return
         self.segments += 1
         self.traj = Trajectory()
         self.last_chat, self.last_text = None, None

@@ -82,10 +82,11 @@ class AgentRunner:
         deadline = time.monotonic() + self.cfg.request_timeout_s
         max_tokens = req.sampling.max_tokens
 
-        async def sample(context: list[int], limit: int, call: int) -> Sample:
+        async def sample(context: list[int], limit: int, call: int, structured: Any) -> Sample:
             spec = msgspec.structs.replace(req.sampling, max_tokens=limit)
             left = max(1e-3, deadline - time.monotonic())
-            return await engine.generate(f"{req.request_id}.c{call}", context, spec, index, timeout_s=left)
+            rid = f"{req.request_id}.c{call}"
+            return await engine.generate(rid, context, spec, index, timeout_s=left, structured=structured)
 
         episode_id = f"{req.request_id}-{index}-{secrets.token_hex(4)}"
         budget = self.cfg.max_total_tokens or self.cfg.max_turns * max_tokens
@@ -157,6 +158,11 @@ def sync_agent(fn: Callable[[AgentTask], Any]) -> AgentFn:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+
+
+def serves_agents(cfg: Any) -> bool:
+    """Whether the run's rollouts serve the endpoint: agents drive their episodes over it."""
+    return bool(cfg.rollout.agent or cfg.data.source == "verifiers")
 
 
 async def setup_agents(cfg: Any, run_dir: Any, rank: int, engine: RolloutEngine, model_path: str) -> AgentRunner:

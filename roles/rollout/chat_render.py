@@ -11,9 +11,13 @@ What a caller may rely on:
   tokens already hold) and the rendering of the new messages, ending with the next
   generation prompt. None when the template does not render `after` as `before` plus more
   (a template that rewrites earlier turns): the caller then renders `after` whole.
-* `parse_reply(text, request)` splits a reply into content and tool calls with vLLM's tool
-  parser `rollout.openai.tool_parser` (`hermes` for Qwen2.5 / Hermes models), as vLLM's
-  server does for `tool_choice: auto`.
+* The tool parser `rollout.openai.tool_parser` (`hermes` for Qwen2.5 / Hermes models) is
+  vLLM's, composed as `vllm serve --tool-call-parser NAME --enable-auto-tool-choice`
+  composes it. `adjust(request)` is its `adjust_request`, as vLLM's server applies it
+  before sampling: `tool_choice` "required" or a named function gets the grammar of a tool
+  call (`request.extract_structured_outputs()` then returns it, as it returns the grammar
+  of a `response_format`). `parse_reply(text, request)` splits a reply into content and
+  tool calls as vLLM's server does for every `tool_choice`.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ _PROBE = "\u2063tandem\u2063"  # a marker no template rewrites, to find a turn's
 
 class ChatRenderer:
     def __init__(self, model_config: Any, tokenizer: Any, tool_parser: str) -> None:
-        from vllm.tool_parsers import ToolParserManager
+        from vllm.parser import ParserManager
 
         self.model_config = model_config
         self.tokenizer = tokenizer
-        self.parser_cls = ToolParserManager.get_tool_parser(tool_parser) if tool_parser else None
+        self.parser_cls = ParserManager.get_parser(
+            tool_parser_name=tool_parser or None, enable_auto_tools=True, model_name=model_config.model,
+            tokenizer=tokenizer,
+        )  # fmt: skip
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool = True,
@@ -86,12 +93,41 @@ class ChatRenderer:
         text = self.render(probe, tools, generation_prompt=False, kwargs=kwargs)
         return text[text.rindex(_PROBE) + len(_PROBE) :] if _PROBE in text else ""
 
+    def adjust(self, request: Any) -> Any:
+        """`request` as vLLM's server samples it (see the module docs); raises ValueError
+        (vLLM's message) for a tool_choice it cannot serve."""
+        if self.parser_cls is None:
+            if request.tools and forces_call(request):
+                raise ValueError("a tool_choice that forces a call needs rollout.openai.tool_parser")
+            return request
+        if request.tool_choice == "none" and not self.parser_cls.always_adjust_request:
+            return request
+        return self._parser(request).adjust_request(request)
+
     def parse_reply(self, text: str, request: Any) -> tuple[str | None, list[dict[str, Any]]]:
-        """(content, tool calls as OpenAI dicts) of a reply; no tools asked for: all content."""
-        if self.parser_cls is None or not request.tools or request.tool_choice == "none":
+        """(content, tool calls as OpenAI dicts) of a reply, as vLLM's chat server builds its
+        message: calls only where `tool_choice` asks for them ("auto", "required", a named
+        function; at most one with `parallel_tool_calls: false`)."""
+        if self.parser_cls is None:
             return text, []
-        parser = self.parser_cls(self.tokenizer, request.tools)
-        info = parser.extract_tool_calls(text, request)
-        if not info.tools_called:
-            return text, []
-        return info.content or None, [call.model_dump() for call in info.tool_calls]
+        from vllm.entrypoints.generate.base.protocol import ToolCall
+        from vllm.renderers.chat_utils import make_tool_call_id
+
+        _, content, found = self._parser(request).parse(text, request, enable_auto_tools=True)
+        forced = forces_call(request)
+        if not request.tools or not (forced or request.tool_choice == "auto"):
+            return content, []
+        calls = [ToolCall(id=c.id or make_tool_call_id(), function=c).model_dump() for c in found or []]
+        if request.parallel_tool_calls is False:
+            calls = calls[:1]
+        return (content or "") if forced else content, calls
+
+    def _parser(self, request: Any) -> Any:
+        assert self.parser_cls is not None
+        config, kwargs = self.model_config, request.chat_template_kwargs
+        return self.parser_cls(self.tokenizer, request.tools, model_config=config, chat_template_kwargs=kwargs)
+
+
+def forces_call(request: Any) -> bool:
+    """Whether `tool_choice` is "required" or names a function."""
+    return request.tool_choice not in (None, "none", "auto")

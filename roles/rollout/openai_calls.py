@@ -15,6 +15,10 @@ What a caller may rely on:
   trainer assumes); a request's `max_tokens` / `max_completion_tokens` lowers
   `rollout.max_tokens`, its `stop` strings cut the reply after the token that completes
   one. `n` > 1 and `stream` are refused.
+* A request's grammar is vLLM's: `tool_choice` "required" or a named function (a tool-call
+  grammar from the tool parser, and the call parsed as vLLM's server parses it),
+  `response_format` or `structured_outputs`; the reply is sampled under it by the rollout's
+  engine, and its recorded logprobs are those of the constrained distribution.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReaso
 
 def _validated(cls: Any, body: dict[str, Any]) -> Any:
     from pydantic import ValidationError
+    from vllm.exceptions import VLLMClientError
 
     try:
         request = cls.model_validate(body)
@@ -39,6 +44,8 @@ def _validated(cls: Any, body: dict[str, Any]) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise CallRefused(f"invalid request: {where}: {first.get('msg', 'invalid')}") from None
+    except VLLMClientError as exc:  # vLLM's validators raise their own, past pydantic's wrapping
+        raise CallRefused(f"invalid request: {exc}") from None
     if (request.n or 1) != 1:
         raise CallRefused("n must be 1: each call is one step of the episode")
     if request.stream:
@@ -49,7 +56,7 @@ def _validated(cls: Any, body: dict[str, Any]) -> Any:
 async def chat(ep: AgentEpisode, renderer: ChatRenderer, body: dict[str, Any], model: str) -> dict:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    request = _validated(ChatCompletionRequest, body)
+    request = _adjusted(renderer, _validated(ChatCompletionRequest, body))
     messages = [_plain(m) for m in body.get("messages") or []]
     if not messages:
         raise CallRefused("invalid request: messages: at least one message is needed")
@@ -57,16 +64,26 @@ async def chat(ep: AgentEpisode, renderer: ChatRenderer, body: dict[str, Any], m
     kwargs = dict(request.chat_template_kwargs or {})
     async with ep.lock:
         ids = _chat_prompt(ep, renderer, messages, tools, kwargs)
-        s = await ep.generate(ids, _max_tokens(request, ep.max_tokens))
+        s = await ep.generate(ids, _max_tokens(request, ep.max_tokens), request.extract_structured_outputs())
         sampled, text = _cut(renderer, s, request.stop)
         raw = renderer.decode(sampled, skip_special_tokens=False)
-        content, calls = renderer.parse_reply(_visible(renderer, sampled, s, tools is not None, request), request)
+        content, calls = renderer.parse_reply(_visible(renderer, sampled, s, request), request)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
         ep.last_chat = ChatTurn([*messages, _plain(reply)], tools, raw)
-    finish = "tool_calls" if calls else _finish(s, text)
-    return _chat_response(model, reply, finish, ids, sampled)
+    return _chat_response(model, reply, _chat_finish(request, calls, s, text), ids, sampled)
+
+
+def _adjusted(renderer: ChatRenderer, request: Any) -> Any:
+    """The request as vLLM's server samples it: a forced tool call's grammar, the tool
+    parser's settings (roles/rollout/chat_render.py)."""
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        return renderer.adjust(request)
+    except (ValueError, VLLMClientError) as exc:
+        raise CallRefused(f"invalid request: {exc}") from None
 
 
 def _chat_prompt(
@@ -97,7 +114,7 @@ async def complete(ep: AgentEpisode, renderer: ChatRenderer, body: dict[str, Any
             ids = list(prompt)
         else:
             raise CallRefused("invalid request: prompt: one text or one list of token ids")
-        s = await ep.generate(ids, _max_tokens(request, ep.max_tokens))
+        s = await ep.generate(ids, _max_tokens(request, ep.max_tokens), request.extract_structured_outputs())
         sampled, text = _cut(renderer, s, request.stop)
         ep.last_text = renderer.decode(ids + sampled, skip_special_tokens=False) if isinstance(prompt, str) else None
     choice = {"index": 0, "text": text, "finish_reason": _finish(s, text), "token_ids": sampled}
@@ -126,18 +143,26 @@ def _cut(renderer: ChatRenderer, s: Sample, stop: Any) -> tuple[list[int], str]:
     return ids, renderer.decode(ids, skip_special_tokens=True)
 
 
-def _visible(renderer: ChatRenderer, ids: list[int], s: Sample, tools: bool, request: Any) -> str:
+def _visible(renderer: ChatRenderer, ids: list[int], s: Sample, request: Any) -> str:
     """The reply text vLLM's chat server parses: the stop token left out, special tokens
-    kept when tools are on (their call markers may be special tokens)."""
+    as the adjusted request says (a tool parser keeps them: call markers may be special)."""
     special = set(getattr(renderer.tokenizer, "all_special_ids", []) or [])
     if s.finish_reason == FinishReason.STOP and ids and ids[-1] in special:
         ids = ids[:-1]
-    keep = tools and request.tool_choice != "none"
-    return renderer.decode(ids, skip_special_tokens=not keep and request.skip_special_tokens)
+    return renderer.decode(ids, skip_special_tokens=request.skip_special_tokens)
 
 
 def _finish(s: Sample, text: str) -> str:
     return _FINISH.get(s.finish_reason, "stop")
+
+
+def _chat_finish(request: Any, calls: list[dict[str, Any]], s: Sample, text: str) -> str:
+    """vLLM's finish reason: "tool_calls" for calls under tool_choice "auto", and for a
+    reply under "required" that ended as its grammar allows; a named call ends "stop"."""
+    auto_called = bool(calls) and request.tool_choice == "auto"
+    if auto_called or (request.tool_choice == "required" and s.finish_reason == FinishReason.STOP):
+        return "tool_calls"
+    return _finish(s, text)
 
 
 def _usage(prompt: list[int], sampled: list[int]) -> dict[str, int]:

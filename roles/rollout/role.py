@@ -45,7 +45,7 @@ from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router
 
-from .agents import AgentRunner, setup_agents
+from .agents import AgentRunner, serves_agents, setup_agents
 from .multiturn import EpisodeRunner
 
 log = get_logger("rollout")
@@ -73,6 +73,7 @@ class RolloutRole(Role):
         self.engine = RolloutEngine(
             cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora,
             reload_wait_s=max(600.0, cfg.weight_sync.timeout_s * 3),  # the controller's bound on a step
+            structured_outputs=serves_agents(cfg),  # the endpoint's tool_choice / response_format grammars
         )  # fmt: skip
         log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
@@ -89,7 +90,7 @@ class RolloutRole(Role):
         )
         set_policy_version(self.engine.version)
         self.agents: AgentRunner | None = None
-        if cfg.rollout.agent or cfg.data.source == "verifiers":  # agents drive episodes over the endpoint
+        if serves_agents(cfg):
             self.agents = await setup_agents(cfg, self.ctx.run_dir, self.ctx.rank, self.engine, str(path))
             log.info("endpoint_started", url=self.agents.server.base_url)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)

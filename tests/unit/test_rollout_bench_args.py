@@ -19,6 +19,10 @@ def test_bare_arguments_are_the_roles() -> None:
     sync = load_config("configs/bench_1.5b.yaml", ["rollout.max_staleness=0"])
     assert bare_engine_kwargs(sync)["enable_sleep_mode"] is True
     assert bare_engine_kwargs(load_config("configs/bench_1.5b.yaml"))["enable_sleep_mode"] is False
+    # A rollout that serves agents loads vLLM's tokenizer (its tool-call grammars need it), and so must the bare one.
+    assert bare_engine_kwargs(cfg)["skip_tokenizer_init"] is True
+    agent = load_config("configs/agent_tiny_cpu.yaml", ["run_dir=/tmp/x"])
+    assert bare_engine_kwargs(agent)["skip_tokenizer_init"] is False
 
 
 def test_bare_args_add_to_the_roles_and_every_difference_is_named() -> None:
