@@ -147,7 +147,10 @@ class _Search:
         return [False, True] if possible else [False]
 
     def can_sleep(self) -> bool:
-        """Whether a rollout could sleep: a synchronous run with a rollout on a trainer's GPU."""
+        """Whether a rollout could sleep: a synchronous run with a rollout on a trainer's GPU,
+        training the full model."""
+        if self.cfg.trainer.lora.rank and self.cfg.trainer.device == "cuda":
+            return False  # vLLM's wake-up after an adapter update fails on the GPU (runtime/validate.py)
         rollouts = [p.rank for p in placed_processes(self.cfg) if p.role == "rollout"]
         return self.cfg.rollout.max_staleness == 0 and any(rollout_shares_trainer_gpu(self.cfg, r) for r in rollouts)
 
@@ -237,6 +240,8 @@ class _Search:
             return "the trainer's step does not fit beside an awake vLLM"
         if self.can_sleep():
             return "the trainer's step fits beside an awake vLLM (no sleep and wake each step)"
+        if self.cfg.trainer.lora.rank and self.cfg.rollout.max_staleness == 0:
+            return "vLLM stays awake under LoRA (its wake-up after an adapter update fails on the GPU)"
         return "vLLM never waits for the trainer here (asynchronous, or on a GPU of its own)"
 
     def _why_level(self, sleep: bool) -> str:

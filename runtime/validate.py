@@ -367,6 +367,13 @@ def _check_lora(cfg: RunConfig) -> None:
         )
     if not lora.target_modules:
         raise ConfigError("trainer.lora.target_modules is empty: name the modules that get adapters")
+    sleeps = any(p.role == "rollout" and rollout_sleeps(cfg, p.rank) for p in placed_processes(cfg))
+    if sleeps and cfg.trainer.device == "cuda":
+        raise ConfigError(
+            "rollout.engine.sleep_when_idle=true with trainer.lora: vLLM's wake-up after an adapter update "
+            "failed on the GPU (CUDA 'invalid argument' remapping its memory, or out of memory; docs/memory.md); "
+            "set sleep_when_idle false or auto"
+        )
 
 
 def _check_megatron(cfg: RunConfig, world: int) -> None:

@@ -458,7 +458,13 @@ class RolloutEngine:
             waking = [t for t in (tags or SLEEP_TAGS) if t in self._asleep]
             if not waking:
                 return False
-            await self._bounded(self.engine.wake_up(tags=waking), timeout_s, f"wake_up ({', '.join(waking)})")
+            what = f"wake_up ({', '.join(waking)})"
+            try:
+                await self._bounded(self.engine.wake_up(tags=waking), timeout_s, what)
+            except (EngineDead, TimeoutError):
+                raise
+            except Exception as exc:  # memory half mapped back: nothing more can run on this engine
+                raise EngineDead(f"vLLM {what} failed: {_one_line(exc)}") from exc
             self._asleep -= set(waking)
             return True
 

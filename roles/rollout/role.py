@@ -189,6 +189,9 @@ class RolloutRole(Role):
         except EngineDead as exc:
             await self._engine_failed(exc)
             return
+        except Exception as exc:  # a sample lost here would leave its step waiting forever
+            self.fail(f"sample {index} of request {req.request_id} failed: {type(exc).__name__}: {exc}")
+            return
         if done.error:
             log.warning("request_failed", request_id=req.request_id, sample=index, error=done.error)
         assert self.controller is not None

@@ -230,13 +230,11 @@ def _gpu_processes_peak(stop: threading.Event, peaks: dict[int, float]) -> None:
                 peaks[int(pid)] = max(peaks.get(int(pid), 0.0), int(used) * 2**20 / 1e9)
 
 
-@pytest.mark.parametrize("variant", ["full_level2", "lora_level1"])
-def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path: Path, variant: str) -> None:
-    """Full fine-tuning sleeps vLLM at level 2 (weights discarded, every update reloads them);
-    LoRA at level 1 (the base weights wait in host memory, the adapter is the update): in both,
-    vLLM's process never holds more than its share of the GPU plus what a sleeping engine keeps."""
+def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path: Path) -> None:
+    """vLLM sleeps at level 2 before every step (weights discarded, every update reloads
+    them), the trainer sees the freed memory, and vLLM's process never holds more than its
+    share of the GPU plus what a sleeping engine keeps."""
     run = tmp_path / "run"
-    level = 1 if variant.startswith("lora") else 2
     placement = (
         "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
         " {role: trainer, count: 1, devices: [0]}]"
@@ -245,8 +243,7 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
         f"run_dir={run}", placement, "trainer.device=cuda", "rollout.max_staleness=0", "trainer.total_steps=6",
         "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.5",
         # Explicit: on a large GPU `auto` keeps this tiny run awake (both fit), and sleep is what is tested.
-        "rollout.engine.sleep_when_idle=true", f"rollout.engine.sleep_level={level}",
-        *(["trainer.lora.rank=8"] if level == 1 else []),
+        "rollout.engine.sleep_when_idle=true", "rollout.engine.sleep_level=2",
     ]  # fmt: skip
     stop = threading.Event()
     peaks: dict[int, float] = {}
@@ -277,7 +274,7 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     # hands the trainer its batch once it is asleep, so every step sees vLLM's half of the GPU
     # free; the update after it reloads every weight, which the next step's behaviour/proximal
     # KL shows (bf16 noise, not the 1.4 of weights that are not the trainer's).
-    assert len(free) == 6 and len(sleeps) == 6 and all(e["level"] == level for e in sleeps)
+    assert len(free) == 6 and len(sleeps) == 6 and all(e["level"] == 2 for e in sleeps)
     assert min(free) > 0.55 * total
     rollout_peak = max((peaks.get(pid, 0.0) for name, pid in pids.items() if name.startswith("rollout")), default=0)
     assert 0 < rollout_peak < 0.5 * total + 4.0, f"vLLM's process held {rollout_peak:.1f} GB of its 0.5 x {total:.0f}"

@@ -44,6 +44,10 @@ def test_the_adapter_config_is_what_peft_reads() -> None:
         (["trainer.lora.rank=600"], "exceeds rollout.engine.max_lora_rank=512"),
         (["rollout.engine.max_lora_rank=12"], "max_lora_rank=12 is not one of vLLM's"),
         (["trainer.lora.rank=8", "trainer.lora.target_modules=[]"], "trainer.lora.target_modules is empty"),
+        (["trainer.lora.rank=8", "trainer.device=cuda", "rollout.max_staleness=0",
+          "rollout.engine.sleep_when_idle=true", "placement=[{role: controller}, {role: reward},"
+          " {role: rollout, devices: [0]}, {role: trainer, devices: [0]}]"],
+         "rollout.engine.sleep_when_idle=true with trainer.lora: vLLM's wake-up"),
     ],
 )  # fmt: skip
 def test_bad_lora_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:

@@ -148,3 +148,12 @@ def test_a_lever_comes_before_a_micro_batch_below_the_floor() -> None:
         cfg = load_config("configs/bench_3b.yaml", [f"rollout.max_staleness={staleness}", "memory.gpu_gb=85.52"])
         assert cfg.trainer.micro_batch_tokens >= FAST_MICRO_BATCH, cfg.memory.chosen
         assert cfg.rollout.engine.sleep_when_idle == (staleness == 0)
+
+
+def test_a_lora_run_keeps_vllm_awake() -> None:
+    """vLLM's wake-up after an adapter update failed on the GPU, so `auto` never sleeps a
+    LoRA run's vLLM: the 7.62B LoRA recipe, synchronous, on an H100 fits awake instead."""
+    cfg = load_config("configs/bench_7b_lora.yaml", ["rollout.max_staleness=0", "memory.gpu_gb=85.52"])
+    assert cfg.rollout.engine.sleep_when_idle is False
+    assert any("stays awake under LoRA" in line for line in cfg.memory.chosen)
+    assert not list(build_plan(cfg, 85.52, 0.0).problems())
