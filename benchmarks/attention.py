@@ -5,7 +5,7 @@ dim 128; `--heads/--kv-heads/--head-dim` for others) on the cases of benchmarks/
 (`fixed_4k`: 4 sequences of 4096 tokens; `length_mix`: log-uniform lengths, about 16,384
 tokens), each kernel on the same bf16 inputs:
 
-* `torch`: the engine's path as it runs today (roles/training/varlen.py: PyTorch's
+* `torch`: the engine's path as it runs today (roles/kernels/varlen.py: PyTorch's
   FlashAttention-2 varlen on CUDA, one SDPA per sequence on the CPU), through the same
   transformers-layout entry point the model calls;
 * `fa4`: the engine's `trainer.attention_kernel=fa4` path (flash-attn-4's CuTe kernels), where
@@ -75,7 +75,7 @@ def _engine(forward: Callable[..., tuple[Tensor, None]]) -> Kernel:
 
 
 def _cudnn_repeat(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float) -> Tensor:
-    from roles.training.varlen_cudnn import cudnn_varlen
+    from roles.kernels.varlen_cudnn import cudnn_varlen
 
     groups = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(groups, dim=1).contiguous() if groups > 1 else x for x in (k, v))
@@ -103,20 +103,20 @@ def _sdpa_padded(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scal
 def kernel(name: str, device: torch.device) -> Kernel:
     """The kernel called `name` (KERNELS); a ValueError/RuntimeError/ImportError says why it cannot run here."""
     if name == "torch":
-        from roles.training.varlen import varlen_attention_forward
+        from roles.kernels.varlen import varlen_attention_forward
 
         return _engine(varlen_attention_forward)
     if name == "fa4":
         if device.type != "cuda":
             raise ValueError("fa4 needs a CUDA GPU (on the CPU the engine's fa4 setting takes the torch path)")
-        from roles.training.varlen_fa4 import _interface, fa4_attention_forward
+        from roles.kernels.varlen_fa4 import _interface, fa4_attention_forward
 
         _interface()  # the package, or the engine's one-line reason
         return _engine(fa4_attention_forward)
     if name in ("cudnn", "cudnn_repeat"):
         if device.type != "cuda":
             raise ValueError(f"{name} needs a CUDA GPU (on the CPU the engine's cudnn setting takes the torch path)")
-        from roles.training.varlen_cudnn import cudnn_attention_forward
+        from roles.kernels.varlen_cudnn import cudnn_attention_forward
 
         return _engine(cudnn_attention_forward) if name == "cudnn" else _cudnn_repeat
     if name == "sdpa_padded":

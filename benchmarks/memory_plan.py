@@ -53,7 +53,7 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
     import msgspec
     import torch
 
-    from roles.trainer.engine_fsdp import FSDPEngine
+    from roles.trainer.fsdp_engine import FSDPEngine
     from roles.weights.layout import BucketPacker
     from runtime.memory_plan import build_plan
     from runtime.tiny_model import make_tiny_model

@@ -5,7 +5,7 @@ Both train the same model (the tiny-model maker in Qwen2.5-1.5B's shape with Qwe
 (`ppo_policy_loss`, token-mean, default `trainer.loss`), AdamW, bf16 compute / fp32 master
 weights and reduction, no activation checkpointing:
 
-* engine: `roles.trainer.engine_fsdp.FSDPEngine` as configured by default (packed
+* engine: `roles.trainer.fsdp_engine.FSDPEngine` as configured by default (packed
   micro-batches of `--engine-budget` real tokens, default 16384, with varlen attention,
   logprobs and entropy chunked from the last hidden state), plus any `--engine-option
   KEY=VALUE` (e.g. `trainer.compile=true`);
@@ -54,7 +54,7 @@ not bit-deterministic, so on CUDA equal sums still differ in the last digits). E
 has every loop's keys, including `last_loss`; `--profile` profiles each variant as well. A
 variant that fails to start or to step is recorded as `error` (one line) and the rest run.
 
-`--engine-option trainer.kernels=liger` (roles/training/kernels.py) needs `--loops engine`: Liger
+`--engine-option trainer.kernels=liger` (roles/kernels/block_kernels.py) needs `--loops engine`: Liger
 patches transformers' Qwen2 module for the whole process, so a bare loop after it would run
 Liger's kernels too.
 
@@ -90,7 +90,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.json_out import one_line_error, provenance
-from roles.training.varlen import cuda_kernel
+from roles.kernels.varlen import cuda_kernel
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from transport.wire import TrainBatch
@@ -146,7 +146,7 @@ def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int, *
 
 # --- the two loops -------------------------------------------------------------------------
 def engine_loop(model_dir: Path, overrides: list[str]) -> tuple[Any, Callable[[TrainBatch], float]]:
-    from roles.trainer.engine_fsdp import FSDPEngine
+    from roles.trainer.fsdp_engine import FSDPEngine
 
     engine = FSDPEngine(load_config(None, overrides), model_dir)
     return engine, lambda batch: float(engine.train_step(batch)["loss"])

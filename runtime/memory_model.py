@@ -261,7 +261,7 @@ def _shard_size(cfg: RunConfig, world: int) -> int:
 
 
 def _gathered(cfg: RunConfig, shape: ModelShape, n: int, shard: int) -> int:
-    """Parameters held unsharded at once: all of them on one rank (roles/training/fsdp.py
+    """Parameters held unsharded at once: all of them on one rank (roles/fsdp/wrap.py
     keeps them over a step's micro-batches) or with SHARD_GRAD_OP; else the root's
     (embeddings, head) and three blocks (the current and two prefetched)."""
     if shard == 1 or cfg.fsdp.sharding_strategy == "SHARD_GRAD_OP":
@@ -271,7 +271,7 @@ def _gathered(cfg: RunConfig, shape: ModelShape, n: int, shard: int) -> int:
 
 def compiles_on_gpu(t: TrainerConfig) -> bool:
     """Whether the actor's decoder blocks are compiled on a GPU: `trainer.compile` true, or
-    `auto` with torch's kernels and no LoRA adapters (what roles/trainer/engine_fsdp.py
+    `auto` with torch's kernels and no LoRA adapters (what roles/trainer/fsdp_engine.py
     does on CUDA; on the CPU `auto` stays eager)."""
     if t.compile != "auto":
         return bool(t.compile)

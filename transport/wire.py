@@ -439,7 +439,7 @@ class ValueRequest(msgspec.Struct, **_msg(MsgType.VALUE_REQUEST)):
 
 
 class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
-    """Per-token values (see roles/critic/engine.py for the alignment) and, when the critic
+    """Per-token values (see roles/critic/fsdp_engine.py for the alignment) and, when the critic
     holds the reference policy, its token logprobs in the same layout."""
 
     values: torch.Tensor  # float32 [total_tokens]

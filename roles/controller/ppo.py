@@ -3,7 +3,7 @@ KL penalty) and GAE per sample, as plain functions over groups.
 
 Alignment: a sample's response token j sits at packed position `P + j` (P = prompt
 length); the critic and the reference policy answer per packed position (see
-roles/critic/engine.py), so the response's values / reference logprobs are the slice
+roles/critic/fsdp_engine.py), so the response's values / reference logprobs are the slice
 `[start + P, start + P + R)` of its sequence.
 """
 

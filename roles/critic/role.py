@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from roles.critic.engine import CriticEngine
+from roles.critic.fsdp_engine import CriticEngine
 from roles.training.torch_role import TorchRole
+from roles.training.train_engine import ValueEngine
 from runtime.logs import get_logger
 from runtime.paths import model_dir
 from transport import wire
 from transport.endpoint import Envelope
 
-if TYPE_CHECKING:
-    from roles.critic.engine_megatron import MegatronCriticEngine
-
 log = get_logger("critic")
 
 
-class CriticRole(TorchRole["CriticEngine | MegatronCriticEngine"]):
+class CriticRole(TorchRole[ValueEngine]):
     kind = "critic"
     checkpoint_part = "critic"
 
@@ -34,9 +31,9 @@ class CriticRole(TorchRole["CriticEngine | MegatronCriticEngine"]):
         await super().setup()
         self.lock = asyncio.Lock()
 
-    def build_engine(self) -> CriticEngine | MegatronCriticEngine:
+    def build_engine(self) -> ValueEngine:
         if self.cfg.critic.backend == "megatron":
-            from roles.critic.engine_megatron import MegatronCriticEngine
+            from roles.critic.megatron_engine import MegatronCriticEngine
 
             return MegatronCriticEngine(self.cfg, model_dir(self.cfg))
         return CriticEngine(self.cfg, model_dir(self.cfg))

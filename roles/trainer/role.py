@@ -15,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from roles.training.hf_export import export_hf
 from roles.training.models import DTYPES
 from roles.training.torch_role import TorchRole
+from roles.training.train_engine import PolicyEngine
 from roles.weights.backend import BackendError, choose_backend, make_transfer
 from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
@@ -38,13 +39,10 @@ from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 
-if TYPE_CHECKING:
-    from roles.trainer.engine_megatron import MegatronEngine
-
 log = get_logger("trainer")
 
 
-class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
+class TrainerRole(TorchRole[PolicyEngine]):
     kind = "trainer"
     checkpoint_part = "actor"
 
@@ -84,9 +82,9 @@ class TrainerRole(TorchRole["FSDPEngine | MegatronEngine"]):
         log.info("weight_sync_backend", backend=backend, requested=cfg.weight_sync.backend, pack_device=str(pack_on))
         return WeightSender(self.zmq, opts, identity=self.ctx.name, timeout_s=timeout_s, transfer=transfer)
 
-    def build_engine(self) -> FSDPEngine | MegatronEngine:
+    def build_engine(self) -> PolicyEngine:
         if self.cfg.trainer.backend == "megatron":
-            from roles.trainer.engine_megatron import MegatronEngine
+            from roles.trainer.megatron_engine import MegatronEngine
 
             return MegatronEngine(self.cfg, model_dir(self.cfg))
         return FSDPEngine(self.cfg, model_dir(self.cfg))

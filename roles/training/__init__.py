@@ -1,10 +1,13 @@
-"""Training code shared by the torch roles (the actor trainer and the critic).
+"""Training code both torch roles (the actor trainer and the critic) share, whichever backend.
 
-Not a role: a library that `roles/trainer` and `roles/critic` both import, so neither
-imports the other's internals. It holds FSDP2 wrapping (`fsdp`), the FSDP engine base
-with its one `train_step` (`engine`), micro-batching (`microbatch`), metric reduction and
-each engine kind's metric names (`metrics`), model loading (`models`), HF export and
-weight buckets (`hf_export`), device / process-group set-up (`distributed`), checkpointed
-RNG state (`rng`), and the base of the roles that run an engine on one torch thread
-(`torch_role`). Modules are imported by name; this package re-exports nothing.
+Not a role, and neither FSDP nor Megatron: a library that `roles/trainer`, `roles/critic`
+and the backend libraries `roles/fsdp` and `roles/megatron` import. It holds the engine
+protocols the roles are typed against (`train_engine`: `TrainEngine`, `PolicyEngine`,
+`ValueEngine`), the base of the roles that run an engine on one torch thread
+(`torch_role`), micro-batching (`microbatch`, with length-balanced bins in `balance`),
+seeded PPO mini-batches (`minibatch`), metric reduction and each engine kind's metric
+names (`metrics`), HF model loading (`models`), PEFT LoRA adapters (`lora`), HF export
+(`hf_export`), device / process-group set-up (`distributed`) and checkpointed RNG state
+(`rng`). It imports no backend library. Modules are imported by name; this package
+re-exports nothing.
 """

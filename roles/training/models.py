@@ -22,7 +22,7 @@ def load_causal_lm(
     attn_implementation: str = "sdpa",
 ) -> torch.nn.Module:
     """The HF causal LM in `model_path`, in `dtype` with `attn_implementation` (SDPA by default;
-    a registered name such as roles/training/varlen.py's), on `device`;
+    a registered name such as roles/kernels/varlen.py's), on `device`;
     `gradient_checkpointing` recomputes each block's activations in backward."""
     from transformers import AutoModelForCausalLM
 

@@ -19,30 +19,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, TypeVarTuple
+from typing import Any, ClassVar, Generic, TypeVar, TypeVarTuple
 
 import torch
 
+from roles.training.train_engine import TrainEngine
 from runtime.checkpoint import resume_dir
 from runtime.gpu_memory import GB, out_of_memory_cause
 from runtime.logs import get_logger
 from runtime.role import FatalError, Role
 from runtime.start_order import colocated_rollouts, wait_started
 
-
-class Engine(Protocol):
-    """What `TorchRole` needs of an engine."""
-
-    version: int
-    rank: int
-    world_size: int
-    device: torch.device
-
-    def load(self, directory: Path) -> None: ...
-
-
-EngineT = TypeVar("EngineT", bound=Engine)
+EngineT = TypeVar("EngineT", bound=TrainEngine)
 R = TypeVar("R")
 Ts = TypeVarTuple("Ts")
 

@@ -86,8 +86,8 @@ def hf_logprobs(model_dir: str, sequences: list[torch.Tensor], device: torch.dev
 
 
 def case_logprobs(model_dir: str, out: Path, tp: int, pp: int, dtype: str) -> None:
-    from roles.trainer.engine_megatron import MegatronEngine
-    from roles.training.megatron_engine import gather_shards
+    from roles.megatron.engine_base import gather_shards
+    from roles.trainer.megatron_engine import MegatronEngine
 
     m = "trainer.megatron."
     overrides = (
@@ -114,8 +114,8 @@ def case_logprobs(model_dir: str, out: Path, tp: int, pp: int, dtype: str) -> No
 
 
 def case_ppo(model_dir: str, out: Path) -> None:
-    from roles.trainer.engine_fsdp import FSDPEngine
-    from roles.trainer.engine_megatron import MegatronEngine
+    from roles.trainer.fsdp_engine import FSDPEngine
+    from roles.trainer.megatron_engine import MegatronEngine
     from roles.training.hf_export import export_hf
 
     fsdp_cfg = config(model_dir, "fsdp.use_fsdp=true", "fsdp.param_dtype=float32")
@@ -159,7 +159,7 @@ def rng_draws(device: torch.device) -> dict[str, list[float]]:
 
 
 def case_resume(model_dir: str, out: Path, phase: str, distributed: str) -> None:
-    from roles.trainer.engine_megatron import MegatronEngine
+    from roles.trainer.megatron_engine import MegatronEngine
 
     cfg = config(
         model_dir, "trainer.backend=megatron", "trainer.megatron.params_dtype=float32",

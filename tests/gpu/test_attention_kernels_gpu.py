@@ -5,8 +5,8 @@
 For each kernel (fa4: flash-attn-4 must be on the path, or its cases are skipped saying so;
 cudnn: cuDNN 9, bundled with torch's CUDA wheels):
 
-* its varlen kernels (roles/training/varlen_fa4.py, roles/training/varlen_cudnn.py) equal
-  PyTorch's FA2 varlen (roles/training/varlen.py), output and q/k/v gradients, bf16, GQA
+* its varlen kernels (roles/kernels/varlen_fa4.py, roles/kernels/varlen_cudnn.py) equal
+  PyTorch's FA2 varlen (roles/kernels/varlen.py), output and q/k/v gradients, bf16, GQA
   12/2 heads, head dim 128, a sequence of one token among them; eager and inside
   `torch.compile` (fullgraph: the custom ops are opaque to dynamo);
 * the actor engine trains with it like with the torch kernels: from the same weights, on the
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import torch
 
-from roles.trainer.engine_fsdp import FSDPEngine
-from roles.training.varlen import varlen_attention_forward
-from roles.training.varlen_cudnn import cudnn_attention_forward
-from roles.training.varlen_fa4 import fa4_attention_forward
+from roles.kernels.varlen import varlen_attention_forward
+from roles.kernels.varlen_cudnn import cudnn_attention_forward
+from roles.kernels.varlen_fa4 import fa4_attention_forward
+from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch

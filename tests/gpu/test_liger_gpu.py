@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch

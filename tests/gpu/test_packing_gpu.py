@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from roles.algo import entropy_from_logits, token_logprobs
-from roles.training.token_stats import chunked_token_stats
-from roles.training.varlen import cuda_kernel, varlen_attention_forward
+from roles.kernels.token_stats import chunked_token_stats
+from roles.kernels.varlen import cuda_kernel, varlen_attention_forward
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import one_rank_cuda_world
@@ -98,7 +98,7 @@ def _batch(lengths: list[int], vocab: int):  # -> TrainBatch
 
 
 def _engine(model: Path, *overrides: str):  # -> FSDPEngine
-    from roles.trainer.engine_fsdp import FSDPEngine
+    from roles.trainer.fsdp_engine import FSDPEngine
 
     base = ["trainer.device=cuda", "fsdp.param_dtype=float32", "trainer.optim.lr=1e-6"]
     base.append("trainer.micro_batch_tokens=16384")
@@ -107,7 +107,7 @@ def _engine(model: Path, *overrides: str):  # -> FSDPEngine
 
 def _logprobs(engine, batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """Every sequence's next-token logprobs in batch order (0 at each first token)."""
-    from roles.training.actor_forward import token_stats
+    from roles.fsdp.actor_forward import token_stats
 
     out = torch.zeros(batch.input_ids.numel())
     with torch.no_grad():

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from roles.training.logit_kernels import grad_of_logits, stats_of_logits
+from roles.kernels.logit_kernels import grad_of_logits, stats_of_logits
 
 
 def main(g_logp: bool, g_entropy: bool) -> None:

@@ -26,8 +26,8 @@ def _worker(rank: int, world: int, rendezvous: str, model_dir: str, tp: int, pp:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from roles.training.megatron_convert import ModelDims
-    from roles.training.megatron_model import (
+    from roles.megatron.convert import ModelDims
+    from roles.megatron.model import (
         VALUE_HEAD,
         build_value_model,
         export_hf_weights,

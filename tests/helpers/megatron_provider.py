@@ -16,7 +16,7 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-from roles.training.megatron_model import MegatronActor
+from roles.megatron.model import MegatronActor
 
 
 def my_gpt(hf_config: Any, config: Any) -> MegatronActor:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config_load import load_config
 from tests.helpers.ports import world_of_one
 from transport.wire import TrainBatch

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.tensor import DTensor
 
-from roles.training.fsdp import (
+from roles.fsdp.wrap import (
     clip_grad_norm_,
     find_blocks,
     finish_backward,
@@ -133,7 +133,7 @@ def train_step(model: torch.nn.Module, tol: dict[str, float], ref: dict) -> dict
     rank = dist.get_rank()
     ids_BT, labels_BT = fixed_batch()
     rows = slice(2 * rank, 2 * rank + 2)
-    # The scaling rule of roles/training/fsdp.py: local sum / global count, times world size.
+    # The scaling rule of roles/fsdp/wrap.py: local sum / global count, times world size.
     loss = token_loss_sum(model, ids_BT[rows], labels_BT[rows]) / num_tokens(labels_BT)
     with count_real_backward_prefetches() as prefetches:
         (loss * WORLD_SIZE).backward()

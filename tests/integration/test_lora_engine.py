@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from roles.weights.lora import write_adapter_dir
 from runtime.config_load import load_config
 from runtime.export import merge_adapter

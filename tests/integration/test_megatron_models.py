@@ -64,7 +64,7 @@ def _gather_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from roles.training.megatron_engine import gather_shards
+    from roles.megatron.engine_base import gather_shards
     from transport.wire import TrainBatch
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)

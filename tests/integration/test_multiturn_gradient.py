@@ -15,7 +15,7 @@ import torch
 from roles.controller.batching import build_train_batches
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config_load import load_config
 from tests.helpers.one_rank import one_rank_world
 from transport.wire import FinishReason
@@ -66,7 +66,7 @@ def test_observation_tokens_get_zero_gradient(tiny_model_dir: Path) -> None:
 
     hook = engine.model.get_output_embeddings().register_forward_hook(keep_grad)
     (mb,) = engine.micro_batches(batch, 4096)
-    loss, _ = engine.loss(mb, batch)
+    loss, _ = engine.loss(mb, batch, engine.forward(engine.model, mb))
     loss.backward()
     hook.remove()
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from roles.trainer.engine_fsdp import FSDPEngine
-from roles.training.offload import StreamedAdamW, _chunks
+from roles.fsdp.offload import StreamedAdamW, _chunks
+from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config_load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import full_params, toy_batch

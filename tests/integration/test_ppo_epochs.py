@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from roles.trainer.engine_fsdp import FSDPEngine
+from roles.trainer.fsdp_engine import FSDPEngine
 from roles.training.minibatch import select_sequences, shuffled_splits
 from tests.helpers.one_rank import NUM_SEQS, PROMPT, RESPONSE, one_rank_world, toy_batch, toy_engine
 from transport.wire import TrainBatch

@@ -67,7 +67,7 @@ def test_adam_steps_are_set_aside_for_megatrons_parameter_state_load() -> None:
 
     import torch
 
-    from roles.training.megatron_checkpoint import _steps_set_aside
+    from roles.megatron.checkpoint import _steps_set_aside
 
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     adam = torch.optim.AdamW(params, lr=0.1)
@@ -95,7 +95,7 @@ def test_a_step_tensor_shared_by_every_parameter_is_split_so_adam_counts_each_on
 
     import torch
 
-    from roles.training.megatron_checkpoint import _steps_set_aside
+    from roles.megatron.checkpoint import _steps_set_aside
 
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     adam = torch.optim.AdamW(params, lr=0.1, foreach=False)

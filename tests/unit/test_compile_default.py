@@ -1,4 +1,4 @@
-"""`trainer.compile` defaults to `auto` (roles/trainer/engine_fsdp.py `compiles`): the compiled
+"""`trainer.compile` defaults to `auto` (roles/trainer/fsdp_engine.py `compiles`): the compiled
 actor on CUDA (16 % faster steps and 14 GB less at 1.54B on the H200), eager on the CPU, with
 LoRA adapters and with Liger's kernels (which dynamo cannot trace, so `auto` with Liger passes
 the launch check that refuses an explicit `true`); an explicit value always wins. cuDNN's
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roles.trainer.engine_fsdp import compiles
-from roles.training.varlen_cudnn import refuse_where_it_crashes
+from roles.kernels.varlen_cudnn import refuse_where_it_crashes
+from roles.trainer.fsdp_engine import compiles
 from runtime.config import TrainerConfig
 from runtime.config_load import load_config
 from runtime.validate import check_config

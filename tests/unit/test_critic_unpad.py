@@ -1,11 +1,11 @@
-"""roles/critic/engine.py `unpad_rows`: a micro-batch's right-padded value rows land in the
+"""roles/critic/value_rows.py `unpad_rows`: a micro-batch's right-padded value rows land in the
 flat per-token tensor at their sequences' spans, and rows past the spans are dropped."""
 
 from __future__ import annotations
 
 import torch
 
-from roles.critic.engine import unpad_rows
+from roles.critic.value_rows import unpad_rows
 
 
 def test_rows_land_at_their_spans_and_padding_rows_are_dropped() -> None:

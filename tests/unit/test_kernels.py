@@ -1,4 +1,4 @@
-"""`trainer.kernels` (roles/training/kernels.py): `torch` leaves the model as it is; `liger`
+"""`trainer.kernels` (roles/kernels/block_kernels.py): `torch` leaves the model as it is; `liger`
 is refused at launch, one line naming the field, without CUDA, on Megatron or without the
 package; and a Liger that leaves any RMSNorm or MLP of the model untouched is an error
 naming the module, not a silent run on transformers' own kernels. Liger's kernels
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.training import kernels
+from roles.kernels import block_kernels
 from roles.training.models import load_causal_lm
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
@@ -29,16 +29,16 @@ def _model(path: Path):
 def test_torch_kernels_change_nothing(tiny_model_dir: Path) -> None:
     model = _model(tiny_model_dir)
     before = [(name, type(m), m._get_name()) for name, m in model.named_modules()]
-    kernels.apply_kernels(model, "torch")
+    block_kernels.apply_kernels(model, "torch")
     assert [(name, type(m), m._get_name()) for name, m in model.named_modules()] == before
 
 
 def test_liger_without_the_package_names_it(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "liger_available", lambda: False)
+    monkeypatch.setattr(block_kernels, "liger_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"^trainer.kernels=liger needs the liger-kernel package"):
-        kernels.apply_kernels(_model(tiny_model_dir), "liger")
+        block_kernels.apply_kernels(_model(tiny_model_dir), "liger")
     with pytest.raises(ValueError, match=r"^trainer\.kernels must be one of"):
-        kernels.apply_kernels(_model(tiny_model_dir), "apex")
+        block_kernels.apply_kernels(_model(tiny_model_dir), "apex")
 
 
 def test_a_liger_that_patches_nothing_is_an_error(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,9 +48,9 @@ def test_a_liger_that_patches_nothing_is_an_error(tiny_model_dir: Path, monkeypa
     fake._apply_liger_kernel_to_instance = lambda **kw: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
-    monkeypatch.setattr(kernels, "liger_available", lambda: True)
+    monkeypatch.setattr(block_kernels, "liger_available", lambda: True)
     with pytest.raises(RuntimeError, match=r"left \d+ modules of model type qwen2 as they were \(first: model\."):
-        kernels.apply_kernels(_model(tiny_model_dir), "liger")
+        block_kernels.apply_kernels(_model(tiny_model_dir), "liger")
 
 
 def test_liger_patched_modules_pass_the_check(tiny_model_dir: Path) -> None:
@@ -58,7 +58,7 @@ def test_liger_patched_modules_pass_the_check(tiny_model_dir: Path) -> None:
     for m in model.modules():  # what Liger's _patch_* helpers do to each module: bind its name
         if type(m).__name__.endswith(("RMSNorm", "MLP")):
             m._get_name = types.MethodType(lambda self: "LigerRMSNorm", m)  # type: ignore[method-assign]
-    assert not [n for n, m in model.named_modules() if kernels._is_plain(m)]
+    assert not [n for n, m in model.named_modules() if block_kernels._is_plain(m)]
 
 
 def test_launch_refuses_liger_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,10 @@
 """The package rules of CONTRIBUTING.md, read from the source: no role package imports
-another role's modules (only the libraries `roles.algo`, `roles.training`, `roles.weights`,
-`roles.generation` and `runtime` / `transport`), the libraries import no role, `transport` imports neither
-`runtime` nor `roles`, and there is no import circle among `roles` modules."""
+another role's modules (only the libraries, e.g. `roles.algo`, `roles.training`,
+`roles.fsdp`, `roles.megatron`, `roles.kernels`, `roles.weights`, `roles.generation`, and
+`runtime` / `transport`), the libraries import no role, the training libraries import one
+way only (`kernels` <- `fsdp`; `training` <- `fsdp`, `megatron`; the two backends never
+each other), `transport` imports neither `runtime` nor `roles`, and there is no import
+circle among `roles` modules."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def imports() -> dict[str, set[str]]:
 
 def test_role_packages_are_found_from_the_code() -> None:
     assert {"controller", "rollout", "trainer", "critic", "reward"} <= ROLES
-    assert {"algo", "training", "weights", "generation"} <= LIBRARIES
+    assert {"algo", "training", "fsdp", "megatron", "kernels", "weights", "generation"} <= LIBRARIES
 
 
 def test_submodules_imported_by_name_are_edges() -> None:
@@ -63,6 +66,40 @@ def test_roles_import_only_libraries_and_libraries_import_no_role() -> None:
             if parts[0] == "runtime" and dep_parts[0] == "roles":
                 bad.append((module, dep))
     assert not bad, bad
+
+
+# Library -> the project libraries it must not import: the backend-neutral `training` knows
+# neither backend nor their kernels, the kernels know no other package, the backends not each other.
+FORBIDDEN = {
+    "training": {"fsdp", "megatron", "kernels"},
+    "kernels": LIBRARIES - {"kernels"},
+    "fsdp": {"megatron"},
+    "megatron": {"fsdp", "kernels"},
+}
+
+
+def test_training_libraries_import_one_way() -> None:
+    bad = [
+        (module, dep)
+        for module, deps in imports().items()
+        for dep in deps
+        if module.split(".")[:1] == ["roles"] and len(module.split(".")) > 1 and len(dep.split(".")) > 1
+        and dep.split(".")[0] == "roles" and dep.split(".")[1] in FORBIDDEN.get(module.split(".")[1], set())
+    ]  # fmt: skip
+    assert not bad, bad
+
+
+def test_training_packages_say_what_they_hold() -> None:
+    """The training-side packages' `__init__.py` docstrings name each of their modules."""
+    missing = []
+    for package in ("training", "fsdp", "megatron", "kernels", "trainer", "critic"):
+        init = ROOT / "roles" / package / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+        missing += [f"{init.parent.name}/{n}" for n in names if f"`{n}`" not in doc and f"{n}." not in doc]
+        if not doc:
+            missing.append(f"{init.parent.name}: no docstring")
+    assert not missing, missing
 
 
 def test_no_import_circle_among_roles_modules() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roles.training.megatron_convert import (
+from roles.megatron.convert import (
     ModelDims,
     fuse_qkv,
     hf_to_megatron,

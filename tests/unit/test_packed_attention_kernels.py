@@ -1,13 +1,13 @@
 """`trainer.attention_kernel=fa4|cudnn` without a GPU: what CI can hold of them.
 
-For each kernel (roles/training/varlen_fa4.py, roles/training/varlen_cudnn.py, both built by
-roles/training/varlen_ops.py):
+For each kernel (roles/kernels/varlen_fa4.py, roles/kernels/varlen_cudnn.py, both built by
+roles/kernels/varlen_ops.py):
 
 * the two custom ops have fake kernels of the real shapes, and their autograd wiring runs a
   backward (on meta tensors, which dispatch to the fakes: no CUDA, no kernel), with gradients
   of q, k and v's shapes (GQA: k and v have fewer heads);
 * a compiled function traces the op as one node (fake tensors, no kernel run);
-* off CUDA or in fp32 the backend is roles/training/varlen.py's path, value for value;
+* off CUDA or in fp32 the backend is roles/kernels/varlen.py's path, value for value;
 * a launch that cannot run it is refused with one line naming the field.
 
 And cudnn's log-sum-exp crosses between forward and backward as `[H, T]` whichever layout
@@ -26,10 +26,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from roles.training import varlen_cudnn
-from roles.training.varlen import varlen_attention_forward
-from roles.training.varlen_cudnn import cudnn_attention_forward, cudnn_varlen
-from roles.training.varlen_fa4 import fa4_attention_forward, fa4_varlen
+from roles.kernels import varlen_cudnn
+from roles.kernels.varlen import varlen_attention_forward
+from roles.kernels.varlen_cudnn import cudnn_attention_forward, cudnn_varlen
+from roles.kernels.varlen_fa4 import fa4_attention_forward, fa4_varlen
 from runtime.config_load import ConfigError, load_config
 from runtime.validate import check_config
 from tests.helpers.one_rank import ONE_GPU_ENGINE

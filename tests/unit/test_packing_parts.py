@@ -11,9 +11,9 @@ import torch
 
 from benchmarks.trainer import case_lengths, make_batch, summary, train_flops
 from roles.algo import entropy_from_logits, token_logprobs
+from roles.kernels.token_stats import TokenStatsHead, chunked_token_stats
 from roles.training.balance import balanced_bins, min_bins
 from roles.training.microbatch import pack_micro_batches, split_micro_batches
-from roles.training.token_stats import TokenStatsHead, chunked_token_stats
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])

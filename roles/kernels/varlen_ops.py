@@ -8,8 +8,8 @@ kernels on first call, an aten op with no fake kernel for the varlen case). The 
 returns (`out` `[T, H, D]`, `lse` float32 `[H, T]`); the backward gets them back with the
 output's gradient and returns (dq, dk, dv) of q/k/v's shapes (GQA: k and v may have fewer
 heads). `transformers_backend(backend, op)` puts such an op behind transformers' attention
-signature, with roles/training/varlen.py's path for whatever it does not serve.
-roles/training/varlen_fa4.py and roles/training/varlen_cudnn.py use both.
+signature, with roles/kernels/varlen.py's path for whatever it does not serve.
+roles/kernels/varlen_fa4.py and roles/kernels/varlen_cudnn.py use both.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from roles.training.varlen import varlen_attention_forward
+from roles.kernels.varlen import varlen_attention_forward
 
 # (q, k, v `[T, H, D]`, cu int32 `[N + 1]`, longest, scale) -> (out `[T, H, D]`, lse float32 `[H, T]`)
 Forward = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], tuple[Tensor, Tensor]]
@@ -73,7 +73,7 @@ def packed_attention_op(name: str, forward: Forward, backward: Backward) -> Any:
 
 def transformers_backend(backend: str, op: Any) -> tuple[Callable[..., tuple[Tensor, None]], Callable[[], str]]:
     """For a forward op of `packed_attention_op`: (the transformers attention function that
-    runs it on CUDA fp16/bf16 packed rows and roles/training/varlen.py's
+    runs it on CUDA fp16/bf16 packed rows and roles/kernels/varlen.py's
     `varlen_attention_forward` on everything else: CPU, fp32, a call without the packing; so
     the kernel keeps that module's contract and its CPU path value for value), and a function
     registering that as attention implementation `backend` and returning the name (idempotent)."""

@@ -6,7 +6,7 @@
   (`liger_kernel.transformers._apply_liger_kernel_to_instance`, the call TRL makes), put into
   the loaded HF model before the LM head is replaced, blocks are compiled or FSDP wraps them.
   Liger's fused linear cross-entropy is not used: it computes a loss, not the per-token
-  logprobs and entropy PPO needs (roles/training/token_stats.py does those). Liger patches
+  logprobs and entropy PPO needs (roles/kernels/token_stats.py does those). Liger patches
   transformers' module for the model type too (its RoPE function, its norm and MLP classes),
   so every model built later in the process (the reference policy) runs the same kernels.
 

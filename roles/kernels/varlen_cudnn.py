@@ -1,15 +1,15 @@
 """cuDNN's varlen attention for packed micro-batches (`trainer.attention_kernel=cudnn`).
 
-The same contract as roles/training/varlen.py's backend (one packed row, `cu_seq_lens_q`,
+The same contract as roles/kernels/varlen.py's backend (one packed row, `cu_seq_lens_q`,
 causal within each sequence), registered with transformers as `VARLEN_CUDNN_ATTENTION`
 ("tandem_varlen_cudnn"). On CUDA with fp16/bf16 inputs the forward and backward are cuDNN's
 fused attention on ragged `[T, H, D]` tensors, through PyTorch's own entry points
 (`aten._cudnn_attention_forward/backward` with cumulative sequence lengths; GQA native: K and V
-keep their heads); anything else (CPU, fp32) takes roles/training/varlen.py's path unchanged.
+keep their heads); anything else (CPU, fp32) takes roles/kernels/varlen.py's path unchanged.
 Needs cuDNN 9 (torch's CUDA wheels bundle it).
 
 The kernels run as two opaque custom ops (`tandem::cudnn_varlen`, `tandem::cudnn_varlen_backward`,
-roles/training/varlen_ops.py) with fake implementations, so `trainer.compile` traces them (the
+roles/kernels/varlen_ops.py) with fake implementations, so `trainer.compile` traces them (the
 aten ops have no fake kernel for the varlen case). The forward's log-sum-exp crosses between
 them as float32 `[H, T]`, the layout the fake promises; `_lse_to_heads_first` and
 `_lse_for_backward` convert from and to whatever this torch's cuDNN path gives and takes.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from roles.training.varlen_ops import packed_attention_op, transformers_backend
+from roles.kernels.varlen_ops import packed_attention_op, transformers_backend
 
 VARLEN_CUDNN_ATTENTION = "tandem_varlen_cudnn"
 _tokens_first = False  # whether this torch's cuDNN forward gives the log-sum-exp as [T, H] or [T, H, 1]
@@ -75,7 +75,7 @@ def _cudnn_backward(
 cudnn_varlen = packed_attention_op("cudnn_varlen", _cudnn_forward, _cudnn_backward)
 
 
-# transformers' attention signature, as roles/training/varlen.py's `varlen_attention_forward`
+# transformers' attention signature, as roles/kernels/varlen.py's `varlen_attention_forward`
 # (which serves whatever this kernel does not: off CUDA, fp32, a call without the packing),
 # and its registration with transformers (idempotent; returns VARLEN_CUDNN_ATTENTION)
 cudnn_attention_forward, register_cudnn_attention = transformers_backend(VARLEN_CUDNN_ATTENTION, cudnn_varlen)

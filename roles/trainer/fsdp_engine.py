@@ -1,7 +1,7 @@
 """The FSDP2 actor engine: one optimizer step of decoupled PPO per training batch.
 
-The step itself is `FSDPEngineBase.train_step` (roles/training/engine.py); this engine
-gives it the loss of one micro-batch and the KL controller's update after the step.
+The step itself is `FSDPEngineBase.train_step` (roles/fsdp/engine_base.py); this engine
+gives it the forward and loss of one micro-batch and the KL controller's update after the step.
 
 Each rank trains on its shard of the step's batch. Per-token losses are normalised by
 the GLOBAL token (or sequence) count carried in the batch and scaled by the world size
@@ -29,10 +29,10 @@ import msgspec
 import torch
 
 from roles.algo import AdaptiveKLController, FixedKLController, aggregate, kl_penalty, ppo_policy_loss
+from roles.fsdp.actor_forward import setup_actor_model, token_stats
+from roles.fsdp.engine_base import FSDPEngineBase
+from roles.fsdp.wrap import full_state_dict_items, wrap_model_with_fsdp
 from roles.trainer.policy_loss import policy_loss_options
-from roles.training.actor_forward import setup_actor_model, token_stats
-from roles.training.engine import FSDPEngineBase
-from roles.training.fsdp import full_state_dict_items, wrap_model_with_fsdp
 from roles.training.lora import apply_lora
 from roles.training.metrics import ACTOR_METRICS
 from roles.training.microbatch import MicroBatch
@@ -92,12 +92,18 @@ class FSDPEngine(FSDPEngineBase):
                     prox[start + 1 : end] = logp[i, : end - start - 1]
         return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
-    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token logprobs and entropy, [B, T - 1] (entropy with a gradient only when it is in the loss)."""
+        return token_stats(model, mb, entropy_grad=self.cfg.trainer.loss.entropy_coef > 0)
+
+    def loss(
+        self, mb: MicroBatch, batch: TrainBatch, output: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Decoupled PPO (proximal = `prepare`'s logprobs, or this forward detached when
         there is one update per batch), minus the entropy bonus, plus the KL to the
         reference policy when it is in the loss."""
         lc = self.cfg.trainer.loss
-        logp, entropy = token_stats(self.model, mb, entropy_grad=lc.entropy_coef > 0)
+        logp, entropy = output
         f = {k: v[:, 1:] for k, v in mb.fields.items()}
         mask = f["loss_mask"]
         opts = policy_loss_options(self.cfg)

@@ -4,7 +4,7 @@
 log softmax(h W^T)[target] and the entropy of softmax(h W^T), in float32, `chunk`
 positions at a time: it never holds more than one chunk's `[chunk, V]` logits, in forward
 or in backward (backward recomputes each chunk's logits, the price is one more matmul; on
-CUDA the float32 math is fused into reductions over them, roles/training/logit_kernels.py).
+CUDA the float32 math is fused into reductions over them, roles/kernels/logit_kernels.py).
 Values and gradients equal `token_logprobs` / `entropy_from_logits` of the full logits
 (the tests check it in float32).
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from roles.training.logit_kernels import add_weight_grad, chunk_kernel, grad_of_logits, stats_of_logits
+from roles.kernels.logit_kernels import add_weight_grad, chunk_kernel, grad_of_logits, stats_of_logits
 
 
 class _ChunkedTokenStats(torch.autograd.Function):
@@ -72,7 +72,7 @@ def chunked_token_stats(
 ) -> tuple[Tensor, Tensor]:
     """(logprob of `targets_T`, entropy) per position, float32 `[T]` each, from `hidden_TD`
     and the head `weight_VD`, `chunk` positions at a time (`chunk` >= 1); the per-chunk math
-    `torch.compile`d if `compiled` (roles/training/logit_kernels.py)."""
+    `torch.compile`d if `compiled` (roles/kernels/logit_kernels.py)."""
     out: tuple[Tensor, Tensor] = _ChunkedTokenStats.apply(hidden_TD, weight_VD, targets_T.long(), chunk, compiled)
     return out
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from roles.training.megatron_convert import (
+from roles.megatron.convert import (
     ModelDims,
     hf_to_megatron,
     is_tp_sharded,

@@ -1,8 +1,8 @@
 """The value model on Megatron-core (`critic.backend=megatron`): the policy's GPTModel with
-its output layer replaced by a scalar head (`roles/training/megatron_model.py`), trained
+its output layer replaced by a scalar head (`roles/megatron/model.py`), trained
 with the FSDP critic's clipped value loss and reporting its metrics.
 
-Same contract as `roles/critic/engine.py`: position j of the returned values holds
+Same contract as `roles/critic/fsdp_engine.py`: position j of the returned values holds
 V(state before token j) (the head's output at j-1, 0 at each sequence's first position),
 the head starts at zero, and with `algorithm.kl.use=reward` the engine also holds the
 frozen reference policy (the actor's initial weights, a second GPTModel) and returns its
@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from roles.algo import value_loss
-from roles.critic.engine import _as_batch, _spans, unpad_rows
-from roles.training.megatron_convert import ModelDims, check_divisible
-from roles.training.megatron_engine import MegatronEngineBase, gather_shards
-from roles.training.megatron_model import (
+from roles.critic.value_rows import as_batch, sequence_spans, unpad_rows
+from roles.megatron.convert import ModelDims, check_divisible
+from roles.megatron.engine_base import MegatronEngineBase, gather_shards
+from roles.megatron.model import (
     VALUE_HEAD,
     build_actor,
     build_value_model,
@@ -70,13 +70,13 @@ class MegatronCriticEngine(MegatronEngineBase):
     @torch.no_grad()
     def values(self, req: ValueRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token values (and reference logprobs) of this rank's packed sequences of `req`."""
-        mine = _as_batch(req)
+        mine = as_batch(req)
         batch = gather_shards(mine, self.replica_group, self.device)
         offset = self._own_offset(mine)
         self.model.eval()
         values = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
         ref = torch.zeros_like(values) if self.ref_model is not None else None
-        spans = _spans(batch.cu_seqlens)
+        spans = sequence_spans(batch.cu_seqlens)
         row = 0
         for mb in self._micro_batches(batch, self.micro_batch_tokens):
             v = self.forward(self.model, mb).cpu()

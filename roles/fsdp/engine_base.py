@@ -3,13 +3,15 @@
 It owns the process group, the device, the sharded model's AdamW with its warm-up
 schedule, micro-batches kept in step across ranks, and sharded checkpoints; and the one
 `train_step` every FSDP engine runs. A subclass builds `self.model` (FSDP-wrapped), calls
-`_setup_optimizer`, names its metrics (`metric_names`) and implements `loss`, the loss of
-one micro-batch; it may add metrics after the step in `after_step`.
+`_setup_optimizer`, names its metrics (`metric_names`) and implements `forward` (the
+model's output for one micro-batch) and `loss` (that micro-batch's loss from it), the
+hooks `MegatronEngineBase` asks for too (roles/training/train_engine.py); it may add metrics
+after the step in `after_step`. It offers what `TrainEngine` names.
 
 A step, on every rank. With `epochs` = `mini_batches` = 1: split this rank's shard into
 micro-batches, padded with empty ones to the largest count of any rank, backward each
 micro-batch's loss scaled by the world size (FSDP averages gradients over ranks, see
-`roles/training/fsdp.py`), fold its metrics, reduce them over ranks and take one optimizer
+`roles/fsdp/wrap.py`), fold its metrics, reduce them over ranks and take one optimizer
 step. Otherwise `prepare` first adds what the updates need that must come from the
 weights before the first one (the actor's proximal logprobs, one no-grad forward), then
 each epoch splits the shard into `mini_batches` seeded, shuffled mini-batches
@@ -53,15 +55,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from roles.training.balance import min_bins
-from roles.training.distributed import init_distributed, pick_device
-from roles.training.fsdp import (
+from roles.fsdp.offload import ParamOffload, StreamedAdamW
+from roles.fsdp.wrap import (
     clip_grad_norm_,
     finish_backward,
     gradient_sync_once,
     optimizer_param_groups,
     sync_after,
 )
+from roles.training.balance import min_bins
+from roles.training.distributed import init_distributed, pick_device
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import (
     MicroBatch,
@@ -71,7 +74,6 @@ from roles.training.microbatch import (
     split_micro_batches,
 )
 from roles.training.minibatch import epoch_mini_batches
-from roles.training.offload import ParamOffload, StreamedAdamW
 from roles.training.rng import rng_state, set_rng_state
 from runtime.config import OffloadConfig, OptimConfig, RunConfig
 from transport.wire import TrainBatch
@@ -105,7 +107,7 @@ class FSDPEngineBase(ABC):
     def _setup_optimizer(self, o: OptimConfig, offload: OffloadConfig | None = None) -> None:
         """AdamW over the model's trainable parameters (torch's fused kernels with
         `o.implementation` "fused"); with `offload.optimizer` its moments
-        live in host memory (roles/training/offload.py), with `offload.params` the
+        live in host memory (roles/fsdp/offload.py), with `offload.params` the
         parameters may move there between steps (`offload_params`)."""
         self.optim_cfg = o
         groups = optimizer_param_groups(self.model)
@@ -122,12 +124,16 @@ class FSDPEngineBase(ABC):
 
     # --- the step ----------------------------------------------------------------------
     @abstractmethod
-    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """One micro-batch's loss and metrics, `mb` already on the device, `batch` the
-        rank's whole shard (for the step's global counts). The loss is normalised by the
-        step's global token (or sequence) count and not scaled by the world size. The
-        metrics are python floats named in `metric_names`, plus "tokens", the micro-batch's
-        masked token count (the weight of `weighted` names)."""
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> Any:
+        """`model`'s output for `mb` (on the device), what `loss` takes."""
+
+    @abstractmethod
+    def loss(self, mb: MicroBatch, batch: TrainBatch, output: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's loss and metrics from `forward`'s `output`, `mb` already on the
+        device, `batch` the rank's whole shard (for the step's global counts). The loss is
+        normalised by the step's global token (or sequence) count and not scaled by the
+        world size. The metrics are python floats named in `metric_names`, plus "tokens",
+        the micro-batch's masked token count (the weight of `weighted` names)."""
 
     def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """Called once per `train_step`, after the optimizer steps and the version count,
@@ -215,7 +221,8 @@ class FSDPEngineBase(ABC):
                 real = float(mb.attention_mask_BT.sum())
                 self._input_tokens[0] += real
                 self._input_tokens[1] += real if mb.packed is not None else float(mb.attention_mask_BT.numel())
-                loss, m = self.loss(mb.to(self.device), batch)
+                on_device = mb.to(self.device)
+                loss, m = self.loss(on_device, batch, self.forward(self.model, on_device))
                 if i == 0 and self.rank == 0 and batch.step + 1 in self._poisoned:
                     loss, m = loss * math.nan, {**m, self.metric_names.summed[0]: math.nan}
                 if self._bad_micro_batch < 0 and not self._loss_finite(m):

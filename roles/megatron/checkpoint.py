@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from roles.training.megatron_model import unwrap
+from roles.megatron.model import unwrap
 from roles.training.rng import rng_state, set_rng_state
 from runtime.checkpoint_layout import LAYOUT_FILE, layout_mismatch
 

@@ -1,7 +1,7 @@
 """The Megatron-core actor engine: decoupled PPO on a tensor- and pipeline-parallel GPTModel.
 
 The shared machinery (parallel state, DDP, optimizer, schedule, checkpoints) is
-`roles/training/megatron_engine.py`; this file is the actor's model and loss.
+`roles/megatron/engine_base.py`; this file is the actor's model and loss.
 
 Process groups. The trainer ranks' default group (NCCL, made by `init_distributed`) carries
 only this engine's small bookkeeping collectives (metric sums). Megatron's parallel state
@@ -23,10 +23,10 @@ the data-parallel group), as the FSDP engine does. This path has not run here
 (megatron-core needs CUDA); the FSDP engine's tests cover the same mini-batch code.
 
 Weights. The model is built from the HF directory's config and loaded from its safetensors
-(`roles/training/megatron_convert.py` documents the mapping); `export_weights` yields HF
+(`roles/megatron/convert.py` documents the mapping); `export_weights` yields HF
 names and full tensors on the first pipeline stage. Megatron's mixed-precision optimizer
 keeps fp32 master weights when the params are bf16. Checkpoints are per rank and resume
-only with the same TP / PP / world size (`roles/training/megatron_checkpoint.py`). All
+only with the same TP / PP / world size (`roles/megatron/checkpoint.py`). All
 methods are blocking collectives, called from one thread, in the same order on every rank.
 """
 
@@ -40,10 +40,9 @@ import msgspec
 import torch
 
 from roles.algo import ppo_policy_loss
-from roles.trainer.policy_loss import policy_loss_options
-from roles.training.megatron_convert import ModelDims, check_divisible
-from roles.training.megatron_engine import MegatronEngineBase, gather_shards
-from roles.training.megatron_model import (
+from roles.megatron.convert import ModelDims, check_divisible
+from roles.megatron.engine_base import MegatronEngineBase, gather_shards
+from roles.megatron.model import (
     export_hf_weights,
     load_hf_weights,
     make_actor,
@@ -51,6 +50,7 @@ from roles.training.megatron_model import (
     transformer_config,
     vocab_parallel_entropy,
 )
+from roles.trainer.policy_loss import policy_loss_options
 from roles.training.metrics import ACTOR_METRICS
 from roles.training.microbatch import MicroBatch
 from runtime.config import RunConfig
@@ -146,9 +146,6 @@ class MegatronEngine(MegatronEngineBase):
         return logits, collect
 
     # --- weights and checkpoints -----------------------------------------------------------
-    def offload_params(self) -> None:
-        """Parameters stay on the GPU: `trainer.offload` is the FSDP2 actor's (validate.py refuses it here)."""
-
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors by HF name, on CPU in `dtype`, complete on the first pipeline stage's
         ranks (global rank 0 among them). A collective: every rank iterates it to the end."""

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from roles.algo import token_logprobs, value_loss
-from roles.training.engine import FSDPEngineBase
-from roles.training.fsdp import wrap_model_with_fsdp
+from roles.critic.value_rows import as_batch, sequence_spans, unpad_rows
+from roles.fsdp.engine_base import FSDPEngineBase
+from roles.fsdp.wrap import wrap_model_with_fsdp
 from roles.training.metrics import CRITIC_METRICS
 from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES, load_causal_lm
@@ -54,8 +55,9 @@ class CriticEngine(FSDPEngineBase):
             self.ref_model = wrap_model_with_fsdp(ref, cfg.fsdp, device=self.device)
         self._setup_optimizer(cfg.critic.optim)
 
-    def _values(self, mb: MicroBatch) -> torch.Tensor:
-        out = self.model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, use_cache=False)
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Per-token values, position j holding the head's output at j-1 (0 at the first)."""
+        out = model(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT, use_cache=False)
         out = out.logits[..., 0].float()
         return torch.nn.functional.pad(out[:, :-1], (1, 0))  # position j <- output at j-1
 
@@ -63,14 +65,14 @@ class CriticEngine(FSDPEngineBase):
     def values(self, req: ValueRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token values (and reference logprobs) of the packed sequences of `req`."""
         self.model.eval()
-        batch = _as_batch(req)
+        batch = as_batch(req)
         values = torch.zeros(req.input_ids.numel(), dtype=torch.float32)
         ref = torch.zeros_like(values) if self.ref_model is not None else None
-        spans = _spans(req.cu_seqlens)
+        spans = sequence_spans(req.cu_seqlens)
         row = 0
         for mb in self.micro_batches(batch, self.micro_batch_tokens):
             mb = mb.to(self.device)
-            v = self._values(mb).cpu()
+            v = self.forward(self.model, mb).cpu()
             if ref is not None:
                 unpad_rows(self._ref_logprobs(mb), spans, row, ref)
             row = unpad_rows(v, spans, row, values)
@@ -85,38 +87,12 @@ class CriticEngine(FSDPEngineBase):
         )
         return torch.nn.functional.pad(logp, (1, 0)).cpu()
 
-    def loss(self, mb: MicroBatch, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, mb: MicroBatch, batch: TrainBatch, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss against the returns."""
         f = mb.fields
         loss, m = value_loss(
-            self._values(mb), f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
+            values, f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
             num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
         )  # fmt: skip
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
         return loss, m
-
-
-def unpad_rows(rows_BT: torch.Tensor, spans: list[tuple[int, int]], first: int, out: torch.Tensor) -> int:
-    """Write the right-padded rows of a micro-batch into the flat `out`, row i at
-    `spans[first + i]`; returns the index of the row after them (rows past the spans,
-    padding of a rank's last micro-batch, are not written)."""
-    if first >= len(spans):
-        return first
-    for i in range(rows_BT.shape[0]):
-        start, end = spans[first + i]
-        out[start:end] = rows_BT[i, : end - start]
-    return first + rows_BT.shape[0]
-
-
-def _spans(cu: torch.Tensor) -> list[tuple[int, int]]:
-    c = cu.tolist()
-    return [(c[i], c[i + 1]) for i in range(len(c) - 1)]
-
-
-def _as_batch(req: ValueRequest) -> TrainBatch:
-    n = req.input_ids.numel()
-    zeros = torch.zeros(n, dtype=torch.float32)
-    return TrainBatch(
-        step=-1, input_ids=req.input_ids, cu_seqlens=req.cu_seqlens, loss_mask=zeros, behaviour_logprobs=zeros,
-        advantages=zeros, global_num_tokens=0, global_num_seqs=0,
-    )  # fmt: skip

@@ -3,11 +3,13 @@
 It owns the process group and megatron's parallel state (TP x PP per replica, data
 parallel across replicas), the seeds (torch and megatron's CUDA RNG tracker), the DDP
 wrapper and megatron's optimizer with the FSDP engines' warm-up schedule, the pipeline
-schedule, and checkpoints (`roles/training/megatron_checkpoint.py`). A subclass builds its
+schedule, and checkpoints (`roles/megatron/checkpoint.py`). A subclass builds its
 model stage and hands it to `_wrap`, names its metrics (`metric_names`) and implements
 `forward` (the model's output for one micro-batch) and `loss` (that micro-batch's loss);
 it may implement `prepare`. The base runs the one `train_step` both engines run, as
-`FSDPEngineBase` does for the FSDP engines (roles/training/engine.py).
+`FSDPEngineBase` does for the FSDP engines (roles/fsdp/engine_base.py), whose subclasses
+implement the same `forward` / `loss` hooks; it offers what `TrainEngine` names
+(roles/training/train_engine.py).
 
 A step, on every rank: gather the replica's shards; with `epochs` = `mini_batches` = 1,
 one optimizer step on them; otherwise `prepare` first (the actor's proximal logprobs),
@@ -34,8 +36,8 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from roles.megatron.checkpoint import load_megatron, save_megatron
 from roles.training.distributed import init_distributed, pick_device
-from roles.training.megatron_checkpoint import load_megatron, save_megatron
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
 from roles.training.minibatch import epoch_mini_batches
@@ -212,6 +214,10 @@ class MegatronEngineBase(ABC):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+    def offload_params(self) -> None:
+        """Parameters stay on the GPU: `trainer.offload` is the FSDP2 actor's (validate.py refuses it here)."""
+        return None
 
     # --- checkpoints -------------------------------------------------------------------
     def save(self, directory: Path) -> None:

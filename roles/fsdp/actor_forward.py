@@ -1,8 +1,8 @@
 """One forward of a causal LM over a micro-batch → per-token logprobs and entropy, [B, T - 1].
 
 `setup_actor_model` loads the HF model the way the actor's options ask: the varlen
-attention backend when packing (roles/training/varlen.py), a `TokenStatsHead` when the
-logprobs are chunked (roles/training/token_stats.py). `token_stats(model, mb, ...)` then
+attention backend when packing (roles/kernels/varlen.py), a `TokenStatsHead` when the
+logprobs are chunked (roles/kernels/token_stats.py). `token_stats(model, mb, ...)` then
 runs it on a padded or a packed `MicroBatch` and returns the same thing either way:
 `logp[i, j]` is the logprob of sequence i's token j + 1 given its tokens up to j, in the
 padded layout of `mb.fields` shifted by one (values at padding are arbitrary; mask them).
@@ -16,14 +16,14 @@ import torch
 from torch import Tensor
 
 from roles.algo import entropy_from_logits, token_logprobs
-from roles.training.fsdp import find_blocks
-from roles.training.kernels import apply_kernels
+from roles.fsdp.wrap import find_blocks
+from roles.kernels.block_kernels import apply_kernels
+from roles.kernels.token_stats import TokenStatsHead, install_token_stats_head
+from roles.kernels.varlen import register_varlen_attention
+from roles.kernels.varlen_cudnn import refuse_where_it_crashes, register_cudnn_attention
+from roles.kernels.varlen_fa4 import register_fa4_attention
 from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
-from roles.training.token_stats import TokenStatsHead, install_token_stats_head
-from roles.training.varlen import register_varlen_attention
-from roles.training.varlen_cudnn import refuse_where_it_crashes, register_cudnn_attention
-from roles.training.varlen_fa4 import register_fa4_attention
 
 _PACKED_BACKENDS = {
     "torch": register_varlen_attention, "fa4": register_fa4_attention, "cudnn": register_cudnn_attention
@@ -37,9 +37,9 @@ def setup_actor_model(
 ) -> torch.nn.Module:  # fmt: skip
     """The HF model for `token_stats`, not yet FSDP-wrapped; `chunk` 0 keeps the full logits;
     `compile_blocks` compiles each transformer block in place (names and weights unchanged)
-    and the chunked head's per-chunk math; `kernels` (roles/training/kernels.py) are put in
+    and the chunked head's per-chunk math; `kernels` (roles/kernels/block_kernels.py) are put in
     before either; `attention_kernel` "fa4" packs through flash-attn-4's kernels
-    (roles/training/varlen_fa4.py), "cudnn" through cuDNN's (roles/training/varlen_cudnn.py),
+    (roles/kernels/varlen_fa4.py), "cudnn" through cuDNN's (roles/kernels/varlen_cudnn.py),
     instead of PyTorch's varlen FlashAttention-2."""
     attn = "sdpa"
     if packing:

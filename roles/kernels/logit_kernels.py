@@ -1,4 +1,4 @@
-"""The per-chunk math of the chunked LM head (roles/training/token_stats.py), fused where it runs.
+"""The per-chunk math of the chunked LM head (roles/kernels/token_stats.py), fused where it runs.
 
 A chunk is `C` positions of `[C, V]` logits in the compute dtype (bf16 under FSDP2's mixed
 precision). `stats_of_logits` turns them into the sampled token's logprob, the entropy and
