@@ -1,6 +1,6 @@
 """Attention kernels for packed micro-batches, forward and backward alone. Prints one JSON object.
 
-The trainer's attention (issue 34) at the 1.54B bench shape (12 query heads, 2 KV heads, head
+The trainer's attention at the 1.54B bench shape (12 query heads, 2 KV heads, head
 dim 128; `--heads/--kv-heads/--head-dim` for others) on the cases of benchmarks/trainer.py
 (`fixed_4k`: 4 sequences of 4096 tokens; `length_mix`: log-uniform lengths, about 16,384
 tokens), each kernel on the same bf16 inputs:

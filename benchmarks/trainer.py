@@ -33,7 +33,7 @@ same weights and batch agree to 2e-2).
 chunked logprobs vs full logits (`trainer.logprob_chunk_tokens=0`), each without and with
 activation recompute (`trainer.gradient_checkpointing`; the activations of 16k tokens
 are the same in both and dilute the ratio): peak memory of the step and above what was
-resident before it (weights, grads, optimizer state), and their ratios (issue 21 asks
+resident before it (weights, grads, optimizer state), and their ratios (the aim is
 <= 0.5).
 
 `--profile N`: after timing a case, one more engine step runs under torch.profiler; the

@@ -1,7 +1,7 @@
 """The async loop on CUDA: the same roles and config as the CPU run, only placed on GPUs.
 
-Run on a machine with 2 GPUs: `python -m pytest -m gpu tests/gpu`. Results of the runs on
-the 2x H200 machine are in docs/gpu-verification.md.
+Needs 2 NVIDIA GPUs: `python -m pytest -m gpu tests/gpu`. Results of the GPU runs (GPU,
+commit, date) are in docs/gpu-verification.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 trainer side (the trainer role's own sender, packing on the GPU) in this process on the
 same GPU, handing vLLM CUDA IPC handles of its packed buckets.
 
-Run on the H200 machine (docs/gpu-verification.md has the environment):
+Needs an NVIDIA GPU (docs/gpu-verification.md has the environment):
 
     VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m pytest -m gpu tests/gpu/test_weight_ipc.py -s -o addopts=""
 

@@ -2,7 +2,7 @@
 (`WeightSender` with `NcclTransfer`, as trainer rank 0 runs it, packing buckets on its
 GPU) in this process on GPU 1.
 
-Run on the 2x H200 machine (see docs/gpu-verification.md for the environment):
+Needs 2 NVIDIA GPUs (see docs/gpu-verification.md for the environment):
 
     VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m pytest -m gpu tests/gpu/test_weight_nccl.py -s -o addopts=""
 

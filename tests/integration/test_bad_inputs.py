@@ -1,4 +1,4 @@
-"""Bad inputs fail before anything starts (issue 23, finding 7): each used to cost 12–28 s
+"""Bad inputs fail before anything starts: each used to cost 12–28 s
 of spawning roles and end in a traceback fragment. Now `tandem launch` checks them first:
 exit 2, one line naming the key and the file, no role spawned."""
 

@@ -211,7 +211,7 @@ async def test_a_flood_of_bad_messages_costs_a_few_log_lines(ctx: zmq.asyncio.Co
 
 
 async def test_a_flood_from_thousands_of_peers_costs_a_few_log_lines(ctx: zmq.asyncio.Context) -> None:
-    """Issue 52: 5,000 malformed frames from 5,000 identities printed 1,020 lines (3 per peer,
+    """5,000 malformed frames from 5,000 identities once printed 1,020 lines (3 per peer,
     up to the peers remembered) and left ~3,980 drops in no summary. Now a few one by one,
     summaries (also once the flood has stopped: the heartbeat's tick) count every one."""
     from structlog.testing import capture_logs
@@ -299,7 +299,7 @@ time.sleep(30)
 
 
 async def test_an_oversized_frame_never_costs_the_receiver_its_size(ctx: zmq.asyncio.Context) -> None:
-    """Issue 23, finding 5: two 96 MiB frames to a server capped at 32 MiB used to be read
+    """Two 96 MiB frames to a server capped at 32 MiB used to be read
     whole (the socket allowed 4x the cap per frame) before the drop. Now the socket cuts the
     connection at the first frame's length: the server's memory does not grow by the cap.
     The sender is another process, so this process's memory is the receiver's alone."""
@@ -555,7 +555,7 @@ async def test_full_send_queue_blocks_neither_liveness_nor_timeouts(ctx: zmq.asy
 async def test_a_send_to_a_peer_that_never_reads_fails_after_send_timeout(
     ctx: zmq.asyncio.Context, tmp_path: Path
 ) -> None:
-    """Issue 23, finding 8: a live peer that stops reading held the sender forever (the
+    """A live peer that stops reading used to hold the sender forever (the
     controller's dispatch, unnoticed). Now the send gives up after send_timeout_s, naming it."""
     options = ChannelOptions(hwm=2, send_timeout_s=0.5)
     server = bind_router(ctx, f"ipc://{tmp_path}/s", name="server", options=options)

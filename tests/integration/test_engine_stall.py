@@ -1,4 +1,4 @@
-"""A wedged vLLM engine ends the run (issue 23, finding 1): SIGSTOP of the rollout's engine
+"""A wedged vLLM engine ends the run: SIGSTOP of the rollout's engine
 processes, the rollout role itself alive and heartbeating, used to hang the run forever.
 Now the rollout notices that samples are in flight and no engine step comes for
 `rollout.stall_timeout_s`, reports itself dead with that cause, and the launcher stops the

@@ -1,4 +1,4 @@
-"""Forged control messages against a live run (issue 23, finding 2). Another process of the
+"""Forged control messages against a live run. Another process of the
 same user can reach the run's ipc sockets; without the run's secret it can neither
 register, nor declare a healthy role dead, nor take a live role's identity, nor send
 weights. Each forgery is refused and counted, and the run completes."""

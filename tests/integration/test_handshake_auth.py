@@ -1,4 +1,4 @@
-"""Issue 31, item 5: a peer without the run token never gets a frame into a server's
+"""A peer without the run token never gets a frame into a server's
 memory. Servers authenticate at the ZMQ handshake (PLAIN, the run token as password,
 checked by ZAP), so a stranger's multipart message of frames each under the per-frame
 cap (which libzmq would otherwise hold whole until its last frame) is never read; a

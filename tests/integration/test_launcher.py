@@ -142,7 +142,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
 
 
 def test_a_role_whose_log_cannot_be_written_dies_saying_so(tmp_path: Path) -> None:
-    """Issue 23, finding 8: a full disk used to end a run with "last error: no error was
+    """A full disk used to end a run with "last error: no error was
     logged". The controller's next log line fails (its file-size limit is set to the
     file's size: the same OSError path as ENOSPC); it dies naming the file, and the
     launcher learns the cause through the last-words pipe, not the disk."""

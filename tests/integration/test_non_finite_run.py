@@ -1,4 +1,4 @@
-"""Non-finite numbers and floods against live tiny runs (issue 52).
+"""Non-finite numbers and floods against live tiny runs.
 
 One paced run takes, while it trains: rewards that are NaN or inf on some samples (counted
 as failures, every metric finite, no traceback), a forged weight update holding NaN with the

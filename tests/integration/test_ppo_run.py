@@ -1,7 +1,7 @@
 """PPO with a critic end to end on CPU (configs/ppo_hybridflow.yaml): asynchronous
 (max_staleness=1), KL to the reference policy folded into token rewards, reward rises
 and the critic's explained variance climbs above zero; then the run resumes from its last
-checkpoint, critic included, and goes on (issue 23, finding 9: it never could)."""
+checkpoint, critic included, and goes on (which a PPO run once could not)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A run stopped from outside, or by its disk, loses at most the step in flight and says how
-to go on (issue 52; issue 53 items 4, 5, 8, 9, 14), with real tiny runs:
+to go on, with real tiny runs:
 
 * SIGTERM to the launcher mid-run, defaults only: the step in flight finishes, a checkpoint
   of it is saved, every process is gone within checkpoint.preempt_grace_s; the last lines
@@ -171,7 +171,7 @@ def refused(tmp_path: Path, *overrides: str, prefix: list[str] | None = None) ->
 
 
 def test_every_prompt_too_long_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    """Issue 53 item 4: found 53 s in, after the engine started, exit 1."""
+    """Once found 53 s in, after the engine started (exit 1); now exit 2, one line, no role started."""
     started = time.monotonic()
     out = refused(tmp_path, "data.max_prompt_tokens=5")
     took = time.monotonic() - started

@@ -1,4 +1,4 @@
-"""Reward functions that cannot work end the run naming them (issue 23, finding 4): one
+"""Reward functions that cannot work end the run naming them: one
 whose signature no reward call can satisfy is refused before anything starts (exit 2, one
 line), and one that fails on every call ends the run at its first step, instead of a
 "successful" run that trained on rewards of 0."""

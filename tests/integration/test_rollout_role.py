@@ -118,7 +118,7 @@ async def test_rest_is_answered_and_a_rollout_without_sleep_mode_stays_awake(rol
 
 
 async def test_weights_without_the_run_token_are_refused(rollout: RoleHarness, weights: RpcEndpoint) -> None:
-    """Another process of the same user (issue 23, finding 2): an empty update to version
+    """Another process of the same user, without the token: an empty update to version
     10**9 would make the rollout refuse every real one after it."""
     for forged in ("", "0" * 64):
         bogus = wire.WeightBucket(version=10**9, index=0, last=True, tensors={}, token=forged)

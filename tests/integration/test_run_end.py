@@ -1,7 +1,7 @@
 """The README's first command, shortened, from a fresh run directory: the run ends with a
 summary naming a model directory that `tandem export` accepts; the directory is then the
 run's own: a launch without `resume` is refused, and `resume=auto` of the finished run
-ends at once (issue 35, items 1-3)."""
+ends at once."""
 
 from __future__ import annotations
 

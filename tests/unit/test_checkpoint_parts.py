@@ -1,5 +1,5 @@
 """A checkpoint is complete only with every part its run writes: the manifest check alone
-vouched only for the files that were there (issue 23, finding 9: a PPO checkpoint whose
+vouched only for the files that were there (a PPO checkpoint whose
 critic shards lay in the wrong folder passed it)."""
 
 from __future__ import annotations

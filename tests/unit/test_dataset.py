@@ -96,7 +96,7 @@ def test_every_prompt_too_long_is_an_error(tok: Any, tmp_path: Path) -> None:
 
 
 def test_a_skipped_prompt_is_counted_for_the_step_and_logged_once_per_row(tok: Any, tmp_path: Path) -> None:
-    """Issue 52: a row over the limit was skipped in silence (the count only in checkpoints)."""
+    """A row over the limit used to be skipped in silence (the count only in checkpoints)."""
     import structlog
 
     rows = [{"prompt": "x" * 20}, {"prompt": "ok"}, {"prompt": "y" * 30}]
@@ -109,7 +109,7 @@ def test_a_skipped_prompt_is_counted_for_the_step_and_logged_once_per_row(tok: A
 
 
 def test_the_launch_check_refuses_data_where_no_prompt_fits(tok: Any, tmp_path: Path) -> None:
-    """Issue 53 item 4: found before anything starts (the launcher raises it: exit 2, one line),
+    """The check runs before anything starts (the launcher raises it: exit 2, one line),
     as the run's limit counts: data.max_prompt_tokens, at most max_model_len - 1."""
     from runtime.config_load import ConfigError, load_config
     from runtime.prompts import check_prompt_lengths, prompt_limit
@@ -167,7 +167,7 @@ def test_missing_file_is_a_clear_error(tok: Any, tmp_path: Path) -> None:
     ],
 )
 def test_every_row_is_checked_and_the_line_named(tok: Any, tmp_path: Path, lines: list[str], error: str) -> None:
-    """Issue 23, finding 7: a row that was not an object killed the run mid-way, and only
+    """A row that was not an object once killed the run mid-way, and only
     row 0 was checked for the prompt key (others were trained as empty prompts)."""
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")

@@ -1,4 +1,4 @@
-"""Checks done before any role is spawned, each one line (issue 35, items 2 and 4)."""
+"""Checks done before any role is spawned, each one line."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from runtime.memory_auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, repla
 from runtime.memory_model import model_shape, vllm_weights_gb
 from runtime.memory_plan import build_plan, check_plan, format_plan, launch_plan
 
-HOST = "memory.host_gb=128"  # the lent GPU machines' host, so no test depends on this one's
+HOST = "memory.host_gb=128"  # a fixed host size, so no test depends on this machine's
 RECIPES = ["bench_1.5b", "bench_3b", "bench_7b_lora"]
 BY_SIZE = "(recipes are named by model size)"
 

@@ -1,5 +1,5 @@
 """NaN and infinities are written as the text "nan" / "inf" / "-inf" in metrics.jsonl and in
-every JSON log (issue 52): valid JSON that runtime/records.py reads back as floats, where
+every JSON log: valid JSON that runtime/records.py reads back as floats, where
 msgspec wrote null and Python's json an invalid `NaN`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`resume=auto` refuses, before anything starts, a checkpoint that cannot serve the config,
-and a finished run ends at once (issue 35, item 2)."""
+and a finished run ends at once."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ async def test_a_raising_function_scores_zero_with_the_exception_text() -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 async def test_a_non_finite_reward_is_a_failure_that_scores_zero(value: str) -> None:
-    """Issue 52: NaN or inf from a reward function used to become the sample's reward, and
+    """NaN or inf from a reward function used to become the sample's reward, and
     reward_mean, loss and grad_norm NaN from then on."""
     runner = _runner("nan_or_inf", "const_one")
     total, error, reason = await runner.score(_item(completion=value))
@@ -210,7 +210,7 @@ async def test_the_pool_starts_every_worker_up_front_and_light() -> None:
 
 @pytest.mark.parametrize("name", ["holds_the_gil", "blocks_its_loop"])
 async def test_a_function_that_starves_its_process_scores_zero_and_the_role_goes_on(name: str) -> None:
-    """Issue 23, finding 3: these used to starve the reward role's event loop until the
+    """A function that holds the GIL or blocks its loop used to starve the reward role's event loop until the
     run died as "reward-0 went silent". They run in worker processes now: the role's loop
     keeps turning, and the worker is killed at the timeout."""
     import psutil

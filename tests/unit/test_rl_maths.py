@@ -1,4 +1,4 @@
-"""RL maths without surprises (issue 32): REINFORCE++ over gapped multi-turn masks, in
+"""RL maths without surprises: REINFORCE++ over gapped multi-turn masks, in
 roles/algo and through the controller's batching, the one advantage entry point, and the
 behaviour/proximal KL metric."""
 
@@ -40,7 +40,7 @@ EXPECTED_ADV = [[_white(r) if m else 0.0 for r, m in zip(row, mrow, strict=True)
 
 
 def _old_reinforce_pp(rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Today's code before issue 32: the return reset to 0 at every mask-0 token."""
+    """The code before gapped masks were handled: the return reset to 0 at every mask-0 token."""
     valid_BT = mask_BT != 0
     running = torch.zeros(rewards_BT.shape[0])
     cols = []

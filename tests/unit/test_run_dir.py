@@ -1,4 +1,4 @@
-"""A run directory belongs to one run (issue 35, item 1): a lock while a launch runs, no
+"""A run directory belongs to one run: a lock while a launch runs, no
 launch into an earlier run's directory without `resume`, and the base model a checkpoint
 was trained on recorded in its manifest and checked by resume and export."""
 
@@ -159,7 +159,7 @@ def test_manifest_records_the_base_model(tmp_path: Path) -> None:
 
 
 def test_resume_auto_without_a_checkpoint_sets_the_earlier_run_aside(tmp_path: Path) -> None:
-    """Issue 52: it printed "starting fresh" and appended to the old metrics.jsonl (steps
+    """It once printed "starting fresh" and appended to the old metrics.jsonl (steps
     1..100 twice, a report of "300/300"); now the earlier run goes where resume=fresh puts it."""
     from runtime.console import Console
     from runtime.launcher import _resume_from

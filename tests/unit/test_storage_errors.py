@@ -1,4 +1,4 @@
-"""A storage error ends the run at once naming the file and the error (issue 52): a full
+"""A storage error ends the run at once naming the file and the error: a full
 disk under metrics.jsonl, and the one line of a failed checkpoint save, which names the
 folder, ENOSPC (also where torch's writer hid the errno: the file system is full) and
 the last intact checkpoint, and removes the save's partial files."""
