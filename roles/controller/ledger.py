@@ -186,8 +186,8 @@ class Ledger:
         self._notify()
 
     def take_batch(self) -> list[Group] | None:
-        """`prompts_per_step` fresh groups, oldest first, now in training; stale groups met
-        on the way are dropped. None (nothing taken) when not enough are ready."""
+        """`prompts_per_step` fresh groups, the oldest ready ones, in admission order, now in
+        training; stale groups met on the way are dropped. None (nothing taken) when not enough are ready."""
         batch: list[Group] = []
         dropped = False
         while self.ready and len(batch) < self.prompts_per_step:
@@ -203,6 +203,7 @@ class Ledger:
             if dropped:
                 self._notify_listeners()  # the drops gave slots back: more can be admitted
             return None
+        batch.sort(key=lambda g: g.gid)  # admission order, not completion order: a seeded run's batches repeat
         self.training = batch
         return batch
 

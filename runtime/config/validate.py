@@ -13,7 +13,7 @@ import os
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError
+from runtime.config.load import ConfigError
 from runtime.ecosystem import check_ecosystem
 from runtime.gpu_check import (
     check_gpu_memory,
@@ -22,8 +22,8 @@ from runtime.gpu_check import (
     placed_processes,
     rollout_sleeps,
 )
+from runtime.launch.placement import role_counts
 from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
-from runtime.placement import role_counts
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 

@@ -17,7 +17,7 @@ until a layer or an override gives the key (`configs/grpo_gsm8k.yaml` so leaves 
 `model.path=tiny` asks for the tiny random model by name (it loads as the empty path).
 
 Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets: the
-loader gives each a value for this machine's GPUs (runtime/memory_auto.py), so a loaded
+loader gives each a value for this machine's GPUs (runtime/memory/auto.py), so a loaded
 `RunConfig` holds plain values and `memory.chosen` says what `auto` became and why. A recipe
 under one of its old names (`RENAMED`) is refused, naming the new one.
 """
@@ -40,7 +40,7 @@ from runtime.config import RunConfig
 
 ALIASES = {"trainer.fsdp.": "fsdp."}
 AUTO = "auto"
-AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory_auto.py chooses them)
+AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory/auto.py chooses them)
     "trainer.micro_batch_tokens",
     "rollout.engine.gpu_memory_utilization",
     "rollout.engine.sleep_when_idle",
@@ -81,7 +81,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if auto and not unset_keys(cfg):  # the chooser plans for the model: it waits until model.path is given
-        from runtime.memory_auto import settle  # here: the planner imports this module
+        from runtime.memory.auto import settle  # here: the planner imports this module
 
         cfg = settle(cfg, auto)
     return cfg
@@ -470,7 +470,7 @@ def config_docs() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `runtime/config.py` by `tandem config-docs`; a test checks it is current.",
+        "Generated from `runtime/config/` by `tandem config-docs`; a test checks it is current.",
         "Set any key in a YAML recipe or on the command line as `key=value` (dotted).",
         "",
         "* `tandem launch RECIPE [key=value ...] --print-config` prints the resolved config (every default",

@@ -1,0 +1,99 @@
+"""The run configuration: typed msgspec Structs, loaded from YAML plus dotted overrides.
+
+Importing this module needs neither torch nor vLLM. Every field has a default and a
+description (`Annotated[..., Meta(description=...)]`); `docs/config.md` is generated
+from them (`tandem config-docs`). `load_config` fails before anything starts, with a
+one-line `ConfigError` naming the key and, where there are any, the valid choices.
+
+One module per section, each importable alone; this package re-exports every struct, so
+`from runtime.config import RunConfig` is the way in:
+
+  base.py       `Doc` and the Struct options every section shares
+  model.py       The policy model
+  data.py        The prompt dataset
+  rollout.py     Generation
+  trainer.py     The actor trainer
+  critic.py      The value model
+  algorithm.py   Advantages and KL
+  reward.py      Reward functions, the reward model and the judge
+  run.py         The run's remaining sections (weight sync, checkpoints, placement, transport, metrics,
+  load.py       YAML + `@` overlays + dotted overrides -> a checked RunConfig (`load_config`)
+  validate.py   the cross-section checks `load_config` runs
+"""
+
+from __future__ import annotations
+
+from runtime.config.algorithm import AlgorithmConfig, OverlongConfig
+from runtime.config.base import STRUCT, Doc
+from runtime.config.critic import CriticConfig
+from runtime.config.data import DataConfig, ReasoningGymConfig, VerifiersConfig
+from runtime.config.model import ModelConfig, TinyModelConfig
+from runtime.config.reward import DEFAULT_JUDGE_TEMPLATE, JudgeConfig, RewardConfig, RewardModelConfig
+from runtime.config.rollout import EngineConfig, LengthDistConfig, OpenAIEndpointConfig, RolloutConfig
+from runtime.config.run import (
+    CheckpointConfig,
+    MemoryConfig,
+    MetricsConfig,
+    PlacementEntry,
+    RunConfig,
+    TransportConfig,
+    ValidationConfig,
+    WeightSyncConfig,
+)
+from runtime.config.trainer import (
+    LORA_TARGETS,
+    BackwardPrefetch,
+    FSDPConfig,
+    KLConfig,
+    LoraConfig,
+    LossConfig,
+    MegatronConfig,
+    MixedPrecisionConfig,
+    OffloadConfig,
+    OptimConfig,
+    RolloutCorrectionConfig,
+    ShardingStrategy,
+    TrainerConfig,
+)
+
+__all__ = [
+    "DEFAULT_JUDGE_TEMPLATE",
+    "LORA_TARGETS",
+    "STRUCT",
+    "AlgorithmConfig",
+    "BackwardPrefetch",
+    "CheckpointConfig",
+    "CriticConfig",
+    "DataConfig",
+    "Doc",
+    "EngineConfig",
+    "FSDPConfig",
+    "JudgeConfig",
+    "KLConfig",
+    "LengthDistConfig",
+    "LoraConfig",
+    "LossConfig",
+    "MegatronConfig",
+    "MemoryConfig",
+    "MetricsConfig",
+    "MixedPrecisionConfig",
+    "ModelConfig",
+    "OffloadConfig",
+    "OpenAIEndpointConfig",
+    "OptimConfig",
+    "OverlongConfig",
+    "PlacementEntry",
+    "ReasoningGymConfig",
+    "RewardConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "RolloutCorrectionConfig",
+    "RunConfig",
+    "ShardingStrategy",
+    "TinyModelConfig",
+    "TrainerConfig",
+    "TransportConfig",
+    "ValidationConfig",
+    "VerifiersConfig",
+    "WeightSyncConfig",
+]
