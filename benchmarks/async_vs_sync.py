@@ -94,9 +94,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from benchmarks.json_out import print_json, provenance, read_earlier
 from runtime.config import RunConfig
-from runtime.config_load import load_config
-from runtime.placement import entries, role_counts
-from runtime.validate import check_config
+from runtime.config.load import load_config
+from runtime.config.validate import check_config
+from runtime.launch.placement import entries, role_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "configs/bench_h200x2.yaml"
@@ -307,7 +307,7 @@ def launch(
 ) -> float:
     """`tandem launch` in a subprocess (`env` added to this process's environment); its wall
     time. A failed run ends the benchmark."""
-    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(config), *overrides]
+    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(config), *overrides]
     started = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -419,10 +419,10 @@ def run_variant(
 
 def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Trainer rank 0's measured allocator peak over the run (`cuda_peak_gb`, `cuda_reserved_gb`)
-    beside the launch-time memory plan's estimate of it (runtime/memory_plan.py, on this
+    beside the launch-time memory plan's estimate of it (runtime/memory/plan.py, on this
     machine's GPUs), the plan's GB per phase of the fullest GPU, and what `auto` chose for the
     run (`auto_chosen`: the run's RUN_DIR/config.yaml, which the plan is of)."""
-    from runtime.memory_plan import launch_plan
+    from runtime.memory.plan import launch_plan
 
     written = Path(cfg.run_dir) / "config.yaml"
     ran = load_config(written) if written.exists() else cfg

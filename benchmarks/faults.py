@@ -41,7 +41,7 @@ KILL_BOUND_S = 5.0
 
 
 def _launch(run_dir: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
            "trainer.total_steps=100000", f"transport.peer_timeout_s={PEER_TIMEOUT_S:g}",
            f"rollout.stall_timeout_s={STALL_TIMEOUT_S:g}"]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

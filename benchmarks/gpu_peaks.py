@@ -1,13 +1,13 @@
 """Peak GPU memory per role while a command runs, as nvidia-smi sees it. Prints JSON.
 
 Runs COMMAND, samples `nvidia-smi --query-compute-apps` every `--every-s` seconds until it
-exits, names each process by the Tandem role it belongs to (runtime/gpu_memory.py: a role
+exits, names each process by the Tandem role it belongs to (runtime/memory/gpu.py: a role
 process, or vLLM's engine process under a rollout) and reports each name's peak in GB
 (10^9 bytes) with the command's exit code. nvidia-smi counts everything a process holds
 on the GPU (allocator cache, CUDA context, NCCL, vLLM's pools), so a trainer's figure is
 above its `cuda_peak_gb` (the allocator's allocated peak).
 
-    python3 benchmarks/gpu_peaks.py --out peaks.json -- python3 -m runtime.cli launch configs/bench_1.5b.yaml
+    python3 benchmarks/gpu_peaks.py --out peaks.json -- python3 -m runtime.views.cli launch configs/bench_1.5b.yaml
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.json_out import provenance
-from runtime.gpu_memory import gpu_processes
+from runtime.memory.gpu import gpu_processes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ weight sync the median step), plus what LoRA changes: the bytes one update moves
 (`weight_sync_gb`, median), and the trainer's peak GPU memory (`cuda_peak_gb`: torch's
 `max_memory_allocated` on trainer rank 0 since its start, the last step's value; null on CPU).
 Both run with the full variant's `auto` settings (micro-batch, vLLM's share, offload: what
-runtime/memory_auto.py chose for it), so only LoRA differs. The JSON has both variants and the
+runtime/memory/auto.py chose for it), so only LoRA differs. The JSON has both variants and the
 ratios lora / full.
 
     python3 benchmarks/lora.py --config configs/bench_1.5b.yaml --out benchmarks/results/lora_h200x1.json \\
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from async_vs_sync import H200_BF16_DENSE_TFLOPS, ROOT, Policy, emit, read_metrics, run_variant, setup_policy
 
-from runtime.config_load import load_config
-from runtime.memory_auto import pins
-from runtime.validate import check_config
+from runtime.config.load import load_config
+from runtime.config.validate import check_config
+from runtime.memory.auto import pins
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

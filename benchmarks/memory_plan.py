@@ -8,7 +8,7 @@ batch of the recipe's shape (`prompts_per_step * rollout.n` sequences of
 `synthetic_prompt_len + rollout.max_tokens` tokens), then the weight export into
 `weight_sync.bucket_mb` GPU buckets as an `ipc` push packs them. Per recipe:
 
-* `plan_peak_gb`: the plan's trainer-0 peak (runtime/memory_plan.py, this GPU's size);
+* `plan_peak_gb`: the plan's trainer-0 peak (runtime/memory/plan.py, this GPU's size);
 * `peak_gb`: `torch.cuda.max_memory_allocated` after the last step and export (what a
   run logs as `cuda_peak_gb`), `reserved_gb` the allocator's reserved peak;
 * `estimate_over_measured`: their ratio (the acceptance asks 0.85-1.15);
@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.json_out import provenance
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 
 H200_BF16_DENSE_TFLOPS = 989.0
 GB = 1e9
@@ -55,7 +55,7 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
 
     from roles.trainer.fsdp_engine import FSDPEngine
     from roles.weights.layout import BucketPacker
-    from runtime.memory_plan import build_plan
+    from runtime.memory.plan import build_plan
     from runtime.tiny_model import make_tiny_model
 
     make_batch = _trainer_benchmark().make_batch

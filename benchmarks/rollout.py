@@ -15,7 +15,7 @@ every argument that differs), the same prompts and vLLM `SamplingParams` (built 
 own function; the JSON's `sampling`) and the role's prefix-cache salt. The side that handles
 the engine's outputs gets the role process's treatment:
 
-* the launcher's role environment (runtime/launcher_env.py): the script re-executes itself
+* the launcher's role environment (runtime/launch/env.py): the script re-executes itself
   with it, since glibc reads its malloc tunables only when a process starts;
 * the garbage collector's view frozen once set up (runtime/gc_pauses.py `settle`, as
   runtime/role.py does; `bench_gc_frozen` in the JSON).
@@ -64,8 +64,8 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from benchmarks.json_out import print_json, provenance
 from runtime.config import RunConfig
-from runtime.config_load import load_config
-from runtime.launcher_env import ROLE_ENV_DEFAULTS
+from runtime.config.load import load_config
+from runtime.launch.env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 
 
@@ -76,7 +76,7 @@ def gpu_present() -> bool:
 
 
 def run_in_role_environment() -> None:
-    """Re-execute this script with the launcher's role defaults (runtime/launcher_env.py)
+    """Re-execute this script with the launcher's role defaults (runtime/launch/env.py)
     where the environment lacks them (a value already set wins): glibc reads
     GLIBC_TUNABLES, and OpenMP its thread count, only when a process starts, so setting
     them here would reach the engine's child processes but not this one, where the bare
@@ -337,7 +337,7 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))  # after the refusal: none left behind
     cfg = load_config(args.config, [f"run_dir={run_dir}", *fixed, *args.overrides])
     setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
-    from runtime.launcher import prepare_run_dir
+    from runtime.launch.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)
     prompts = requests(args.prompts, args.prompt_len)

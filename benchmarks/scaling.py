@@ -18,12 +18,12 @@ benchmarks/async_vs_sync.py's code (the same summary: samples/s, `trainer_mfu`,
 `weight_sync_s` over the steady steps; `speedup`, `speedup_tokens` and
 `async_dropped_stale_fraction` as there: with long responses an async run drops the groups
 that outlast max_staleness steps, so read the samples/s ratio with the other two), after
-the launch-time memory plan (runtime/memory_plan.py, what `tandem launch --plan` shows)
+the launch-time memory plan (runtime/memory/plan.py, what `tandem launch --plan` shows)
 has accepted it on this machine's GPUs: a point it refuses is recorded with the refusal (`refused`) and not run.
 `--points tiny` puts both axes on configs/tiny_cpu.yaml at a tiny scale (two model shapes,
 mean lengths 8 and 16) for a CPU smoke test. The plot is a page of the project's report
-tooling (plotly panels, runtime/report/page.py) and its PNG screenshot (headless Chromium,
-runtime/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
+tooling (plotly panels, runtime/views/report/page.py) and its PNG screenshot (headless Chromium,
+runtime/views/report/browser.py): `--plot DIR` writes `scaling_AXIS.html` and `scaling_AXIS.png`.
 `--gpus 0,1` runs the points side by side, each point's sync and async runs on one GPU
 (benchmarks/gpu_slots.py; each point in the JSON names its `gpu`).
 `--import POINT=FILE` takes a point from a result of benchmarks/async_vs_sync.py that measured
@@ -68,8 +68,8 @@ from benchmarks.async_vs_sync import (
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from benchmarks.json_out import provenance, read_earlier
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN_05B = ["model.tiny.hidden_size=896", "model.tiny.num_layers=24", "model.tiny.num_heads=14",
@@ -126,8 +126,8 @@ def points(axis: str, scale: str, sigma: float) -> list[Point]:
 def refusal(cfg: RunConfig) -> str | None:
     """Why the launch would refuse `cfg` (the config checks, then the memory plan on this
     machine's GPUs, or `memory.gpu_gb`); None: it fits."""
-    from runtime.memory_plan import check_plan, launch_plan
-    from runtime.placement import entries
+    from runtime.launch.placement import entries
+    from runtime.memory.plan import check_plan, launch_plan
 
     try:
         check_config(cfg)
@@ -230,8 +230,8 @@ def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
     """The curves as a report page (plotly) and its PNG; the paths written (no PNG without Chromium)."""
     import plotly.graph_objects as go
 
-    from runtime.report.browser import find_chromium, screenshot
-    from runtime.report.page import render
+    from runtime.views.report.browser import find_chromium, screenshot
+    from runtime.views.report.page import render
 
     ran = [p for p in result["points"] if not p["refused"]]
     panels = {}

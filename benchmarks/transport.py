@@ -6,7 +6,7 @@ object on stdout.
 Two processes, both on uvloop, over `ipc://` (a temp dir) and `tcp://127.0.0.1`: this one
 sends, a `spawn`ed peer serves: a fresh one for each throughput size and for the latency
 rows (with `--quick`, one for everything). The peer starts with the environment the
-launcher gives every role (`runtime/launcher_env.py`; variables already set win, as in
+launcher gives every role (`runtime/launch/env.py`; variables already set win, as in
 the launcher). Every row is a sequence of round trips, one at a time: a request, then
 its answer.
 
@@ -65,7 +65,7 @@ import zmq
 import zmq.asyncio
 
 from benchmarks.json_out import provenance
-from runtime.launcher_env import ROLE_ENV_DEFAULTS
+from runtime.launch.env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
 from transport import wire
 from transport.endpoint import Envelope

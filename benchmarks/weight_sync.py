@@ -49,7 +49,7 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 import torch
 
 from runtime.config import RunConfig
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.logs import setup_logging
 
 
@@ -220,7 +220,7 @@ def main() -> None:
         args.config, args.updates = "configs/tiny_cpu.yaml", 2
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-weights-"))
     cfg = load_config(args.config, [f"run_dir={run_dir}", *args.overrides])
-    from runtime.launcher import prepare_run_dir
+    from runtime.launch.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)
     names = args.backends.split(",") if args.backends else backends(cpu_only=args.quick)

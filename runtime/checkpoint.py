@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import RunConfig
+from runtime.launch.placement import role_counts
 from runtime.logs import get_logger
-from runtime.placement import role_counts
 
 log = get_logger("checkpoint")
 MANIFEST = "manifest.json"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from runtime.checkpoint import checkpoints_root
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError
-from runtime.memory_model import ModelShape
-from runtime.placement import role_counts
+from runtime.config.load import ConfigError
+from runtime.launch.placement import role_counts
+from runtime.memory.model import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_BYTES = 8  # two float32 moments per trained parameter

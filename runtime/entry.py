@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 from runtime.addresses import CONTROLLER_ENV
-from runtime.config_load import load_config
-from runtime.gpu_memory import TITLE_PREFIX
+from runtime.config.load import load_config
 from runtime.last_words import say
 from runtime.logs import get_logger, setup_logging
+from runtime.memory.gpu import TITLE_PREFIX
 
 ROLES = {
     "controller": "roles.controller.role:Controller",

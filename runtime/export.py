@@ -25,7 +25,7 @@ from typing import Any
 
 from runtime import checkpoint
 from runtime.base_model import MANIFEST_KEY, mismatch
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.hf_quiet import no_progress_bars
 from runtime.paths import model_dir
 

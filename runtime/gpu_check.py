@@ -31,8 +31,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from runtime.config import PlacementEntry, RunConfig
-from runtime.config_load import ConfigError
-from runtime.placement import TORCH_WORLDS, entries
+from runtime.config.load import ConfigError
+from runtime.launch.placement import TORCH_WORLDS, entries
 
 TRAINER_MIN_FRACTION = 0.2
 _EPS = 1e-9

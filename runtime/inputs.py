@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError
+from runtime.config.load import ConfigError
 from runtime.data_files import DataError, read_rows
 
 

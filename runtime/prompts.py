@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.config import DataConfig, RunConfig
-from runtime.config_load import ConfigError
+from runtime.config.load import ConfigError
 from runtime.data_files import read_rows
 
 

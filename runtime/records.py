@@ -1,6 +1,6 @@
 """The boundary check of the records a run writes, as `tandem report` and `tandem watch`
 read them back (metrics.jsonl, schedule.jsonl): a record they use has the types its
-writers give it (runtime/report, runtime/watch_state.py trust what passes).
+writers give it (runtime/views/report, runtime/views/watch_state.py trust what passes).
 
 What a caller may rely on: `usable_metrics(rec)` / `usable_schedule(rec)` is False for a
 record that is not a dict or has a field of the wrong type (a `"t0": "yesterday"`, a

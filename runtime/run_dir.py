@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError
+from runtime.config.load import ConfigError
 
 LOCK_FILE = "launch.lock"
 EARLIER = "earlier"

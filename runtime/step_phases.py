@@ -3,7 +3,7 @@ generated and the batch was scored, when vLLM slept, the trainer trained and pus
 weights, and the glue: the time in the step that no phase covers.
 
 The controller computes them (roles/controller/training.py) for metrics.jsonl and the
-schedule's `step` record; `tandem report` draws them from the schedule (runtime/report).
+schedule's `step` record; `tandem report` draws them from the schedule (runtime/views/report).
 
 What a caller may rely on:
 * A step's window runs from the previous step's end (its trainer reply; the run's start

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.summary import last_step
+from runtime.views.summary import last_step
 
 WALL_FILE = "wall.json"
 

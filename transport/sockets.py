@@ -33,7 +33,7 @@ def bind_router(
 ) -> RpcEndpoint:
     """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`).
     With `listen_fd`, a TCP socket already bound to `address`'s port and listening (as the
-    launcher hands one over, runtime.rendezvous), the ROUTER serves on it (ZMQ_USE_FD)
+    launcher hands one over, runtime.launch.rendezvous), the ROUTER serves on it (ZMQ_USE_FD)
     and owns it from then on."""
     sock = ctx.socket(zmq.ROUTER)
     if listen_fd is not None:

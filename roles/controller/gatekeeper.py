@@ -21,13 +21,13 @@ from runtime.run_token import matches
 from transport import wire
 
 log = get_logger("controller")
-JOINER_RANKS = 1000  # runtime/placement.py:plan_join numbers joiners from here
+JOINER_RANKS = 1000  # runtime/launch/placement.py:plan_join numbers joiners from here
 LOG_FIRST = 5
 
 
 class Gatekeeper:
     def __init__(self, registry: Registry, token: str, declared: dict[str, int], *, elastic: bool) -> None:
-        """`declared`: processes per role kind, as placement has them (runtime/placement.py:role_counts)."""
+        """`declared`: processes per role kind, as placement has them (runtime/launch/placement.py:role_counts)."""
         self.registry = registry
         self.token = token
         self.declared = declared

@@ -59,7 +59,7 @@ class Pool(Protocol):
 class MembershipRules:
     """The run's membership settings, from the config and placement."""
 
-    expected: dict[str, int]  # processes per role kind (runtime/placement.py:role_counts)
+    expected: dict[str, int]  # processes per role kind (runtime/launch/placement.py:role_counts)
     token: str  # the run's secret (runtime/run_token.py)
     elastic: bool = False  # rollout.elastic
     elastic_grace_s: float = 60.0  # rollout.elastic_grace_s

@@ -52,11 +52,11 @@ from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
 from runtime import addresses, base_model, checkpoint
+from runtime.launch.placement import role_counts
+from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
 from runtime.paths import metrics_path, model_dir
-from runtime.placement import role_counts
 from runtime.prompts import limit_text, prompt_limit
-from runtime.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.role import FatalError, Role
 from runtime.run_token import read_token
 from transport import wire

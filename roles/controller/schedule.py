@@ -27,7 +27,7 @@ the records of a resumed run line up after the ones before). What a caller may r
 Writes are buffered (flushed at every `step` record, every `FLUSH_S` and on `close`), so a
 crashed run loses at most the last second. When the file passes `max_bytes` it is renamed to
 `schedule.1.jsonl` (replacing an older one) and a new file begins: at most twice
-`max_bytes` on disk; `tandem report` (runtime/report/load.py) reads both, in order.
+`max_bytes` on disk; `tandem report` (runtime/views/report/load.py) reads both, in order.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class FSDPEngineBase(ABC):
         self.optim_cfg = o
         groups = optimizer_param_groups(self.model)
         hyper: dict[str, Any] = dict(lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay)
-        if o.implementation == "fused":  # runtime/validate.py keeps it away from the streamed (offloaded) AdamW
+        if o.implementation == "fused":  # runtime/config/validate.py keeps it away from the streamed (offloaded) AdamW
             hyper["fused"] = True
         if offload is not None and offload.optimizer:
             self.optimizer: torch.optim.Optimizer = StreamedAdamW(groups, chunk_bytes=offload.chunk_mb << 20, **hyper)

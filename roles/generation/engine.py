@@ -47,8 +47,8 @@ from roles.generation.inproc import EngineDeadError, Finished, InprocEngine
 from roles.weights.errors import StaleUpdate
 from roles.weights.worker_calls import BUCKET_LOADS, PEER_WAITING_CALLS, WorkerCall
 from runtime.config import EngineConfig
-from runtime.gpu_memory import is_out_of_memory
 from runtime.logs import get_logger
+from runtime.memory.gpu import is_out_of_memory
 from transport.wire import FinishReason, SamplingSpec
 
 log = get_logger("rollout")

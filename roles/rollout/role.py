@@ -32,14 +32,14 @@ from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
 from runtime.gpu_check import rollout_sleeps
-from runtime.gpu_memory import gpu_memory, gpu_processes, out_of_memory_cause
+from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger, set_policy_version
 from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
-from runtime.memory_model import sleep_level
+from runtime.memory.gpu import gpu_memory, gpu_processes, out_of_memory_cause
+from runtime.memory.model import sleep_level
 from runtime.paths import model_dir
 from runtime.role import Role
 from runtime.run_token import read_token
-from runtime.start_order import mark_started
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint

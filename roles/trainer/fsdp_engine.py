@@ -39,7 +39,7 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES
 from roles.weights.lora import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
-from runtime.memory_model import compiles_on_gpu
+from runtime.memory.model import compiles_on_gpu
 from transport.wire import TrainBatch
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import RunConfig
-from runtime.rendezvous import STORE_FD_ENV, handed_fd
+from runtime.launch.rendezvous import STORE_FD_ENV, handed_fd
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
@@ -52,7 +52,7 @@ def init_distributed(device: torch.device, timeout_s: float) -> None:
 
 def _world_store(rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
     """The world's TCPStore on MASTER_ADDR:MASTER_PORT, served by rank 0: on the listening
-    socket its launcher bound and handed over where there is one (runtime.rendezvous), else
+    socket its launcher bound and handed over where there is one (runtime.launch.rendezvous), else
     on a socket it binds now (a port given with --master-port). Every rank makes its own
     store this one way, so they all see the same keys. Rank 0 waits, at most `timeout`, for
     every rank to connect."""

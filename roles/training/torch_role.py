@@ -6,7 +6,7 @@ submits it. Every rank thus issues its collectives in the same order, and the ev
 keeps serving heartbeats and requests during long steps.
 
 `setup` builds the engine (`build_engine`, on that thread) once every rollout that shares
-the role's GPU has started its vLLM engine (runtime/start_order.py) and, when the launcher chose a
+the role's GPU has started its vLLM engine (runtime/launch/start_order.py) and, when the launcher chose a
 checkpoint to resume from, loads the engine's part of it (`checkpoint_part`, e.g.
 `actor` or `critic`). `close` drops the thread's queued work without waiting for it.
 Work submitted through `_torch` that runs out of GPU memory ends the role with a cause
@@ -25,10 +25,10 @@ import torch
 
 from roles.training.train_engine import TrainEngine
 from runtime.checkpoint import resume_dir
-from runtime.gpu_memory import GB, out_of_memory_cause
+from runtime.launch.start_order import colocated_rollouts, wait_started
 from runtime.logs import get_logger
+from runtime.memory.gpu import GB, out_of_memory_cause
 from runtime.role import FatalError, Role
-from runtime.start_order import colocated_rollouts, wait_started
 
 EngineT = TypeVar("EngineT", bound=TrainEngine)
 R = TypeVar("R")
@@ -91,7 +91,7 @@ class TorchRole(Role, Generic[EngineT]):
 
     def out_of_memory(self, phase: str, exc: BaseException) -> FatalError:
         """End the role with a one-line cause naming it, `phase`, what it asked for and held
-        and what the GPU had (runtime/gpu_memory.py); returns the error to raise."""
+        and what the GPU had (runtime/memory/gpu.py); returns the error to raise."""
         gpu = None
         device = getattr(getattr(self, "engine", None), "device", None)
         if device is not None and device.type == "cuda":

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.rendezvous import listening_socket
+from runtime.launch.rendezvous import listening_socket
 
 _ENV_LOCK = threading.Lock()
 

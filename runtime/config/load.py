@@ -452,7 +452,7 @@ def _type_name(inner: Any, hint: Any) -> str:
     if get_origin(inner) in (typing.Union, types.UnionType):  # `bool | Literal["auto"]` reads `bool \| auto`
         return " \\| ".join(_type_name(_unwrap(a), a) for a in get_args(inner))
     text = str(_unwrap(hint) if get_origin(hint) is typing.Annotated else hint)
-    return text.replace("runtime.config.", "").replace("typing.", "").replace("|", "\\|")
+    return re.sub(r"runtime\.config\.(?:\w+\.)?", "", text).replace("typing.", "").replace("|", "\\|")
 
 
 def _fmt(value: Any) -> str:

@@ -157,7 +157,7 @@ class ValidationConfig(msgspec.Struct, **STRUCT):
 
 
 class MemoryConfig(msgspec.Struct, **STRUCT):
-    """The launch-time memory plan (runtime/memory_plan.py, `tandem launch --plan`)."""
+    """The launch-time memory plan (runtime/memory/plan.py, `tandem launch --plan`)."""
 
     check: Annotated[
         bool,

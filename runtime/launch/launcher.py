@@ -15,7 +15,7 @@ Guarantees:
   a checkpoint (SIGUSR1): the step whose batch is with the trainer finishes, a checkpoint
   of it is saved, every role stops, all within `checkpoint.preempt_grace_s`; the launcher
   then prints the checkpoint and the exact command that resumes from it
-  (runtime/interruption.py), records `run_interrupted` in launcher-0.jsonl and exits 130.
+  (runtime/launch/interruption.py), records `run_interrupted` in launcher-0.jsonl and exits 130.
   A second signal, a grace of 0, or a run not yet stepping stops every role at once. Past
   the grace everything is stopped all the same (the line then names the last checkpoint).
 * When training is done, the summary is printed at once (its wall time is the run's up to
@@ -43,25 +43,25 @@ from runtime import addresses, base_model, checkpoint, last_words
 from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.checkpoint_space import check_checkpoint_space
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError, to_yaml
-from runtime.console import Console
+from runtime.config.load import ConfigError, to_yaml
 from runtime.gpu_check import check_gpu_devices
 from runtime.last_words import LastWords
-from runtime.launcher_env import ROLE_ENV_DEFAULTS
-from runtime.launcher_options import LaunchOptions
-from runtime.logfollow import LogFollower
+from runtime.launch.env import ROLE_ENV_DEFAULTS
+from runtime.launch.options import LaunchOptions
+from runtime.launch.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
+from runtime.launch.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
+from runtime.launch.start_order import clear_started
+from runtime.launch.supervisor import Proc, Supervisor
 from runtime.logs import get_logger, log_path, setup_logging
-from runtime.memory_model import ShapeError
-from runtime.memory_plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
+from runtime.memory.model import ShapeError
+from runtime.memory.plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
 from runtime.paths import model_dir, reward_model_dir
-from runtime.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
 from runtime.prompts import check_prompt_lengths
-from runtime.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
 from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
 from runtime.run_token import ensure_token
-from runtime.start_order import clear_started
-from runtime.supervisor import Proc, Supervisor
 from runtime.tiny_model import make_tiny_model
+from runtime.views.console import Console
+from runtime.views.logfollow import LogFollower
 from runtime.wall_clock import record_start
 
 log = get_logger("launcher")
@@ -297,7 +297,7 @@ def _base_env(cfg: RunConfig, run_dir: Path, opts: LaunchOptions, port: int) -> 
     if opts.nnodes > 1 or opts.join:
         target = opts.join.split("://")[-1].rsplit(":", 1)[0] if opts.join else opts.master_addr
         env.setdefault("TANDEM_ADVERTISE_HOST", addresses.advertise_host(cfg.transport.bind_host, target))
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

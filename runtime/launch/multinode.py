@@ -12,7 +12,7 @@ import itertools
 import re
 from collections.abc import Mapping
 
-from runtime.launcher_options import LaunchOptions
+from runtime.launch.options import LaunchOptions
 
 DEFAULT_PORT = 29500
 

@@ -1,4 +1,4 @@
-"""The node topology a launcher runs with (see runtime.multinode for how it is resolved)."""
+"""The node topology a launcher runs with (see runtime.launch.multinode for how it is resolved)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 
-from runtime.placement import TORCH_WORLDS, ProcSpec
+from runtime.launch.placement import TORCH_WORLDS, ProcSpec
 
 STORE_FD_ENV = "TANDEM_STORE_FD"
 CONTROLLER_FD_ENV = "TANDEM_CONTROLLER_FD"

@@ -1,4 +1,4 @@
-"""The launcher's watch over its role processes, and how a run ends (see runtime/launcher.py
+"""The launcher's watch over its role processes, and how a run ends (see runtime/launch/launcher.py
 for the guarantees): a clean end (the summary at once, then the roles' own shutdown), a
 role that dies (every other one stopped within seconds, the cause printed), a stop from
 outside (SIGTERM or SIGINT: a checkpoint within `checkpoint.preempt_grace_s`, then the
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.console import Console
-from runtime.interruption import interrupted_lines
 from runtime.last_words import LastWords
-from runtime.logfollow import LogFollower, last_error
+from runtime.launch.interruption import interrupted_lines
+from runtime.launch.placement import ProcSpec
+from runtime.launch.process_groups import wait_gone
 from runtime.logs import get_logger
-from runtime.placement import ProcSpec
-from runtime.process_groups import wait_gone
-from runtime.summary import end_summary
+from runtime.views.console import Console
+from runtime.views.logfollow import LogFollower, last_error
+from runtime.views.summary import end_summary
 from runtime.wall_clock import record_end, wall_label
 
 log = get_logger("launcher")

@@ -1,7 +1,7 @@
 """`auto` settings: for the GPUs of this machine (or `memory.gpu_gb`), the fastest combination
-the memory plan (runtime/memory_plan.py) says fits.
+the memory plan (runtime/memory/plan.py) says fits.
 
-The loader (runtime/config_load.py) hands `settle` the keys a recipe set to `auto` or left out
+The loader (runtime/config/load.py) hands `settle` the keys a recipe set to `auto` or left out
 (`AUTO_KEYS`); whatever reads the config afterwards sees plain values, and `memory.chosen` says
 what each key became and why. What each becomes:
 
@@ -37,11 +37,11 @@ from typing import Any
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config_load import AUTO_KEYS
+from runtime.config.load import AUTO_KEYS
 from runtime.gpu_check import placed_processes, rollout_shares_trainer_gpu
-from runtime.memory_model import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
-from runtime.memory_plan import GPU_HEADROOM_GB, Plan, build_plan, plan_sizes, plans_on_gpus
-from runtime.placement import wants_gpus
+from runtime.launch.placement import wants_gpus
+from runtime.memory.model import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
+from runtime.memory.plan import GPU_HEADROOM_GB, Plan, build_plan, plan_sizes, plans_on_gpus
 
 MICRO = "trainer.micro_batch_tokens"
 SHARE = "rollout.engine.gpu_memory_utilization"
@@ -137,7 +137,7 @@ class _Search:
         params = self._options(PARAMS, off.params, self.can_offload())
         kv_half = [False, True] if SHARE in self.auto and "rollout" in self.roles else [False]
         combos = [Levers(*x) for x in itertools.product(sleep, optimizer, params, kv_half)]
-        # Parameter offload frees the GPU only while vLLM sleeps (runtime/validate.py refuses it otherwise).
+        # Parameter offload frees the GPU only while vLLM sleeps (runtime/config/validate.py refuses it otherwise).
         combos = [lv for lv in combos if lv.sleep or not lv.params or PARAMS not in self.auto]
         return sorted(combos, key=Levers.cost)
 
@@ -150,12 +150,12 @@ class _Search:
         """Whether a rollout could sleep: a synchronous run with a rollout on a trainer's GPU,
         training the full model."""
         if self.cfg.trainer.lora.rank and self.cfg.trainer.device == "cuda":
-            return False  # vLLM's wake-up after an adapter update fails on the GPU (runtime/validate.py)
+            return False  # vLLM's wake-up after an adapter update fails on the GPU (runtime/config/validate.py)
         rollouts = [p.rank for p in placed_processes(self.cfg) if p.role == "rollout"]
         return self.cfg.rollout.max_staleness == 0 and any(rollout_shares_trainer_gpu(self.cfg, r) for r in rollouts)
 
     def can_offload(self) -> bool:
-        """Whether `trainer.offload` could act (runtime/validate.py's conditions)."""
+        """Whether `trainer.offload` could act (runtime/config/validate.py's conditions)."""
         t = self.cfg.trainer
         fused = t.optim.implementation == "fused"
         return "trainer" in self.roles and t.backend == "fsdp" and not self.cfg.fsdp.cpu_offload and not fused

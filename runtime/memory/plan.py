@@ -1,6 +1,6 @@
 """The launch-time memory plan: what every GPU and every host will hold, and whether it fits.
 
-`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory_model.py)
+`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory/model.py)
 on the GPUs placement gives it and adds them up per phase of the loop:
 
 * a GPU whose rollout sleeps while the trainer steps (synchronous, colocated) must hold the
@@ -13,7 +13,7 @@ on the GPUs placement gives it and adds them up per phase of the loop:
 `ConfigError` line naming the GPU, the largest consumer and a setting that makes it fit
 (found by planning the run again with that setting). `format_plan` is the table that
 `tandem launch --plan` prints and every run logs at its start (`memory_plan`), headed by what
-the config's `auto` keys became (runtime/memory_auto.py, `memory.chosen`). Processes placed
+the config's `auto` keys became (runtime/memory/auto.py, `memory.chosen`). Processes placed
 without `devices` are planned alone on a GPU of their own.
 """
 
@@ -27,10 +27,11 @@ from typing import Any
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config_load import ConfigError
+from runtime.config.load import ConfigError
 from runtime.gpu_check import Placed, placed_processes, rollout_sleeps, uses_gpu
-from runtime.gpu_memory import gpu_totals
-from runtime.memory_model import (
+from runtime.launch.placement import TORCH_WORLDS, wants_gpus
+from runtime.memory.gpu import gpu_totals
+from runtime.memory.model import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_GB,
     GB,
@@ -45,7 +46,6 @@ from runtime.memory_model import (
     vllm_kv_cache_gb,
     weight_sync_items,
 )
-from runtime.placement import TORCH_WORLDS, wants_gpus
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)

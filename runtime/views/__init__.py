@@ -1,4 +1,5 @@
-"""What a person sees: the `tandem` command and the views of a run.
+"""What a person sees: the `tandem` command and the views of a run, each read from the run
+directory (none imports `roles`).
 
   cli.py            the `tandem` command (subcommands import their heavy modules lazily)
   console.py        the launcher's console: readiness, warnings, errors, progress

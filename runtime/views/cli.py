@@ -69,12 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     tail = sub.add_parser("tail", help="merge and follow a run's logs")
-    from runtime.tail import add_tail_arguments
+    from runtime.views.tail import add_tail_arguments
 
     add_tail_arguments(tail)
 
     watch = sub.add_parser("watch", help="live terminal view of a run (q or Ctrl-C quits)")
-    from runtime.watch import add_watch_arguments
+    from runtime.views.watch import add_watch_arguments
 
     add_watch_arguments(watch)
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from runtime.config_load import ConfigError, check_set, load_config
+    from runtime.config.load import ConfigError, check_set, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -129,11 +129,11 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:  # what RUN_DIR/config.yaml would hold; nothing is checked, made or started
-        from runtime.config_load import to_yaml
+        from runtime.config.load import to_yaml
 
         sys.stdout.write(to_yaml(cfg))
         return 0
-    from runtime.multinode import resolve_launch_options
+    from runtime.launch.multinode import resolve_launch_options
 
     try:
         check_set(cfg, args.config)
@@ -141,16 +141,16 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a ConfigError too
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
+    from runtime.config.validate import check_config
     from runtime.inputs import check_inputs
-    from runtime.placement import PlacementError
-    from runtime.validate import check_config
+    from runtime.launch.placement import PlacementError
 
     try:
         check_config(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
         check_inputs(cfg)
         if args.plan:
             return _plan(cfg, args)
-        from runtime.launcher import launch
+        from runtime.launch.launcher import launch
 
         return launch(cfg, opts, quiet=args.quiet)
     except (PlacementError, ConfigError) as exc:
@@ -159,9 +159,9 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _plan(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from runtime.memory_model import ShapeError
-    from runtime.memory_plan import check_plan, format_plan, launch_plan
-    from runtime.placement import wants_gpus
+    from runtime.launch.placement import wants_gpus
+    from runtime.memory.model import ShapeError
+    from runtime.memory.plan import check_plan, format_plan, launch_plan
 
     try:
         plan = launch_plan(cfg, asks_gpus=wants_gpus(cfg))
@@ -183,10 +183,10 @@ USUAL_GPUS = (("24 GB (L4)", 24.1), ("40 GB (A100 40GB)", 42.9), ("48 GB (L40S)"
 def _gpu_it_needs(config: str, overrides: list[str]) -> str:
     """The smallest usual GPU the run fits (with what `auto` chooses for its size), as the
     note under a plan made without a GPU size, and the command that shows its plan."""
-    from runtime.config_load import ConfigError, load_config
-    from runtime.memory_model import ShapeError
-    from runtime.memory_plan import GPU_HEADROOM_GB, launch_plan
-    from runtime.placement import wants_gpus
+    from runtime.config.load import ConfigError, load_config
+    from runtime.launch.placement import wants_gpus
+    from runtime.memory.model import ShapeError
+    from runtime.memory.plan import GPU_HEADROOM_GB, launch_plan
 
     head = "note: no GPU size is known here (no GPU, no memory.gpu_gb), so vLLM's share is 0 and nothing is checked"
     for name, size in USUAL_GPUS:
@@ -205,19 +205,19 @@ def _gpu_it_needs(config: str, overrides: list[str]) -> str:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from runtime.tail import run_tail
+    from runtime.views.tail import run_tail
 
     return run_tail(args)
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from runtime.watch import run_watch
+    from runtime.views.watch import run_watch
 
     return run_watch(args)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from runtime.report.build import build_report
+    from runtime.views.report.build import build_report
 
     try:
         path = build_report(args.run_dir, args.output, compare=args.compare, png_dir=args.png)
@@ -229,7 +229,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from runtime.config_load import config_docs
+    from runtime.config.load import config_docs
 
     text = config_docs()
     if args.check:

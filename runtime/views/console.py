@@ -3,7 +3,7 @@
 Warnings and errors are shown with their fields; of the info events only those in
 `SHOWN_INFO` (`event key=value ...`) and `PHRASES` (start-up progress, as a sentence). Fields
 in `HIDDEN_FIELDS` (`gc_frozen`: a number for whoever tunes the collector) stay in the JSON
-logs only. On a terminal the training progress is one live line (runtime/progress_line.py: a
+logs only. On a terminal the training progress is one live line (runtime/views/progress_line.py: a
 bar, the step count, the step's key metrics as many as fit the width, the ETA); otherwise (CI,
 pipes) each step is printed as a plain line with every field. Both carry the run's wall time so
 far (since the launcher started) and end with an ETA from the pace of the steps this launcher
@@ -23,8 +23,8 @@ from rich.live import Live
 from rich.markup import escape
 
 from runtime.config import RunConfig
-from runtime.progress_line import ProgressLine, plain_line, step_fields
 from runtime.records import metric
+from runtime.views.progress_line import ProgressLine, plain_line, step_fields
 from runtime.wall_clock import clock, run_wall_s, wall_label
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}

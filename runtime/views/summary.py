@@ -62,7 +62,7 @@ def end_summary(run_dir: Path, wall: str) -> list[str]:
 def program() -> str:
     """`tandem` as the user can run it again: the path this process was started by
     (`.venv/bin/tandem`) unless `tandem` on PATH is that program (an activated venv); plain
-    `tandem` when it was started otherwise (`python -m runtime.cli`, a test)."""
+    `tandem` when it was started otherwise (`python -m runtime.views.cli`, a test)."""
     started = Path(sys.argv[0])
     on_path = shutil.which("tandem")
     if started.name != "tandem" or (on_path and Path(on_path).resolve() == started.resolve()):

@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.records import metric, skipped_warning
+from runtime.views.watch_state import RunState
 from runtime.wall_clock import clock, wall_label
-from runtime.watch_state import RunState
 
 BARS = "▁▂▃▄▅▆▇█"
 

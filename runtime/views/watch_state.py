@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.logfollow import LogFollower
 from runtime.records import metric, usable_metrics, usable_schedule
+from runtime.views.logfollow import LogFollower
 from runtime.wall_clock import run_wall_s
 
 FINAL_EVENTS = {"stop_requested": "stopping", "channel_closed": "stopping", "fatal": "failed", "role_died": "failed"}

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import RunConfig
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from transport.wire import TrainBatch
 
 WORLD = 2

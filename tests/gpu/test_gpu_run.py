@@ -30,7 +30,15 @@ COLOCATED = (
 
 
 def launch(run_dir: Path, *overrides: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.views.cli",
+        "launch",
+        "configs/tiny_cpu.yaml",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:] + role_tracebacks(run_dir)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

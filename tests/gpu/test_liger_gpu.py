@@ -12,7 +12,7 @@ and RoPE trains like the one with transformers' kernels.
   rows failed an element-wise check, and a per-parameter cosine was 0.82 at worst (a
   k_proj bias, whose gradient is a sum that nearly cancels).
 
-Liger with `trainer.compile=true` is refused at launch (runtime/validate.py): dynamo fails on
+Liger with `trainer.compile=true` is refused at launch (runtime/config/validate.py): dynamo fails on
 Liger's RMSNorm autograd.Function on torch 2.11 (tests/unit/test_kernels.py has the refusal).
 """
 
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 

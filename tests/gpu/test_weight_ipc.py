@@ -35,7 +35,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.helpers.harness import ROOT, RoleHarness, greedy, weight_checksums
 from tests.helpers.weights import TrainerSide
 from transport import wire
@@ -143,7 +143,7 @@ def _die_mid_update(address: str, run_dir: str, version: int) -> None:
     """A trainer that sends bucket 0 of `version` by ipc, then is SIGKILLed."""
     import signal
 
-    from runtime.config_load import load_config as load
+    from runtime.config.load import load_config as load
     from tests.helpers.harness import RoleHarness as Harness
     from tests.helpers.weights import TrainerSide as Side
 
@@ -251,7 +251,7 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     sampler.start()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
+            [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
             cwd=ROOT, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
     finally:

@@ -19,7 +19,7 @@ import zmq.asyncio
 
 from runtime import addresses
 from runtime.config import RunConfig
-from runtime.launcher import prepare_run_dir
+from runtime.launch.launcher import prepare_run_dir
 from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope

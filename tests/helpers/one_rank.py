@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.helpers.ports import world_of_one
 from transport.wire import TrainBatch
 

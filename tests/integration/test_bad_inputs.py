@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-LAUNCH = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
+LAUNCH = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
 
 
 def model_dir(tmp_path: Path, *, truncate: bool = False) -> Path:

@@ -28,7 +28,7 @@ BASE = ["configs/tiny_cpu.yaml", "checkpoint.every=4", "checkpoint.keep=0", f"tr
 
 
 def tandem(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runtime.cli", *args]
+    return [sys.executable, "-m", "runtime.views.cli", *args]
 
 
 def metrics(run: Path) -> list[dict]:

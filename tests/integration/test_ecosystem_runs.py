@@ -24,7 +24,16 @@ ENVS = ROOT / "tests" / "fixtures" / "verifiers_envs"
 
 
 def _launch(config: str, run: Path, *overrides: str, env: dict[str, str] | None = None) -> list[dict]:
-    cmd = [sys.executable, "-m", "runtime.cli", "launch", config, f"run_dir={run}", "trainer.total_steps=5", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.views.cli",
+        "launch",
+        config,
+        f"run_dir={run}",
+        "trainer.total_steps=5",
+        *overrides,
+    ]
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ENVS)]), **(env or {})}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=environ)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

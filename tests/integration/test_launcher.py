@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-TANDEM = [sys.executable, "-m", "runtime.cli"]
+TANDEM = [sys.executable, "-m", "runtime.views.cli"]
 
 
 def launch(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
@@ -121,7 +121,7 @@ def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path: Path) -> Non
 
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     # On TCP rather than ipc sockets, so that one run covers the controller serving on the
-    # port the launcher bound and handed over (runtime.rendezvous) with every role reaching it.
+    # port the launcher bound and handed over (runtime.launch.rendezvous) with every role reaching it.
     proc = launch(tmp_path / "run", "transport.use_ipc=false")
     try:
         for name in ("controller-0", "reward-0", "trainer-0", "trainer-1"):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from roles.trainer.fsdp_engine import FSDPEngine
 from roles.weights.lora import write_adapter_dir
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.export import merge_adapter
 from runtime.lora import adapter_config
 from tests.helpers.lora import assert_merged

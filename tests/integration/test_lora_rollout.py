@@ -17,7 +17,7 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.helpers.harness import RoleHarness, greedy, weight_checksums
 from tests.helpers.weights import TrainerSide
 from transport import wire

@@ -16,7 +16,7 @@ from roles.controller.batching import build_train_batches
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.helpers.one_rank import one_rank_world
 from transport.wire import FinishReason
 

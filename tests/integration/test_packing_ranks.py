@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.tiny_model import make_tiny_model
 from tests.helpers.ports import rendezvous_file, world_of_one
 from transport.wire import TrainBatch

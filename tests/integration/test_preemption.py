@@ -32,7 +32,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.test_launcher import assert_all_gone, tree, wait_ready
 
-TANDEM = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
+TANDEM = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
 NAMESPACES = (
     shutil.which("unshare") is not None
     and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config_load import load_config
-from runtime.placement import ProcSpec, plan_processes
-from runtime.rendezvous import STORE_FD_ENV, inherited_fds, listen_for_controller, listen_for_worlds
+from runtime.config.load import load_config
+from runtime.launch.placement import ProcSpec, plan_processes
+from runtime.launch.rendezvous import STORE_FD_ENV, inherited_fds, listen_for_controller, listen_for_worlds
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK_CODE = """

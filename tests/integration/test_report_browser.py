@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from runtime.report.browser import dump_dom, find_chromium, screenshot
-from runtime.report.build import build_report
-from runtime.report.panels import PANELS
+from runtime.views.report.browser import dump_dom, find_chromium, screenshot
+from runtime.views.report.build import build_report
+from runtime.views.report.panels import PANELS
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "tiny_run"
 

@@ -15,7 +15,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness
 from transport import wire

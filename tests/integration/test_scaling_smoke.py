@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from roles.controller.budgets import lognormal_max_tokens
-from runtime.config_load import load_config
-from runtime.report.browser import find_chromium
+from runtime.config.load import load_config
+from runtime.views.report.browser import find_chromium
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

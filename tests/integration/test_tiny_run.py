@@ -26,7 +26,15 @@ BAD_REWARDS = (
 
 def run_tiny(run_dir: Path, *overrides: str) -> tuple[list[dict], str]:
     """The run's step records (validation records: `validation_records`) and its stdout."""
-    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.views.cli",
+        "launch",
+        "configs/tiny_cpu.yaml",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return [m for m in records(run_dir) if "kind" not in m], out.stdout
@@ -84,7 +92,10 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     assert val[-1]["val/reward_mean"] > val[0]["val/reward_mean"] + 0.05, [v["val/reward_mean"] for v in val]
     assert all(0.0 <= v["val/pass@1"] <= v["val/mean@1"] <= 1.0 for v in val)
     tail = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "tail", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "runtime.views.cli", "tail", str(tmp_path / "run")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     for role in ("launcher-0", "controller-0", "rollout-0", "reward-0", "trainer-0", "trainer-1"):
         assert role in tail.stdout, role
@@ -95,10 +106,10 @@ def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
     """`tandem report` succeeds, and the schedule names the step that trained every trained
     group: 8 groups of 8 samples per step, as the step records count them, whose tokens' oldest
     versions give the step's recorded staleness_max."""
-    from runtime.report.load import read_jsonl
-    from runtime.report.timeline import trained_at
+    from runtime.views.report.load import read_jsonl
+    from runtime.views.report.timeline import trained_at
 
-    report = subprocess.run([sys.executable, "-m", "runtime.cli", "report", str(run_dir)], cwd=ROOT,
+    report = subprocess.run([sys.executable, "-m", "runtime.views.cli", "report", str(run_dir)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert report.returncode == 0, report.stderr[-2000:]
     assert (run_dir / "report.html").stat().st_size > 1_000_000

@@ -13,7 +13,7 @@ from roles.controller.metrics import REQUIRED_KEYS, MetricsSink
 from roles.controller.wandb_run import stored_run_id
 from runtime import checkpoint
 from runtime.config import MetricsConfig
-from runtime.config_load import load_config, to_yaml
+from runtime.config.load import load_config, to_yaml
 
 
 def step(n: int) -> dict[str, float]:

@@ -27,7 +27,7 @@ from roles.weights.layout import bucketed
 from roles.weights.sender import ListSource, PushResult, WeightSender
 from roles.weights.transfers import SLACK_S, NcclTransfer
 from runtime import addresses
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.run_token import read_token
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire

@@ -19,8 +19,8 @@ from benchmarks.async_vs_sync import (
     summarize_run,
     variant_overrides,
 )
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "configs" / "bench_h200x2.yaml"

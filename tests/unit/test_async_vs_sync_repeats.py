@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.async_vs_sync import Policy, aggregate_repeats, parse_args, plan_runs
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_cpu.yaml"
@@ -79,7 +79,7 @@ def _fake_launches(monkeypatch: pytest.MonkeyPatch, rates: dict[str, list[float]
     next rate of its variant in `rates`); the launcher, vLLM and torch are not what is tested
     here, the bookkeeping over repeats is. Returns the run directories "launched"."""
     import benchmarks.async_vs_sync as bench
-    from runtime.config_load import load_config as load
+    from runtime.config.load import load_config as load
 
     launched: list[str] = []
 

@@ -12,7 +12,7 @@ import pytest
 
 from runtime import checkpoint
 from runtime.checkpoint_layout import LAYOUT_FILE, check_resume_layout, configured_layouts
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.conftest import ROOT
 
 MEGATRON = ["trainer.backend=megatron", "trainer.device=cuda", "fsdp.use_fsdp=false"]

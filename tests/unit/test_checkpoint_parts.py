@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime import checkpoint
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 
 
 def write_checkpoint(run_dir: Path, step: int, parts: list[str]) -> Path:

@@ -12,8 +12,8 @@ import torch
 from roles.kernels.varlen_cudnn import refuse_where_it_crashes
 from roles.trainer.fsdp_engine import compiles
 from runtime.config import TrainerConfig
-from runtime.config_load import load_config
-from runtime.validate import check_config
+from runtime.config.load import load_config
+from runtime.config.validate import check_config
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 ONE_GPU = "placement=[{role: controller}, {role: rollout, devices: [0]}, {role: reward}, {role: trainer, devices: [0]}]"

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime import validate
 from runtime.addresses import channel_options
-from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig
-from runtime.config_load import ConfigError, config_docs, load_config, parse_override, to_yaml
-from runtime.validate import check_config
+from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig, validate
+from runtime.config.load import ConfigError, config_docs, load_config, parse_override, to_yaml
+from runtime.config.validate import check_config
 from transport.endpoint import ChannelOptions
 
 ROOT = Path(__file__).resolve().parents[2]

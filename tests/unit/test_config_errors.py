@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
+from runtime.config.load import ConfigError, load_config
 from tests.conftest import ROOT
 
 TINY = ROOT / "configs" / "tiny_cpu.yaml"

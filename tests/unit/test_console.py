@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console as RichConsole
 
-from runtime.config_load import load_config
-from runtime.console import Console
+from runtime.config.load import load_config
+from runtime.views.console import Console
 
 
 def test_markup_like_text_in_a_log_line_is_printed_verbatim(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.conftest import ROOT
 
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]

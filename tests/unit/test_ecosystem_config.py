@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from runtime.ecosystem import check_ecosystem
-from runtime.validate import check_config
 from tests.conftest import ROOT
 
 ENVS = str(ROOT / "tests" / "fixtures" / "verifiers_envs")

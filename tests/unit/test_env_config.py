@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from runtime.user_functions import env_factory_takes_context, load_env_factory
-from runtime.validate import check_config
 
 HERE = __name__
 

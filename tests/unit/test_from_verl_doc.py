@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from runtime.config_load import config_docs, load_config
+from runtime.config.load import config_docs, load_config
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "from-verl.md"
 

@@ -1,4 +1,4 @@
-"""One-line causes for running out of GPU memory (runtime/gpu_memory.py): torch's and vLLM's
+"""One-line causes for running out of GPU memory (runtime/memory/gpu.py): torch's and vLLM's
 error texts as they were seen on the H200, and processes named by their role."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.gpu_memory import GpuProcess, is_out_of_memory, out_of_memory_cause, process_name
+from runtime.memory.gpu import GpuProcess, is_out_of_memory, out_of_memory_cause, process_name
 
 # torch 2.11's CUDA OutOfMemoryError text, from the async bench run that died at step 3.
 TORCH_OOM = (

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from runtime.config import PlacementEntry, RunConfig
-from runtime.config_load import ConfigError, load_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from runtime.gpu_check import check_gpu_devices, check_gpu_memory, gpu_claims
-from runtime.validate import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLLER, REWARD = PlacementEntry(role="controller"), PlacementEntry(role="reward")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from benchmarks.gpu_slots import check_one_gpu, parse_gpus, run_spread
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 
 
 def test_without_gpus_jobs_run_here_in_order() -> None:

@@ -1,4 +1,4 @@
-"""Options that the chosen mode ignores are refused at config load (runtime/validate.py
+"""Options that the chosen mode ignores are refused at config load (runtime/config/validate.py
 `check_inert_options`), one line naming the field; the same value in a mode that reads
 it, or the default written out, passes."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config, check_inert_options
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config, check_inert_options
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_cpu.yaml"

@@ -14,8 +14,8 @@ import pytest
 
 from roles.kernels import block_kernels
 from roles.training.models import load_causal_lm
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 ONE_GPU = "placement=[{role: controller}, {role: rollout, devices: [0]}, {role: reward}, {role: trainer, devices: [0]}]"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime import validate
-from runtime.config_load import ConfigError, load_config
-from runtime.summary import end_summary
+from runtime.config import validate
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from runtime.user_functions import load_function
-from runtime.validate import check_config
+from runtime.views.summary import end_summary
 from tests.unit.test_run_dir import fake_checkpoint
 
 

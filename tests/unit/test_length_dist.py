@@ -10,8 +10,8 @@ import pytest
 
 from roles.controller.budgets import lognormal_max_tokens, mixed_max_tokens, response_budget
 from runtime.config import LengthDistConfig
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 TINY = "configs/tiny_cpu.yaml"
 

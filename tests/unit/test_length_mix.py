@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from roles.controller.budgets import mixed_max_tokens
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 
 def test_budgets_are_log_uniform_within_bounds_and_fixed_per_group() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
-from runtime.validate import check_config
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ async def test_a_rollout_joining_a_running_elastic_run_is_welcomed(runs: list[Ru
     await run.membership.wait_all(5.0)
     await trainer.next(wire.Peers)
     run.membership.open()
-    reply = await run.member("rollout", 1000).register()  # a joiner's rank (runtime/placement.py)
+    reply = await run.member("rollout", 1000).register()  # a joiner's rank (runtime/launch/placement.py)
     assert isinstance(reply, wire.Registered) and reply.policy_version == 2
     peers = await trainer.next(wire.Peers)
     assert [p.rank for p in peers.peers] == [0, 1000]

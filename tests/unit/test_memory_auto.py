@@ -1,4 +1,4 @@
-"""`auto` settings (runtime/memory_auto.py): for a GPU size given to the plan, the bench recipes
+"""`auto` settings (runtime/memory/auto.py): for a GPU size given to the plan, the bench recipes
 get settings that fit and are not smaller than needed; explicit values win; a config that fits
 at no setting is refused naming its largest consumer; on CPU nothing changes; the recipes'
 old names are refused with the new one."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-import runtime.memory_plan as memory_plan
+import runtime.memory.plan as memory_plan
 from runtime.config import RunConfig
-from runtime.config_load import AUTO_KEYS, ConfigError, load_config, to_yaml
-from runtime.memory_auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, replace
-from runtime.memory_model import model_shape, vllm_weights_gb
-from runtime.memory_plan import build_plan, check_plan, format_plan, launch_plan
+from runtime.config.load import AUTO_KEYS, ConfigError, load_config, to_yaml
+from runtime.memory.auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, replace
+from runtime.memory.model import model_shape, vllm_weights_gb
+from runtime.memory.plan import build_plan, check_plan, format_plan, launch_plan
 
 HOST = "memory.host_gb=128"  # a fixed host size, so no test depends on this machine's
 RECIPES = ["bench_1.5b", "bench_3b", "bench_7b_lora"]

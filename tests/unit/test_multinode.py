@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from runtime.launcher_options import LaunchOptions
-from runtime.multinode import DEFAULT_PORT, expand_nodelist, resolve_launch_options
+from runtime.launch.multinode import DEFAULT_PORT, expand_nodelist, resolve_launch_options
+from runtime.launch.options import LaunchOptions
 
 
 @pytest.mark.parametrize(

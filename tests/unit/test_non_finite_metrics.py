@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from rich.console import Console as RichConsole
 
-from runtime.config_load import load_config
-from runtime.console import Console
+from runtime.config.load import load_config
 from runtime.records import metric, usable_metrics
-from runtime.report.build import build_report, summary
-from runtime.report.load import load_run
-from runtime.watch import frame, sparkline
-from runtime.watch_state import RunState
+from runtime.views.console import Console
+from runtime.views.report.build import build_report, summary
+from runtime.views.report.load import load_run
+from runtime.views.watch import frame, sparkline
+from runtime.views.watch_state import RunState
 from tests.conftest import ROOT
 
 RECORDED = ROOT / "tests" / "data" / "tiny_run"
@@ -90,5 +90,7 @@ def test_the_report_shows_a_non_finite_metric_as_a_gap(tmp_path: Path, value: An
     assert summary(data)["last reward"] == shown
     page = build_report(run, tmp_path / "r.html")
     assert "NaN" not in page.read_text().split("var FIGURES", 1)[1].split("</script>", 1)[0]  # JSON null: a gap
-    done = subprocess.run([sys.executable, "-m", "runtime.cli", "report", str(run)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.views.cli", "report", str(run)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 BENCH = "configs/bench_1.5b.yaml"  # rollout and trainer colocated on GPU 0
 

@@ -30,8 +30,8 @@ from roles.kernels import varlen_cudnn
 from roles.kernels.varlen import varlen_attention_forward
 from roles.kernels.varlen_cudnn import cudnn_attention_forward, cudnn_varlen
 from roles.kernels.varlen_fa4 import fa4_attention_forward, fa4_varlen
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 from tests.helpers.one_rank import ONE_GPU_ENGINE
 
 T, H, HKV, D = 37, 6, 2, 16

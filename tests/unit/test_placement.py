@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import PlacementEntry, RunConfig
-from runtime.config_load import load_config
-from runtime.placement import PlacementError, ProcSpec, check_devices, plan_processes, role_counts
+from runtime.config.load import load_config
+from runtime.launch.placement import PlacementError, ProcSpec, check_devices, plan_processes, role_counts
 
 
 def _cfg(*placement: PlacementEntry, advantage: str = "grpo") -> RunConfig:

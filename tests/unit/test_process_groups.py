@@ -1,4 +1,4 @@
-"""runtime.process_groups on real processes: a group's live members, and waiting them out."""
+"""runtime.launch.process_groups on real processes: a group's live members, and waiting them out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from runtime.process_groups import live_members, wait_gone
+from runtime.launch.process_groups import live_members, wait_gone
 
 # A parent in its own session with a child that ignores SIGTERM: two live members.
 SCRIPT = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \

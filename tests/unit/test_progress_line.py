@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console as RichConsole
 
-from runtime.config_load import load_config
-from runtime.console import Console
-from runtime.progress_line import ProgressLine, step_fields
+from runtime.config.load import load_config
+from runtime.views.console import Console
+from runtime.views.progress_line import ProgressLine, step_fields
 from tests.conftest import ROOT
 
 STEP = {"level": "info", "event": "step", "role": "controller", "rank": 0, "step": 12, "policy_version": 12,

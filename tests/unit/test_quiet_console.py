@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from tests.conftest import ROOT
 from tests.unit.test_export_modes import a_run
 
@@ -52,7 +52,7 @@ def test_export_merge_prints_one_line_and_no_progress_bar(tmp_path: Path) -> Non
     checkpoint.commit(tmp, 20, {"version": 20, MANIFEST_KEY: identity(model)})
 
     out = tmp_path / "merged"
-    cmd = [sys.executable, "-m", "runtime.cli", "export", str(run), str(out), "--merge"]
+    cmd = [sys.executable, "-m", "runtime.views.cli", "export", str(run), str(out), "--merge"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == f"tandem: wrote {out}\n"

@@ -26,8 +26,8 @@ from rich.console import Console as RichConsole
 from structlog.testing import capture_logs
 
 from runtime import gc_pauses
-from runtime.config_load import load_config
-from runtime.console import Console
+from runtime.config.load import load_config
+from runtime.views.console import Console
 from transport import wire
 from transport.endpoint import ChannelOptions, Envelope
 from transport.sockets import bind_router, connect_dealer

@@ -15,9 +15,9 @@ import pytest
 
 from roles.rollout.environment import EnvPrompt
 from roles.rollout.episode import run_episode
-from runtime.config_load import load_config
+from runtime.config.load import load_config
+from runtime.config.validate import check_config
 from runtime.tiny_model import build_tokenizer
-from runtime.validate import check_config
 from tests.unit.test_episode import ScriptedSampler
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from plotly.offline import get_plotlyjs
 
-from runtime.cli import main
-from runtime.report.build import build_report, summary
-from runtime.report.load import current_schedule, load_run
-from runtime.report.panels import PANELS
-from runtime.report.timeline import build_timeline, group_staleness, trained_at
+from runtime.views.cli import main
+from runtime.views.report.build import build_report, summary
+from runtime.views.report.load import current_schedule, load_run
+from runtime.views.report.panels import PANELS
+from runtime.views.report.timeline import build_timeline, group_staleness, trained_at
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "tiny_run"
 

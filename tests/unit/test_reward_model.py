@@ -14,10 +14,10 @@ from roles.controller.scoring import Bound, Weights, combine
 from roles.reward.classifier import RewardClassifier, sample_text
 from roles.reward.judge import fill, parse_score
 from runtime.config import RewardModelConfig
-from runtime.config_load import ConfigError, load_config
-from runtime.placement import plan_processes
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
+from runtime.launch.placement import plan_processes
 from runtime.tiny_model import build_tokenizer, make_tiny_model
-from runtime.validate import check_config
 from transport import wire
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}]

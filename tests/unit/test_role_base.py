@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.role import Role, RoleContext
 from transport import wire
 

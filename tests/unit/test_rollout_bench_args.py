@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.rollout import bare_args, bare_engine_kwargs, differing_args
 from roles.generation.engine import engine_kwargs
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 from runtime.paths import model_dir
 
 
@@ -46,7 +46,7 @@ def test_the_benchmark_process_restarts_in_the_role_environment(monkeypatch: pyt
     import sys
 
     from benchmarks.rollout import run_in_role_environment
-    from runtime.launcher_env import ROLE_ENV_DEFAULTS
+    from runtime.launch.env import ROLE_ENV_DEFAULTS
 
     calls: list[tuple[str, list[str], dict[str, str]]] = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append((path, argv, env)))

@@ -14,7 +14,7 @@ import pytest
 
 from runtime import checkpoint
 from runtime.base_model import MANIFEST_KEY, identity
-from runtime.config_load import ConfigError, load_config, to_yaml
+from runtime.config.load import ConfigError, load_config, to_yaml
 from runtime.export import export_checkpoint
 from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs
 from runtime.tiny_model import make_tiny_model
@@ -45,7 +45,7 @@ def test_a_second_launch_is_refused_naming_the_holder_and_a_dead_holder_leaves_n
 def test_a_cli_launch_into_a_locked_run_dir_exits_2_in_one_line(tmp_path: Path) -> None:
     lock_run_dir(tmp_path)
     try:
-        cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}"]
+        cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}"]
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         release_run_dirs()
@@ -161,8 +161,8 @@ def test_manifest_records_the_base_model(tmp_path: Path) -> None:
 def test_resume_auto_without_a_checkpoint_sets_the_earlier_run_aside(tmp_path: Path) -> None:
     """It once printed "starting fresh" and appended to the old metrics.jsonl (steps
     1..100 twice, a report of "300/300"); now the earlier run goes where resume=fresh puts it."""
-    from runtime.console import Console
-    from runtime.launcher import _resume_from
+    from runtime.launch.launcher import _resume_from
+    from runtime.views.console import Console
 
     earlier(tmp_path)
     cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}", "resume=auto"])

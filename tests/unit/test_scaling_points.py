@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.async_vs_sync import decoder_param_count
 from benchmarks.scaling import points, refusal
-from runtime.config_load import load_config
+from runtime.config.load import load_config
 
 
 def _params(cfg) -> int:  # type: ignore[no-untyped-def]

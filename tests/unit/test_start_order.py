@@ -1,4 +1,4 @@
-"""Start order on a shared GPU (runtime/start_order.py): a torch role waits for exactly the
+"""Start order on a shared GPU (runtime/launch/start_order.py): a torch role waits for exactly the
 rollouts that placement puts on its GPU, the wait ends when their marks appear and fails
 naming the missing ones when they never do, and a new launch forgets old marks."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from runtime.config import PlacementEntry, RunConfig
-from runtime.config_load import load_config
-from runtime.start_order import clear_started, colocated_rollouts, mark_started, wait_started
+from runtime.config.load import load_config
+from runtime.launch.start_order import clear_started, colocated_rollouts, mark_started, wait_started
 
 
 def _cfg(*placement: PlacementEntry) -> RunConfig:

@@ -16,8 +16,8 @@ from roles.controller.ledger import Ledger
 from roles.controller.schedule import ScheduleLog
 from roles.controller.training import batch_times
 from runtime.records import usable_schedule
-from runtime.report.timeline import build_timeline
 from runtime.step_phases import PHASES, StepTimes, gaps, phase_metrics, phase_spans
+from runtime.views.report.timeline import build_timeline
 from tests.unit.test_ledger import fill, prompt
 
 T = 1_800_000_000.0  # a Unix time: the window opens here

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.summary import end_summary, program
+from runtime.views.summary import end_summary, program
 from tests.conftest import ROOT
 
 VENV_TANDEM = Path(sys.executable).parent / "tandem"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.tail import add_tail_arguments, run_tail
+from runtime.views.tail import add_tail_arguments, run_tail
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -12,8 +12,8 @@ import torch
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
 from roles.controller.validation import summarize
-from runtime.config_load import ConfigError, load_config
-from runtime.validate import check_config
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config
 
 
 def _group(gid: int, rewards: list[float], lengths: list[int], versions: list[tuple[int, int]]) -> Group:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from runtime.config_load import load_config
-from runtime.console import Console as LaunchConsole
-from runtime.report.build import build_report, summary
-from runtime.report.load import load_run
-from runtime.summary import end_summary
+from runtime.config.load import load_config
+from runtime.views.console import Console as LaunchConsole
+from runtime.views.report.build import build_report, summary
+from runtime.views.report.load import load_run
+from runtime.views.summary import end_summary
+from runtime.views.watch import frame
+from runtime.views.watch_state import RunState
 from runtime.wall_clock import WALL_FILE, record_end, record_start, run_wall_s, wall_label
-from runtime.watch import frame
-from runtime.watch_state import RunState
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "tiny_run"
 

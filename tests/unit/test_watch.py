@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from runtime.watch import frame, sparkline
-from runtime.watch_state import RunState
+from runtime.views.watch import frame, sparkline
+from runtime.views.watch_state import RunState
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "tiny_run"
 
@@ -107,5 +107,5 @@ def test_type_corrupted_lines_are_skipped_and_counted_once(tmp_path: Path) -> No
     buf = io.StringIO()
     Console(file=buf, width=140, force_terminal=False).print(frame(state))
     assert buf.getvalue().count("skipped 3 line(s)") == 1
-    done = subprocess.run([sys.executable, "-m", "runtime.cli", "watch", "--once", str(run)], capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "runtime.views.cli", "watch", "--once", str(run)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

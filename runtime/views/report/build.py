@@ -16,12 +16,12 @@ from typing import Any
 import yaml
 
 from runtime.records import metric, skipped_warning
-from runtime.report.browser import screenshot
-from runtime.report.gantt import timeline_figure
-from runtime.report.load import RunData, load_run
-from runtime.report.page import render
-from runtime.report.panels import metric_panels
-from runtime.report.timeline import build_timeline, trained_at
+from runtime.views.report.browser import screenshot
+from runtime.views.report.gantt import timeline_figure
+from runtime.views.report.load import RunData, load_run
+from runtime.views.report.page import render
+from runtime.views.report.panels import metric_panels
+from runtime.views.report.timeline import build_timeline, trained_at
 from runtime.wall_clock import clock, run_wall_s, wall_label
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from runtime.report.timeline import Timeline
+from runtime.views.report.timeline import Timeline
 
 KINDS = {  # kind -> (legend name, pattern shape, fixed colour or "" for the version colour)
     "generation": ("generation (training group)", "", ""),

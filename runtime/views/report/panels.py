@@ -13,8 +13,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from runtime.report.load import RunData
-from runtime.report.timeline import group_staleness
+from runtime.views.report.load import RunData
+from runtime.views.report.timeline import group_staleness
 
 PANELS = ("reward", "response_len", "staleness_hist", "staleness_max", "throughput", "idle", "weight_sync",
           "logprob_gap", "clip_fraction", "kl")  # fmt: skip
