@@ -37,6 +37,7 @@ from typing import Any
 from runtime.config import RunConfig
 from runtime.launch.placement import role_counts
 from runtime.logs import get_logger
+from runtime.paths import CHECKPOINTS
 
 log = get_logger("checkpoint")
 MANIFEST = "manifest.json"
@@ -46,7 +47,7 @@ FULL_BELOW = 64 << 20  # a file system with less free after a failed write is ta
 
 
 def checkpoints_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS
 
 
 def step_name(step: int) -> str:

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import TandemError
 
-class DataError(ValueError):
+
+class DataError(TandemError, ValueError):
     """A data file that cannot be trained on; the message names the file (and line)."""
 
 

@@ -1,10 +1,15 @@
-"""Paths inside a run directory (importable without torch)."""
+"""Paths inside a run directory (importable without torch): the one place their names are spelled."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from runtime.config import RunConfig
+
+METRICS = "metrics.jsonl"  # one JSON record per training step
+SCHEDULE = "schedule.jsonl"  # the controller's schedule log
+SCHEDULE_ROTATED = "schedule.1.jsonl"  # its older part, once it passed its size cap
+CHECKPOINTS = "checkpoints"  # step-N/ directories
 
 
 def model_dir(cfg: RunConfig) -> Path:
@@ -20,8 +25,8 @@ def reward_model_dir(cfg: RunConfig) -> Path:
 
 
 def metrics_path(cfg: RunConfig) -> Path:
-    return Path(cfg.run_dir) / "metrics.jsonl"
+    return Path(cfg.run_dir) / METRICS
 
 
 def checkpoints_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.run_dir) / "checkpoints"
+    return Path(cfg.run_dir) / CHECKPOINTS

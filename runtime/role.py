@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from runtime import addresses, gc_pauses
 from runtime.config import RunConfig
+from runtime.errors import TandemError
 from runtime.last_words import say
 from runtime.logs import get_logger, on_write_error
 from runtime.run_token import read_token
@@ -80,7 +81,7 @@ def _watch_parent(grace_s: float) -> None:
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
-class FatalError(RuntimeError):
+class FatalError(TandemError, RuntimeError):
     """An error that ends the role; its message is the cause reported to peers."""
 
 

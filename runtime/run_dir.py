@@ -24,13 +24,14 @@ from typing import IO
 
 from runtime.config import RunConfig
 from runtime.config.load import ConfigError
+from runtime.paths import CHECKPOINTS, METRICS
 
 LOCK_FILE = "launch.lock"
 EARLIER = "earlier"
 # What a run writes that belongs to that run alone (the model made under the run dir,
 # keys and the run token stay: they are inputs, not results).
 RUN_OUTPUTS = (
-    "metrics.jsonl", "checkpoints", "logs", "tb", "report.html", "report.png", "config.yaml", "wall.json",
+    METRICS, CHECKPOINTS, "logs", "tb", "report.html", "report.png", "config.yaml", "wall.json",
 )  # fmt: skip
 _held: list[IO[str]] = []  # the open lock files: a lock lives as long as its open file
 
@@ -74,10 +75,10 @@ def earlier_run(run_dir: Path) -> list[str]:
     other nodes' logs: in a multi-node run the other nodes' launchers write those into the
     shared directory while node 0 is still checking it."""
     found = []
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     if metrics.is_file() and metrics.stat().st_size:
-        found.append("metrics.jsonl")
-    ckpts = run_dir / "checkpoints"
+        found.append(METRICS)
+    ckpts = run_dir / CHECKPOINTS
     if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
         found.append("checkpoints/")
     first_log = run_dir / "logs" / "launcher-0.jsonl"

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.paths import METRICS
 from runtime.views.summary import last_step
 
 WALL_FILE = "wall.json"
@@ -110,7 +111,7 @@ def _alive(pid: int) -> bool:
 
 
 def _last_write(run_dir: Path) -> float:
-    paths = [run_dir / "metrics.jsonl", *run_dir.glob("schedule*.jsonl"), *run_dir.glob("logs/*.jsonl")]
+    paths = [run_dir / METRICS, *run_dir.glob("schedule*.jsonl"), *run_dir.glob("logs/*.jsonl")]
     return max((p.stat().st_mtime for p in paths if p.is_file()), default=(run_dir / WALL_FILE).stat().st_mtime)
 
 

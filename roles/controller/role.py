@@ -55,7 +55,7 @@ from runtime import addresses, base_model, checkpoint
 from runtime.launch.placement import role_counts
 from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
-from runtime.paths import metrics_path, model_dir
+from runtime.paths import SCHEDULE, metrics_path, model_dir
 from runtime.prompts import limit_text, prompt_limit
 from runtime.role import FatalError, Role
 from runtime.run_token import read_token
@@ -82,7 +82,7 @@ class Controller(Role):
         gae = cfg.algorithm.advantage == "gae"
         self.reward_kl = RewardKL(kl) if gae and kl.enabled and kl.use == "reward" else None
         m = cfg.metrics
-        path, cap = self.ctx.run_dir / "schedule.jsonl", m.schedule_max_mb << 20
+        path, cap = self.ctx.run_dir / SCHEDULE, m.schedule_max_mb << 20
         self.schedule = ScheduleLog(path, max_bytes=cap) if m.schedule else NoSchedule()
         self.ledger, wall_offset = self._ledger()
         self.registry = Registry()

@@ -39,11 +39,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from runtime.paths import SCHEDULE_ROTATED
 from runtime.step_phases import StepTimes, phase_metrics, phase_spans
 
 FLUSH_S = 1.0
 FLUSH_RECORDS = 512
-ROTATED = "schedule.1.jsonl"
+ROTATED = SCHEDULE_ROTATED
 
 
 class ScheduleLog:

@@ -47,6 +47,7 @@ from roles.generation.inproc import EngineDeadError, Finished, InprocEngine
 from roles.weights.errors import StaleUpdate
 from roles.weights.worker_calls import BUCKET_LOADS, PEER_WAITING_CALLS, WorkerCall
 from runtime.config import EngineConfig
+from runtime.errors import TandemError, one_line
 from runtime.logs import get_logger
 from runtime.memory.gpu import is_out_of_memory
 from transport.wire import FinishReason, SamplingSpec
@@ -57,7 +58,7 @@ SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's memory tags, woken in this order
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
 
 
-class EngineDead(RuntimeError):
+class EngineDead(TandemError, RuntimeError):
     """vLLM's engine died; the message carries its error."""
 
 
@@ -67,7 +68,7 @@ class OutOfGpuMemory(EngineDead):
 
     def __init__(self, what: str, cause: BaseException) -> None:
         self.what = what
-        super().__init__(f"vLLM {what}: {_one_line(cause)}")
+        super().__init__(f"vLLM {what}: {one_line(cause)}")
 
 
 @dataclass
@@ -201,7 +202,7 @@ class RolloutEngine:
         except Exception as exc:  # vLLM raises several types for bad requests
             self._check_alive(exc)
             prefix = "bad sampling params: " if isinstance(exc, _BadParams) else ""
-            error = prefix + _one_line(exc.__cause__ or exc)
+            error = prefix + one_line(exc.__cause__ or exc)
             return _error_sample(prompt_ids, started, error, state, refused=True)
         finally:
             self._active.pop(vid, None)
@@ -352,7 +353,7 @@ class RolloutEngine:
         try:
             await self._rpc(WorkerCall.FINISH_UPDATE, None, timeout_s)
         except Exception as exc:  # the engine stalled or died; resuming still matters
-            log.warning("update_close_failed", error=_one_line(exc))
+            log.warning("update_close_failed", error=one_line(exc))
         finally:
             await self._end_update(timeout_s)
 
@@ -464,7 +465,7 @@ class RolloutEngine:
             except (EngineDead, TimeoutError):
                 raise
             except Exception as exc:  # memory half mapped back: nothing more can run on this engine
-                raise EngineDead(f"vLLM {what} failed: {_one_line(exc)}") from exc
+                raise EngineDead(f"vLLM {what} failed: {one_line(exc)}") from exc
             self._asleep -= set(waking)
             return True
 
@@ -503,7 +504,7 @@ class RolloutEngine:
 
     def _check_alive(self, cause: BaseException | None = None) -> None:
         if self.engine is not None and self.engine.errored:
-            raise EngineDead(f"vLLM engine died: {_one_line(cause or self.engine.dead_error)}")
+            raise EngineDead(f"vLLM engine died: {one_line(cause or self.engine.dead_error)}")
         if isinstance(cause, EngineDeadError):
             raise EngineDead(str(cause)) from cause
 
@@ -586,8 +587,3 @@ def _error_sample(
     versions = _versions(len(tokens), state.marks)
     elapsed = time.perf_counter() - started
     return Sample(tokens, logprobs, versions, FinishReason.ERROR, len(prompt_ids), elapsed, error, refused)
-
-
-def _one_line(exc: BaseException | None) -> str:
-    text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
-    return " ".join(text.split())[:500]

@@ -37,12 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from runtime.errors import TandemError
+
 T = TypeVar("T")
 STATS_EVERY_S = 1.0
 _STOP = object()
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(TandemError, RuntimeError):
     """The in-process engine died (a step raised) or was shut down."""
 
 

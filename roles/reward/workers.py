@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.errors import TandemError
 from runtime.logs import get_logger
 
 log = get_logger("reward")
@@ -43,7 +44,7 @@ STARTUP_TIMEOUT_S = 120.0  # a worker's start (spawn, importing the functions)
 REASONS = ("raised", "not_a_number", "nonfinite", "timeout", "worker_died")
 
 
-class RewardCallError(RuntimeError):
+class RewardCallError(TandemError, RuntimeError):
     """A call that gave no reward; the message names the function and why, `reason` is
     one of `REASONS`."""
 

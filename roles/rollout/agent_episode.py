@@ -28,13 +28,14 @@ from typing import Any
 
 from roles.generation.engine import Sample
 from roles.rollout.episode import Trajectory
+from runtime.errors import TandemError
 from transport.wire import FinishReason
 
 # (context ids, max_tokens, call index, grammar: vLLM's StructuredOutputsParams or None) -> Sample
 Sampler = Callable[[list[int], int, int, Any], Awaitable[Sample]]
 
 
-class CallRefused(ValueError):
+class CallRefused(TandemError, ValueError):
     """A model call the episode cannot serve; its one-line message goes back to the agent."""
 
 

@@ -36,6 +36,7 @@ from roles.rollout.episode import Trajectory
 from roles.rollout.multiturn import completion
 from roles.rollout.openai_server import EndpointServer
 from runtime.config import RolloutConfig
+from runtime.errors import TandemError, one_line
 from transport import wire
 
 AgentFn = Callable[["AgentTask"], Awaitable[Any] | Any]
@@ -66,7 +67,7 @@ class AgentTask:
         }  # fmt: skip
 
 
-class AgentFailed(RuntimeError):
+class AgentFailed(TandemError, RuntimeError):
     """The agent raised, overran its bound or returned something that is not a reward."""
 
 
@@ -118,7 +119,7 @@ class AgentRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise AgentFailed(f"the agent raised {_one_line(exc)}") from None
+            raise AgentFailed(f"the agent raised {one_line(exc)}") from None
         if result is None:
             return
         if isinstance(result, bool) or not isinstance(result, int | float) or not math.isfinite(result):
@@ -154,10 +155,6 @@ def sync_agent(fn: Callable[[AgentTask], Any]) -> AgentFn:
         return await asyncio.to_thread(fn, task)
 
     return run
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
 def serves_agents(cfg: Any) -> bool:

@@ -27,13 +27,14 @@ from typing import Any
 
 from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Observation, Step, Tokenizer, Turn
+from runtime.errors import TandemError, one_line
 from transport.wire import FinishReason
 
 Sampler = Callable[[list[int], int, int], Awaitable[Sample]]  # (context ids, max_tokens, turn) -> Sample
 _TURN_END = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
 
-class EnvFailed(RuntimeError):
+class EnvFailed(TandemError, RuntimeError):
     """The environment raised, returned a bad value or overran its bound (one line)."""
 
 
@@ -165,7 +166,7 @@ async def _call(result: Any, timeout_s: float, what: str) -> Any:
     except (asyncio.CancelledError, EnvFailed):
         raise
     except Exception as exc:
-        raise EnvFailed(f"environment {what} raised {_one_line(exc)}") from None
+        raise EnvFailed(f"environment {what} raised {one_line(exc)}") from None
 
 
 def _tokens(obs: Observation, tokenizer: Tokenizer | None, what: str) -> list[int]:
@@ -189,7 +190,3 @@ async def _close(env: Any, timeout_s: float) -> None:
             await _call(close(), timeout_s, "close")
         except EnvFailed:
             pass  # the sample is already finished; a failing close must not cost it
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]

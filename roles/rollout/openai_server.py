@@ -31,6 +31,7 @@ from typing import Any
 from roles.rollout import openai_calls
 from roles.rollout.agent_episode import AgentEpisode, CallRefused
 from roles.rollout.chat_render import ChatRenderer
+from runtime.errors import one_line
 from runtime.logs import get_logger
 from runtime.run_token import read_token
 
@@ -104,8 +105,8 @@ class EndpointServer:
         except Exception as exc:  # the server's own fault: one line, the rollout goes on
             self.failed += 1
             if self.failed <= 3 or _power_of_ten(self.failed):
-                log.warning("endpoint_failed", path=request.path, error=_one_line(exc), failed=self.failed)
-            return _error(500, f"internal error: {_one_line(exc)}", "server_error")
+                log.warning("endpoint_failed", path=request.path, error=one_line(exc, 300), failed=self.failed)
+            return _error(500, f"internal error: {one_line(exc, 300)}", "server_error")
 
     def _call(self, fn: Any) -> Callable[[Any], Awaitable[Any]]:
         async def handle(request: Any) -> Any:
@@ -150,7 +151,7 @@ async def _json(request: Any) -> dict[str, Any]:
     try:
         body = json.loads(await request.read())
     except ValueError as exc:
-        raise web.HTTPBadRequest(reason=f"malformed JSON: {_one_line(exc)}") from None
+        raise web.HTTPBadRequest(reason=f"malformed JSON: {one_line(exc, 300)}") from None
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(reason="malformed request: the body must be a JSON object")
     return body
@@ -171,7 +172,3 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> An
 
 def _power_of_ten(n: int) -> bool:
     return n >= 10 and str(n).strip("0") == "1"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.errors import one_line
 from runtime.user_functions import load_function
 
 MAX_RESULT_CHARS = 4000  # longer tool output is cut (it becomes prompt tokens)
@@ -102,7 +103,7 @@ class ToolRegistry:
         except TimeoutError:
             return ToolResult(f"error: tool '{name}' did not return in {self.timeout_s:g}s", False)
         except Exception as exc:
-            return ToolResult(f"error: tool '{name}' raised {_one_line(exc)}", False)
+            return ToolResult(f"error: tool '{name}' raised {one_line(exc)}", False)
         return _as_text(name, result)
 
     async def run(self, call: ToolCall) -> ToolResult:
@@ -147,10 +148,6 @@ def _as_text(name: str, result: Any) -> ToolResult:
         except (TypeError, ValueError):
             return ToolResult(f"error: tool '{name}' returned {type(result).__name__}, not text or JSON", False)
     return ToolResult(text[:MAX_RESULT_CHARS], True)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
 # --- the built-in calculator --------------------------------------------------------------

@@ -16,12 +16,13 @@ import torch
 
 from roles.weights.sender import Transfer
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
+from runtime.errors import TandemError
 from transport.wire import PeerInfo
 
 BACKENDS = ("auto", "zmq", "nccl", "ipc")
 
 
-class BackendError(ValueError):
+class BackendError(TandemError, ValueError):
     """A backend that cannot serve this placement."""
 
 

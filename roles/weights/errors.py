@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from runtime.errors import TandemError
 
-class WeightSyncError(RuntimeError):
+
+class WeightSyncError(TandemError, RuntimeError):
     """An update that did not reach one rollout: which one, in which phase, and why."""
 
     def __init__(self, rollout: str, phase: str, cause: str) -> None:
@@ -12,5 +14,5 @@ class WeightSyncError(RuntimeError):
         self.phase = phase
 
 
-class StaleUpdate(ValueError):
+class StaleUpdate(TandemError, ValueError):
     """A weight update for an older version than the rollout's."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from runtime.errors import TandemError
 from transport.wire import IpcHandle
 
 
-class IpcError(RuntimeError):
+class IpcError(TandemError, RuntimeError):
     """A handle that cannot be opened here (another GPU, or no GPU)."""
 
 

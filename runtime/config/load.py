@@ -37,6 +37,7 @@ import msgspec
 import yaml
 
 from runtime.config import RunConfig
+from runtime.errors import TandemError
 
 ALIASES = {"trainer.fsdp.": "fsdp."}
 AUTO = "auto"
@@ -59,7 +60,7 @@ RENAMED = {  # recipes are named by model, not GPU: `auto` fits each one to the 
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(TandemError, ValueError):
     """A config that cannot run; the message is one line naming the key."""
 
 

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from runtime.config import PlacementEntry, RunConfig
+from runtime.errors import TandemError
 
 DEFAULT_PLACEMENT = (
     PlacementEntry(role="controller"),
@@ -27,7 +28,7 @@ DEFAULT_PLACEMENT = (
 TORCH_WORLDS = ("trainer", "critic")  # the roles whose ranks form a torch.distributed world of their own
 
 
-class PlacementError(ValueError):
+class PlacementError(TandemError, ValueError):
     """A placement that cannot run."""
 
 

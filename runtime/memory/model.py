@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config import RunConfig, TrainerConfig
+from runtime.errors import TandemError
 
 GB = 1e9
 MIB = 2**20
@@ -44,7 +45,7 @@ COMPILED_ACTIVATION_SCALE = 0.70
 ALLOCATOR_SLACK = 0.05  # the caching allocator reserves this much beyond a trainer's allocated peak
 
 
-class ShapeError(ValueError):
+class ShapeError(TandemError, ValueError):
     """The model's shape cannot be read (no config.json, an unknown architecture)."""
 
 

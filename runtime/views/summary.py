@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from runtime import checkpoint
+from runtime.paths import METRICS
 from runtime.records import metric
 
 SHOWN = ("reward_mean", "response_len_mean", "staleness_mean")
@@ -18,7 +19,7 @@ SHOWN = ("reward_mean", "response_len_mean", "staleness_mean")
 
 def last_step(run_dir: Path) -> dict[str, object]:
     """The last training record of `RUN_DIR/metrics.jsonl` ({} when there is none)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.is_file():
         return {}
     for line in reversed(path.read_text(errors="replace").splitlines()):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.paths import METRICS, SCHEDULE
 from runtime.records import metric, usable_metrics, usable_schedule
 from runtime.views.logfollow import LogFollower
 from runtime.wall_clock import run_wall_s
@@ -86,8 +87,8 @@ class RunState:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.logs = LogFollower(self.run_dir / "logs")
-        self.metrics = JsonlTail(self.run_dir / "metrics.jsonl", usable_metrics)
-        self.schedule = JsonlTail(self.run_dir / "schedule.jsonl", usable_schedule)
+        self.metrics = JsonlTail(self.run_dir / METRICS, usable_metrics)
+        self.schedule = JsonlTail(self.run_dir / SCHEDULE, usable_schedule)
         self.roles: dict[str, RoleStatus] = {}
         self.steps: list[dict[str, Any]] = []
         self.validation: list[dict[str, Any]] = []

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.paths import METRICS, SCHEDULE, SCHEDULE_ROTATED
 from runtime.records import metric, usable_metrics, usable_schedule
 
 
@@ -73,14 +74,13 @@ def load_run(run_dir: str | Path) -> RunData:
         raise FileNotFoundError(f"{root} is not a directory")
     skipped: dict[str, int] = {}
     parts = {}
-    for name, usable in (("metrics.jsonl", usable_metrics), ("schedule.1.jsonl", usable_schedule),
-                         ("schedule.jsonl", usable_schedule)):  # fmt: skip
+    for name, usable in ((METRICS, usable_metrics), (SCHEDULE_ROTATED, usable_schedule), (SCHEDULE, usable_schedule)):
         parts[name], num_skipped = read_records(root / name, usable)
         if num_skipped:
             skipped[name] = num_skipped
-    metrics = parts["metrics.jsonl"]
-    schedule = current_schedule(parts["schedule.1.jsonl"] + parts["schedule.jsonl"])
-    if not metrics and not schedule and not (root / "metrics.jsonl").exists():
+    metrics = parts[METRICS]
+    schedule = current_schedule(parts[SCHEDULE_ROTATED] + parts[SCHEDULE])
+    if not metrics and not schedule and not (root / METRICS).exists():
         raise FileNotFoundError(f"{root} has no metrics.jsonl or schedule.jsonl (is it a run directory?)")
     by_step: dict[int, dict[str, Any]] = {}
     for rec in metrics:
