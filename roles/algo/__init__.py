@@ -2,6 +2,15 @@
 
 Invariant: nothing here touches processes, devices or configs; every function takes and
 returns tensors (or python floats for metrics) and never modifies its inputs.
+
+Modules:
+* `advantages`: advantages from rewards, one entry point for every `algorithm.advantage` value.
+* `gae`: token-level generalised advantage estimation and masked whitening.
+* `kl`: per-token KL(pi || ref) estimators and KL-coefficient controllers.
+* `losses`: token-level losses: decoupled PPO policy losses, value loss, entropy.
+* `masked`: masked reductions over padded [B, T] batches.
+* `rollout_correction`: importance weights that correct for the behaviour policy (vLLM).
+* `shaping`: reward shaping from response lengths.
 """
 
 from roles.algo.advantages import (

@@ -9,5 +9,5 @@ directory (none imports `roles`).
   watch_state.py    what `tandem watch` shows, read incrementally from the run directory
   tail.py           `tandem tail`: every role's log merged by time
   logfollow.py      incremental reading of a run's JSON log files
-  report/           `tandem report`: one HTML page of a run's curves and schedule
+  `report`          `tandem report`: one HTML page of a run's curves and schedule
 """

@@ -89,16 +89,25 @@ def test_training_libraries_import_one_way() -> None:
     assert not bad, bad
 
 
-def test_training_packages_say_what_they_hold() -> None:
-    """The training-side packages' `__init__.py` docstrings name each of their modules."""
+def test_every_package_says_what_it_holds() -> None:
+    """Every package of `roles`, `runtime` and `transport` has an `__init__.py` whose
+    docstring names each of its modules and subpackages."""
     missing = []
-    for package in ("training", "fsdp", "megatron", "kernels", "trainer", "critic"):
-        init = ROOT / "roles" / package / "__init__.py"
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        names = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
-        missing += [f"{init.parent.name}/{n}" for n in names if f"`{n}`" not in doc and f"{n}." not in doc]
-        if not doc:
-            missing.append(f"{init.parent.name}: no docstring")
+    for top in ("roles", "runtime", "transport"):
+        for folder in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir() and any(p.glob("*.py")))]:
+            if folder.name == "__pycache__":
+                continue
+            init = folder / "__init__.py"
+            where = folder.relative_to(ROOT)
+            if not init.is_file():
+                missing.append(f"{where}: no __init__.py")
+                continue
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            names = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+            names += [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+            missing += [f"{where}/{n}" for n in names if f"`{n}`" not in doc and f"{n}." not in doc]
+            if not doc:
+                missing.append(f"{where}: no docstring")
     assert not missing, missing
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's slow-tool environment (benchmarks/sleepy_tool_env.py): its sleeps are
+"""The benchmark's slow-tool environment (roles/rollout/sleepy_tool_env.py): its sleeps are
 uniform in [0, 2) s and the same for the same seed; its feedback goes through the real
 tool registry and takes that long; the last turn is rewarded and ends the sample."""
 
@@ -8,8 +8,8 @@ import asyncio
 import statistics
 import time
 
-from benchmarks.sleepy_tool_env import MAX_SLEEP_S, TURNS, factory, sleep_s
 from roles.rollout.environment import EnvContext, EnvPrompt, Step, Turn
+from roles.rollout.sleepy_tool_env import MAX_SLEEP_S, TURNS, factory, sleep_s
 from roles.rollout.tools import ToolRegistry
 
 
@@ -21,7 +21,7 @@ def test_sleeps_are_seeded_and_spread_over_zero_to_two_seconds() -> None:
 
 
 def test_feedback_comes_from_the_slow_tool_and_the_last_turn_is_rewarded() -> None:
-    tools = ToolRegistry(["benchmarks.sleepy_tool_env:slow_feedback"], timeout_s=5.0)
+    tools = ToolRegistry(["roles.rollout.sleepy_tool_env:slow_feedback"], timeout_s=5.0)
     env = factory(EnvContext(tools=tools, tokenizer=None))
 
     async def episode() -> list[tuple[Step, float]]:
