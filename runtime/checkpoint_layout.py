@@ -36,15 +36,17 @@ def configured_layouts(cfg: RunConfig) -> dict[str, dict[str, int]]:
     if cfg.trainer.backend == "megatron":
         m = cfg.trainer.megatron
         out["actor"] = {
-            "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
+            "tp": m.tensor_model_parallel_size,
+            "pp": m.pipeline_model_parallel_size,
             "world_size": counts.get("trainer", 0),
-        }  # fmt: skip
+        }
     if cfg.critic.backend == "megatron" and counts.get("critic", 0):
         c = cfg.critic.megatron
         out["critic"] = {
-            "tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size,
+            "tp": c.tensor_model_parallel_size,
+            "pp": c.pipeline_model_parallel_size,
             "world_size": counts.get("critic", 0),
-        }  # fmt: skip
+        }
     return out
 
 

@@ -66,9 +66,12 @@ class PauseWatch:
         warn = cpu_s >= self.warn_cpu_s
         self.warned += warn
         (log.warning if warn else log.info)(
-            "gc_pause", generation=info.get("generation"), seconds=round(seconds, 4), cpu_s=round(cpu_s, 4),
+            "gc_pause",
+            generation=info.get("generation"),
+            seconds=round(seconds, 4),
+            cpu_s=round(cpu_s, 4),
             collected=info.get("collected"),
-        )  # fmt: skip
+        )
 
 
 def watch(threshold_s: float = 0.05, limit: int = 100, warn_cpu_s: float = WARN_CPU_S) -> PauseWatch:

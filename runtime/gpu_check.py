@@ -78,8 +78,11 @@ def check_gpu_devices(cfg: RunConfig, device_count: int, node: int = 0) -> None:
 def gpu_claims(cfg: RunConfig) -> dict[tuple[int, int], list[Claim]]:
     """The memory claims on each (node, GPU index) that placement names explicitly."""
     claims: dict[tuple[int, int], list[Claim]] = defaultdict(list)
-    fractions = {"rollout": cfg.rollout.engine.gpu_memory_utilization, "trainer": TRAINER_MIN_FRACTION,
-                 "critic": TRAINER_MIN_FRACTION}  # fmt: skip
+    fractions = {
+        "rollout": cfg.rollout.engine.gpu_memory_utilization,
+        "trainer": TRAINER_MIN_FRACTION,
+        "critic": TRAINER_MIN_FRACTION,
+    }
     if cfg.reward.judge.model:
         fractions["reward_model"] = cfg.reward.judge.engine.gpu_memory_utilization
     for i, e in enumerate(entries(cfg)):

@@ -31,8 +31,15 @@ EARLIER = "earlier"
 # What a run writes that belongs to that run alone (the model made under the run dir,
 # keys and the run token stay: they are inputs, not results).
 RUN_OUTPUTS = (
-    METRICS, CHECKPOINTS, "logs", "tb", "report.html", "report.png", "config.yaml", "wall.json",
-)  # fmt: skip
+    METRICS,
+    CHECKPOINTS,
+    "logs",
+    "tb",
+    "report.html",
+    "report.png",
+    "config.yaml",
+    "wall.json",
+)
 _held: list[IO[str]] = []  # the open lock files: a lock lives as long as its open file
 
 

@@ -173,9 +173,13 @@ class DropLog:
         if self.unlogged:
             counts = {f"{p}/{r}": n for (p, r), n in self.unlogged.most_common(20)}
             log.warning(
-                "messages_dropped", channel=self.channel, unlogged=sum(self.unlogged.values()),
-                peers=len({p for p, _ in self.unlogged}), counts=counts, total=dict(self.totals),
-            )  # fmt: skip
+                "messages_dropped",
+                channel=self.channel,
+                unlogged=sum(self.unlogged.values()),
+                peers=len({p for p, _ in self.unlogged}),
+                counts=counts,
+                total=dict(self.totals),
+            )
             self.unlogged.clear()
         self.last_summary = self.clock() if now is None else now
 

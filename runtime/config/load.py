@@ -50,8 +50,12 @@ AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory/auto.py
     "trainer.offload.params",
 )
 UNSET = "???"  # a recipe's "you must give this" (as in Hydra/OmegaConf); `tandem launch` refuses it unset
-UNSET_HINTS = {"model.path": "model.path=/path/to/an/hf-model (or model.path=tiny: the tiny random model, a test "
-               "of the plumbing whose reward stays near 0)"}  # fmt: skip
+UNSET_HINTS = {
+    "model.path": (
+        "model.path=/path/to/an/hf-model (or model.path=tiny: the tiny random model, a test "
+        "of the plumbing whose reward stays near 0)"
+    )
+}
 TINY = "tiny"  # model.path=tiny: the tiny random model, named (an empty path makes it too)
 RENAMED = {  # recipes are named by model, not GPU: `auto` fits each one to the GPU it runs on
     "bench_h200x1.yaml": "bench_1.5b.yaml",
@@ -301,8 +305,9 @@ def _unknown(path: str, parent: Any, full: str = "", where: str = "") -> typing.
     near = _near_keys(section, last, list(fields))
     if near:
         raise ConfigError(f"{where}unknown config key {name}; did you mean {' or '.join(map(repr, near))}?")
-    raise ConfigError(f"{where}unknown config key {name}; valid keys under {section or 'the top level'}: "
-                      f"{', '.join(fields)}")  # fmt: skip
+    raise ConfigError(
+        f"{where}unknown config key {name}; valid keys under {section or 'the top level'}: {', '.join(fields)}"
+    )
 
 
 def _near_keys(section: str, name: str, fields: list[str]) -> list[str]:

@@ -51,6 +51,8 @@ def interrupted_lines(cfg: RunConfig, how: str, since: float) -> tuple[list[str]
         if float(manifest.get("created", 0.0)) >= since:
             head = f"interrupted ({how}) at step {manifest['step']}: saved checkpoint {path}"
         else:
-            head = (f"interrupted ({how}) after {trained} step(s): no checkpoint of them was saved in time; "
-                    f"the last is {path} (step {manifest['step']})")  # fmt: skip
+            head = (
+                f"interrupted ({how}) after {trained} step(s): no checkpoint of them was saved in time; "
+                f"the last is {path} (step {manifest['step']})"
+            )
     return [head, f"resume with: {command}"], fields

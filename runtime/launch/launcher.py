@@ -270,9 +270,15 @@ def _spawn(spec: ProcSpec, run_dir: Path, base_env: dict[str, str]) -> Proc:
     cmd = [sys.executable, "-m", "runtime.entry", "--run-dir", str(run_dir), "--role", spec.role]
     cmd += ["--rank", str(spec.rank), "--node", str(spec.node)]
     popen = subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=_die_with_parent, pass_fds=(words.write_fd, *inherited_fds(spec)),
-    )  # fmt: skip
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        pass_fds=(words.write_fd, *inherited_fds(spec)),
+    )
     out.close()
     words.child_started()
     log.info("spawned", proc=spec.name, pid=popen.pid)

@@ -183,8 +183,13 @@ class _Search:
         return self.shape.kv_bytes_per_token() / e.tensor_parallel_size * e.max_model_len * sequences / GB
 
     def trial(self, lv: Levers, tokens: int) -> RunConfig:
-        values: dict[str, Any] = {SLEEP: lv.sleep, OPTIMIZER: lv.optimizer, PARAMS: lv.params, MICRO: tokens,
-                                  LEVEL: 1 if self.cfg.trainer.lora.rank else 2}  # fmt: skip
+        values: dict[str, Any] = {
+            SLEEP: lv.sleep,
+            OPTIMIZER: lv.optimizer,
+            PARAMS: lv.params,
+            MICRO: tokens,
+            LEVEL: 1 if self.cfg.trainer.lora.rank else 2,
+        }
         if "rollout" in self.roles:
             values[SHARE] = self.share(lv.kv_half)
         cfg = self.cfg
@@ -207,7 +212,7 @@ class _Search:
             LEVEL: self._why_level(lv.sleep),
             OPTIMIZER: self._why_offload(lv.optimizer, "AdamW's moments") if fitted else "",
             PARAMS: self._why_offload(lv.params, "the master weights") if fitted else "",
-        }  # fmt: skip
+        }
         out = [] if fitted else [f"nothing fits on {self.gpu_gb:.1f} GB GPUs; planned with the most frugal settings"]
         for key in AUTO_KEYS:
             if key in self.auto:
@@ -232,8 +237,10 @@ class _Search:
         sequences = e.max_num_seqs // 2 if kv_half else e.max_num_seqs
         half = "; half of max_num_seqs: the whole cache does not fit" if kv_half else ""
         weights = vllm_weights_gb(self.cfg, self.shape)
-        return (f"vLLM's weights {weights:.1f} GB, workspace {VLLM_WORKSPACE_GB:g} GB and a KV cache of "
-                f"{sequences} x {e.max_model_len} tokens {self.kv_gb(kv_half):.1f} GB{half}")  # fmt: skip
+        return (
+            f"vLLM's weights {weights:.1f} GB, workspace {VLLM_WORKSPACE_GB:g} GB and a KV cache of "
+            f"{sequences} x {e.max_model_len} tokens {self.kv_gb(kv_half):.1f} GB{half}"
+        )
 
     def _why_sleep(self, sleep: bool) -> str:
         if sleep:

@@ -129,8 +129,11 @@ def _smi(query: str, timeout_s: float) -> list[list[str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", query, "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout_s, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]

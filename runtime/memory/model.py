@@ -92,8 +92,15 @@ class ModelShape:
     def lora_params(self, rank: int, targets: list[str]) -> int:
         """Adapter parameters of `rank` on the named projections of every layer."""
         h, kv, i = self.hidden, self.kv_dim, self.intermediate
-        dims = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+        dims = {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
         return self.layers * sum(rank * (a + b) for t, (a, b) in dims.items() if t in targets)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
@@ -104,10 +111,14 @@ class ModelShape:
         try:
             hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
             return cls(
-                hidden=hidden, layers=int(c["num_hidden_layers"]), heads=heads,
-                kv_heads=int(c.get("num_key_value_heads") or heads), intermediate=int(c["intermediate_size"]),
-                vocab=int(c["vocab_size"]), tied=bool(c.get("tie_word_embeddings", False)),
-            )  # fmt: skip
+                hidden=hidden,
+                layers=int(c["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(c.get("num_key_value_heads") or heads),
+                intermediate=int(c["intermediate_size"]),
+                vocab=int(c["vocab_size"]),
+                tied=bool(c.get("tie_word_embeddings", False)),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config.json has no decoder shape ({exc})") from None
 
@@ -122,9 +133,14 @@ def model_shape(cfg: RunConfig) -> ModelShape:
             raise ShapeError(f"cannot read {path}: {exc}") from None
     t = cfg.model.tiny
     return ModelShape(
-        hidden=t.hidden_size, layers=t.num_layers, heads=t.num_heads, kv_heads=t.num_kv_heads,
-        intermediate=t.intermediate_size, vocab=max(BYTE_VOCAB, t.vocab_size), tied=t.tie_word_embeddings,
-    )  # fmt: skip
+        hidden=t.hidden_size,
+        layers=t.num_layers,
+        heads=t.num_heads,
+        kv_heads=t.num_kv_heads,
+        intermediate=t.intermediate_size,
+        vocab=max(BYTE_VOCAB, t.vocab_size),
+        tied=t.tie_word_embeddings,
+    )
 
 
 @dataclass(frozen=True)
@@ -161,12 +177,19 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     trained = shape.lora_params(t.lora.rank, t.lora.target_modules) if lora else n
     offload = t.offload if not critic else type(t.offload)()
     items = [
-        Item(f"master weights ({count_text(n)} x {master_b} B / {shard})", n * master_b / shard / GB,
-             "step,update" if offload.params else "always", n * master_b / shard / GB if offload.params else 0.0),
-        Item(f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
-             _gathered(cfg, shape, n, shard) * compute_b / GB, "step"),
+        Item(
+            f"master weights ({count_text(n)} x {master_b} B / {shard})",
+            n * master_b / shard / GB,
+            "step,update" if offload.params else "always",
+            n * master_b / shard / GB if offload.params else 0.0,
+        ),
+        Item(
+            f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
+            _gathered(cfg, shape, n, shard) * compute_b / GB,
+            "step",
+        ),
         Item(f"gradients ({count_text(trained)} x {grad_b} B)", trained * grad_b / shard / GB, "step"),
-    ]  # fmt: skip
+    ]
     adam = 2 * trained * master_b / shard / GB
     if offload.optimizer:
         items.append(Item("AdamW moments (host, streamed)", 2 * 2 * offload.chunk_mb * MIB / GB, "step", adam))

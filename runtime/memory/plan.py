@@ -122,17 +122,21 @@ class Plan:
                 for phase, need in g.phases().items():
                     if need > self.gpu_gb - GPU_HEADROOM_GB:
                         what, gb = g.largest()
-                        yield (f"{g.label} needs {need:.1f} GB ({phase}) of its {self.gpu_gb:.1f} GB "
-                               f"({GPU_HEADROOM_GB:g} GB kept free); "
-                               f"largest: {what} {gb:.1f} GB")  # fmt: skip
+                        yield (
+                            f"{g.label} needs {need:.1f} GB ({phase}) of its {self.gpu_gb:.1f} GB "
+                            f"({GPU_HEADROOM_GB:g} GB kept free); "
+                            f"largest: {what} {gb:.1f} GB"
+                        )
         yield from self.notes
         if self.host_gb:
             for node, rows in self.host.items():
                 need = sum(gb for _, gb in rows)
                 if need > self.host_gb:
                     what, gb = max(rows, key=lambda r: r[1])
-                    yield (f"host memory of node {node}: needs {need:.1f} GB but has {self.host_gb:.1f} GB; "
-                           f"largest: {what} {gb:.1f} GB{self._largest_on_host(what)}")  # fmt: skip
+                    yield (
+                        f"host memory of node {node}: needs {need:.1f} GB but has {self.host_gb:.1f} GB; "
+                        f"largest: {what} {gb:.1f} GB{self._largest_on_host(what)}"
+                    )
 
     def _largest_on_host(self, name: str) -> str:
         """` (what GB)`: process `name`'s largest consumer in host memory, if it has one."""
@@ -181,14 +185,19 @@ def build_plan(cfg: RunConfig, gpu_gb: float, host_gb: float, *, on_gpus: bool |
                 f"rollout: gpu_memory_utilization {cfg.rollout.engine.gpu_memory_utilization:g} of {gpu_gb:.1f} GB "
                 f"leaves vLLM {max(kv, 0.0):.1f} GB for its KV cache after the weights, less than one "
                 f"{cfg.rollout.engine.max_model_len}-token sequence ({need:.2f} GB); largest: vLLM weights"
-            )  # fmt: skip
+            )
     return plan
 
 
 def _plan_process(
-    cfg: RunConfig, shape: ModelShape, proc: Placed, world: dict[str, int], gpu_gb: float, procs: list[Placed],
+    cfg: RunConfig,
+    shape: ModelShape,
+    proc: Placed,
+    world: dict[str, int],
+    gpu_gb: float,
+    procs: list[Placed],
     on_gpu: bool,
-) -> PlannedProcess:  # fmt: skip
+) -> PlannedProcess:
     context = CUDA_CONTEXT_GB if on_gpu else 0.0
     if proc.role in TORCH_WORLDS:
         items = trainer_memory(cfg, shape, world[proc.role], critic=proc.role == "critic")
@@ -377,8 +386,9 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  = {phase}: {need:.1f}{have} GB, {verdict}")
     for node, rows in plan.host.items():
         need = sum(gb for _, gb in rows)
-        offloaded = [f"{p.name} {i.what} {i.host_gb:.1f}" for g in plan.gpus for p in g.processes
-                     for i in p.items if i.host_gb]  # fmt: skip
+        offloaded = [
+            f"{p.name} {i.what} {i.host_gb:.1f}" for g in plan.gpus for p in g.processes for i in p.items if i.host_gb
+        ]
         have = f" of {plan.host_gb:.1f}" if plan.host_gb else ""
         verdict = ("fits" if need <= plan.host_gb else "DOES NOT FIT") if plan.host_gb else "unchecked"
         extra = f" (in it: {'; '.join(offloaded)})" if offloaded else ""

@@ -48,10 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("config", help="YAML recipe, e.g. configs/tiny_cpu.yaml")
     launch.add_argument(
-        "overrides", nargs="*", metavar="key=value",
-        help="dotted config overrides (every key: tandem config-docs), e.g. trainer.total_steps=5, "
-        "run_dir=DIR (default runs/NAME), resume=auto|fresh",
-    )  # fmt: skip
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help=(
+            "dotted config overrides (every key: tandem config-docs), e.g. trainer.total_steps=5, "
+            "run_dir=DIR (default runs/NAME), resume=auto|fresh"
+        ),
+    )
     launch.add_argument("--nnodes", type=int, default=None, help="nodes in the run (default: Slurm's or 1)")
     launch.add_argument("--node-rank", type=int, default=None, help="this node's rank (default: Slurm's or 0)")
     launch.add_argument("--master-addr", default=None, help="node 0's address (controller, torch rendezvous)")
@@ -59,14 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--join", default="", metavar="HOST:PORT", help="join a running job with rollout roles only")
     launch.add_argument("--quiet", action="store_true", help="print errors only (to stderr): for scripts")
     launch.add_argument(
-        "--print-config", action="store_true",
+        "--print-config",
+        action="store_true",
         help="print the resolved config (defaults filled in, overrides applied) as YAML and exit",
-    )  # fmt: skip
+    )
     launch.add_argument(
-        "--plan", action="store_true",
-        help="print the memory plan of every GPU and host and exit (0: it fits, 2: it does not); "
-        "memory.gpu_gb=N plans for N-GB GPUs on a machine without them",
-    )  # fmt: skip
+        "--plan",
+        action="store_true",
+        help=(
+            "print the memory plan of every GPU and host and exit (0: it fits, 2: it does not); "
+            "memory.gpu_gb=N plans for N-GB GPUs on a machine without them"
+        ),
+    )
 
     tail = sub.add_parser("tail", help="merge and follow a run's logs")
     from runtime.views.tail import add_tail_arguments
@@ -107,8 +115,15 @@ def main(argv: list[str] | None = None) -> None:
         args.overrides += extra  # `launch CONFIG --plan key=value`: overrides after a flag are overrides too
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    handler = {"launch": _launch, "tail": _tail, "report": _report, "watch": _watch, "config-docs": _docs,
-               "export": _export, "keys": _keys}  # fmt: skip
+    handler = {
+        "launch": _launch,
+        "tail": _tail,
+        "report": _report,
+        "watch": _watch,
+        "config-docs": _docs,
+        "export": _export,
+        "keys": _keys,
+    }
     code = handler[args.command](args)
     if args.command == "launch" and "torch" in sys.modules:
         # Every role is reaped and the logs are flushed: skip the interpreter's final
@@ -176,8 +191,14 @@ def _plan(cfg: RunConfig, args: argparse.Namespace) -> int:
 
 
 # The usual GPUs, with their memory as nvidia-smi reports it, in GB (10^9 bytes) as the plan counts.
-USUAL_GPUS = (("24 GB (L4)", 24.1), ("40 GB (A100 40GB)", 42.9), ("48 GB (L40S)", 48.3),
-              ("80 GB (H100, A100 80GB)", 85.5), ("94 GB (H100 NVL)", 100.5), ("141 GB (H200)", 150.1))  # fmt: skip
+USUAL_GPUS = (
+    ("24 GB (L4)", 24.1),
+    ("40 GB (A100 40GB)", 42.9),
+    ("48 GB (L40S)", 48.3),
+    ("80 GB (H100, A100 80GB)", 85.5),
+    ("94 GB (H100 NVL)", 100.5),
+    ("141 GB (H200)", 150.1),
+)
 
 
 def _gpu_it_needs(config: str, overrides: list[str]) -> str:
@@ -200,8 +221,10 @@ def _gpu_it_needs(config: str, overrides: list[str]) -> str:
             return (
                 f"{head}; it needs {name} GPUs ({size} GB), the smallest usual ones it fits: {command} shows that plan"
             )
-    return (f"{head}; it fits no usual GPU as placed, up to {USUAL_GPUS[-1][0]}: place the roles on more GPUs "
-            "(memory.gpu_gb=N plans for N GB)")  # fmt: skip
+    return (
+        f"{head}; it fits no usual GPU as placed, up to {USUAL_GPUS[-1][0]}: place the roles on more GPUs "
+        "(memory.gpu_gb=N plans for N GB)"
+    )
 
 
 def _tail(args: argparse.Namespace) -> int:
@@ -235,8 +258,10 @@ def _docs(args: argparse.Namespace) -> int:
     if args.check:
         with open(args.check) as f:
             if f.read() != text:
-                print(f"tandem: error: {args.check} is out of date; run `tandem config-docs > {args.check}`",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"tandem: error: {args.check} is out of date; run `tandem config-docs > {args.check}`",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     sys.stdout.write(text)

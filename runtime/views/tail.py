@@ -216,9 +216,11 @@ def run_tail(args: argparse.Namespace, out: TextIO | None = None, stop: threadin
     unknown = unknown_roles(logs, tuple(args.role), follow=args.follow)
     if unknown:
         there = sorted(p.stem for p in logs.glob("*.jsonl")) if logs.is_dir() else []
-        print(f"tandem: error: --role {', '.join(unknown)}: no such log in {logs}; "
-              f"there: {', '.join(there) or 'none yet'} (a role kind, e.g. trainer, takes all its ranks)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"tandem: error: --role {', '.join(unknown)}: no such log in {logs}; "
+            f"there: {', '.join(there) or 'none yet'} (a role kind, e.g. trainer, takes all its ranks)",
+            file=sys.stderr,
+        )
         return 2
     printer = Printer(out or sys.stdout, args.json)
     filt = Filter.from_args(args)

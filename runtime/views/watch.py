@@ -41,8 +41,9 @@ def sparkline(values: list[float], width: int = 40) -> str:
         return " " * len(values)
     lo, hi = min(finite), max(finite)
     span = hi - lo or 1.0
-    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] if math.isfinite(v) else " "
-                   for v in values)  # fmt: skip
+    return "".join(
+        BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] if math.isfinite(v) else " " for v in values
+    )
 
 
 def roles_table(state: RunState, now: float) -> Table:
@@ -128,8 +129,11 @@ def run_watch(args: argparse.Namespace) -> int:
     if args.once or not console.is_terminal:
         console.print(frame(state, live=False))
         if not args.once:  # a live view redrawn into a file or a pipe would be no view at all
-            print("tandem: watch: the output is not a terminal, so this is one frame (--once); "
-                  "run it in a terminal for the live view", file=sys.stderr)  # fmt: skip
+            print(
+                "tandem: watch: the output is not a terminal, so this is one frame (--once); "
+                "run it in a terminal for the live view",
+                file=sys.stderr,
+            )
         return 0
     try:
         with _keys() as pressed, Live(frame(state), console=console, screen=False, auto_refresh=False) as live:

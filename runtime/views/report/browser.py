@@ -8,8 +8,15 @@ import subprocess
 from pathlib import Path
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000",
-         "--no-first-run", "--disable-extensions")  # fmt: skip
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--virtual-time-budget=5000",
+    "--no-first-run",
+    "--disable-extensions",
+)
 
 
 def find_chromium() -> str | None:

@@ -25,8 +25,13 @@ from runtime.views.report.timeline import build_timeline, trained_at
 from runtime.wall_clock import clock, run_wall_s, wall_label
 
 
-def build_report(run_dir: str | Path, out: str | Path | None = None, *, compare: str | Path | None = None,
-                 png_dir: str | Path | None = None) -> Path:  # fmt: skip
+def build_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    compare: str | Path | None = None,
+    png_dir: str | Path | None = None,
+) -> Path:
     """Write the report of `run_dir` (default `RUN_DIR/report.html`); returns its path."""
     runs = [load_run(run_dir)] + ([load_run(compare)] if compare else [])
     if compare and runs[0].name == runs[1].name:
@@ -63,17 +68,21 @@ def summary(run: RunData) -> dict[str, Any]:
     train = train if math.isfinite(train) else 0.0
     busy = sum(metric(r, "gen_busy_s") + metric(r, "train_busy_s") for r in run.steps)
     drops = [r for r in run.schedule if r.get("ev") == "drop"]
+    whys = sorted({d["why"] for d in drops})
+    dropped = ", ".join(f"{w}: {sum(1 for d in drops if d['why'] == w)}" for w in whys) or "0"
     return {
-        "run": run.name, "status": status, "steps": f"{done}/{total or '?'}", "wall": wall_label(wall),
+        "run": run.name,
+        "status": status,
+        "steps": f"{done}/{total or '?'}",
+        "wall": wall_label(wall),
         "last reward": f"{metric(run.steps[-1], 'reward_mean'):.3f}" if run.steps else "",
         "training time": f"training {clock(train)}" if train else "",
         "(gen + train busy) / training time": f"{busy / train:.2f}" if train else "",
         "groups trained": len(trained_at(run.schedule)),
-        "groups dropped": ", ".join(f"{w}: {sum(1 for d in drops if d['why'] == w)}"
-                                    for w in sorted({d["why"] for d in drops})) or "0",
+        "groups dropped": dropped,
         "validation rounds": len(run.validation),
         "step glue (median)": f"{statistics.median(glue):.3f}s" if (glue := run.series("step_glue_s")[1]) else "",
-    }  # fmt: skip
+    }
 
 
 def _total_steps(run_dir: Path) -> int:

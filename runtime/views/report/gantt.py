@@ -42,20 +42,36 @@ def timeline_figure(tl: Timeline, title: str) -> go.Figure:
             marker.update(color=[s.version for s in spans], coloraxis="coloraxis")
         if pattern:
             marker["pattern"] = dict(shape=pattern, fgcolor="black", fgopacity=0.35)
-        fig.add_trace(go.Bar(
-            orientation="h", y=[s.row for s in spans], x=[max(s.end - s.start, 1e-3) for s in spans],
-            base=[s.start for s in spans], name=name, marker=marker, hovertext=[s.text for s in spans],
-            hoverinfo="text", width=0.8,
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=[s.row for s in spans],
+                x=[max(s.end - s.start, 1e-3) for s in spans],
+                base=[s.start for s in spans],
+                name=name,
+                marker=marker,
+                hovertext=[s.text for s in spans],
+                hoverinfo="text",
+                width=0.8,
+            )
+        )
     rows = list(reversed(tl.rows))  # plotly draws categories bottom-up
     fig.update_layout(
-        title=title, barmode="overlay", template="plotly_white", height=max(260, 22 * len(rows) + 140),
-        margin=dict(l=140, r=20, t=50, b=45), legend=dict(orientation="h", y=-0.12),
-        coloraxis=dict(colorscale="Viridis", cmin=min(versions), cmax=max(max(versions), min(versions) + 1),
-                       colorbar=dict(title="policy<br>version", thickness=12)),
+        title=title,
+        barmode="overlay",
+        template="plotly_white",
+        height=max(260, 22 * len(rows) + 140),
+        margin=dict(l=140, r=20, t=50, b=45),
+        legend=dict(orientation="h", y=-0.12),
+        coloraxis=dict(
+            colorscale="Viridis",
+            cmin=min(versions),
+            cmax=max(max(versions), min(versions) + 1),
+            colorbar=dict(title="policy<br>version", thickness=12),
+        ),
         xaxis=dict(title="seconds since the controller started", range=[0, max(tl.end, 1e-3)]),
         yaxis=dict(categoryorder="array", categoryarray=rows, type="category"),
-    )  # fmt: skip
+    )
     if not tl.spans:
         fig.update_layout(title=f"{title} (no schedule.jsonl: metrics.schedule was off or the run predates it)")
         fig.add_trace(go.Scatter(x=[0], y=[0], mode="markers", marker=dict(opacity=0), showlegend=False))

@@ -88,9 +88,13 @@ def load_run(run_dir: str | Path) -> RunData:
             by_step[int(rec["step"])] = rec
     validation = [r for r in metrics if r.get("kind") == "validation"]
     return RunData(
-        name=root.resolve().name, run_dir=root, steps=[by_step[s] for s in sorted(by_step)],
-        validation=validation, schedule=schedule, skipped=skipped,
-    )  # fmt: skip
+        name=root.resolve().name,
+        run_dir=root,
+        steps=[by_step[s] for s in sorted(by_step)],
+        validation=validation,
+        schedule=schedule,
+        skipped=skipped,
+    )
 
 
 def current_schedule(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

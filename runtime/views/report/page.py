@@ -42,8 +42,9 @@ DRAW = """
 """
 
 
-def render(title: str, summary: list[dict[str, Any]], timelines: dict[str, go.Figure],
-           panels: dict[str, go.Figure]) -> str:  # fmt: skip
+def render(
+    title: str, summary: list[dict[str, Any]], timelines: dict[str, go.Figure], panels: dict[str, go.Figure]
+) -> str:
     """The page: `summary` one row per run (column → value), then the timelines, then the panels."""
     figures = {**{f"timeline-{k}": f for k, f in timelines.items()}, **panels}
     data = ",".join(f'"{k}":{pio.to_json(f, validate=False)}' for k, f in figures.items())

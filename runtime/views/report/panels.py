@@ -16,27 +16,50 @@ import plotly.graph_objects as go
 from runtime.views.report.load import RunData
 from runtime.views.report.timeline import group_staleness
 
-PANELS = ("reward", "response_len", "staleness_hist", "staleness_max", "throughput", "idle", "weight_sync",
-          "logprob_gap", "clip_fraction", "kl")  # fmt: skip
+PANELS = (
+    "reward",
+    "response_len",
+    "staleness_hist",
+    "staleness_max",
+    "throughput",
+    "idle",
+    "weight_sync",
+    "logprob_gap",
+    "clip_fraction",
+    "kl",
+)
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 DASH = ("solid", "dash")
 
 
 def metric_panels(runs: list[RunData]) -> dict[str, go.Figure]:
     makers: dict[str, Callable[[list[RunData]], go.Figure]] = {
-        "reward": _reward, "response_len": _response_len, "staleness_hist": _staleness_hist,
-        "staleness_max": _staleness_max, "throughput": _throughput, "idle": _idle, "weight_sync": _weight_sync,
-        "logprob_gap": _logprob_gap, "clip_fraction": _clip, "kl": _kl,
-    }  # fmt: skip
+        "reward": _reward,
+        "response_len": _response_len,
+        "staleness_hist": _staleness_hist,
+        "staleness_max": _staleness_max,
+        "throughput": _throughput,
+        "idle": _idle,
+        "weight_sync": _weight_sync,
+        "logprob_gap": _logprob_gap,
+        "clip_fraction": _clip,
+        "kl": _kl,
+    }
     return {name: makers[name](runs) for name in PANELS}
 
 
 def _figure(title: str, y: str, x: str = "step", **layout: Any) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(
-        title=title, xaxis_title=x, yaxis_title=y, height=320, margin=dict(l=60, r=20, t=50, b=45),
-        legend=dict(orientation="h", y=-0.25), template="plotly_white", **layout,
-    )  # fmt: skip
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        height=320,
+        margin=dict(l=60, r=20, t=50, b=45),
+        legend=dict(orientation="h", y=-0.25),
+        template="plotly_white",
+        **layout,
+    )
     return fig
 
 
@@ -62,10 +85,15 @@ def _reward(runs: list[RunData]) -> go.Figure:
         val = [r for r in run.validation if isinstance(r.get("val/reward_mean"), int | float)]
         if val:
             suffix = "" if len(runs) == 1 else f" ({run.name})"
-            fig.add_trace(go.Scatter(
-                x=[r["step"] for r in val], y=[r["val/reward_mean"] for r in val], name=f"validation{suffix}",
-                mode="lines+markers", line=dict(color=COLOURS[2], dash=DASH[i % 2]),
-            ))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["step"] for r in val],
+                    y=[r["val/reward_mean"] for r in val],
+                    name=f"validation{suffix}",
+                    mode="lines+markers",
+                    line=dict(color=COLOURS[2], dash=DASH[i % 2]),
+                )
+            )
     return fig
 
 
@@ -75,17 +103,22 @@ def _response_len(runs: list[RunData]) -> go.Figure:
     for i, run in enumerate(runs):
         val = [r for r in run.validation if isinstance(r.get("val/response_len_mean"), int | float)]
         if val:
-            fig.add_trace(go.Scatter(
-                x=[r["step"] for r in val], y=[r["val/response_len_mean"] for r in val], mode="lines+markers",
-                name="validation" if len(runs) == 1 else f"validation ({run.name})",
-                line=dict(color=COLOURS[2], dash=DASH[i % 2]),
-            ))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["step"] for r in val],
+                    y=[r["val/response_len_mean"] for r in val],
+                    mode="lines+markers",
+                    name="validation" if len(runs) == 1 else f"validation ({run.name})",
+                    line=dict(color=COLOURS[2], dash=DASH[i % 2]),
+                )
+            )
     return fig
 
 
 def _staleness_hist(runs: list[RunData]) -> go.Figure:
-    fig = _figure("Staleness of trained groups (trainer version − oldest token's)", "groups", x="staleness",
-                  barmode="group")  # fmt: skip
+    fig = _figure(
+        "Staleness of trained groups (trainer version − oldest token's)", "groups", x="staleness", barmode="group"
+    )
     for i, run in enumerate(runs):
         values = group_staleness(run.schedule)
         source = "schedule"
@@ -117,23 +150,37 @@ def _idle(runs: list[RunData]) -> go.Figure:
 
 def _weight_sync(runs: list[RunData]) -> go.Figure:
     fig = _figure("Weight sync (trainer side) and its phases", "seconds", barmode="stack")
-    phases = [("weight_sync_gather_s", "gather"), ("weight_sync_transfer_s", "transfer"),
-              ("weight_sync_load_s", "load")]  # fmt: skip
+    phases = [
+        ("weight_sync_gather_s", "gather"),
+        ("weight_sync_transfer_s", "transfer"),
+        ("weight_sync_load_s", "load"),
+    ]
     for i, run in enumerate(runs):
         for j, (key, label) in enumerate(phases):
             if run.has(key):
                 x, y = run.series(key)
                 name = label if len(runs) == 1 else f"{label} ({run.name})"
-                fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=COLOURS[(j + 3) % len(COLOURS)],
-                                     offsetgroup=str(i), opacity=0.8))  # fmt: skip
+                fig.add_trace(
+                    go.Bar(
+                        x=x,
+                        y=y,
+                        name=name,
+                        marker_color=COLOURS[(j + 3) % len(COLOURS)],
+                        offsetgroup=str(i),
+                        opacity=0.8,
+                    )
+                )
     _lines(fig, runs, [("weight_sync_s", "total")])
     return fig
 
 
 def _logprob_gap(runs: list[RunData]) -> go.Figure:
     fig = _figure("Behaviour / proximal policy gap", "KL (k3)")
-    _lines(fig, runs, [("kl_behaviour_proximal", "KL(π_behav ‖ π_prox)"),
-                       ("behaviour_proximal_abs_diff", "mean |Δ logprob|")])  # fmt: skip
+    _lines(
+        fig,
+        runs,
+        [("kl_behaviour_proximal", "KL(π_behav ‖ π_prox)"), ("behaviour_proximal_abs_diff", "mean |Δ logprob|")],
+    )
     return fig
 
 

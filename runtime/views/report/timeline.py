@@ -99,8 +99,10 @@ def _generation(schedule: list[dict[str, Any]], t0: float, end: float, fate: dic
             sent.pop(g, None)
             kind = "validation_generation" if g < 0 else "generation"
             what = "validation group" if g < 0 else f"group {g}"
-            text = (f"{what} · versions {r['vmin']}–{r['vmax']} · {r['tok']} tokens · "
-                    f"{float(r['t']) - float(r['t0']):.2f}s · {fate.get(g, 'not trained yet')}")  # fmt: skip
+            text = (
+                f"{what} · versions {r['vmin']}–{r['vmax']} · {r['tok']} tokens · "
+                f"{float(r['t']) - float(r['t0']):.2f}s · {fate.get(g, 'not trained yet')}"
+            )
             spans.append(Span(str(r["to"]), float(r["t0"]) - t0, float(r["t"]) - t0, int(r["vmin"]), kind, text))
     for g, r in sent.items():
         spans.append(Span(str(r["to"]), float(r["t"]) - t0, end, -1, "in_flight", f"group {g} in flight"))
@@ -134,9 +136,17 @@ def _trainer(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> list
         start, end = float(r["t0"]) - t0, float(r["t"]) - t0
         sync = min(float(r.get("sync_s", 0.0)), end - start)
         n, v = int(r["step"]), int(r["version"])
-        out.append(Span("trainer", start, end - sync, v - 1, "train",
-                        f"step {n}: trained version {v - 1} → {v} on {len(r['groups'])} groups "
-                        f"({float(r.get('train_s', end - start - sync)):.2f}s compute)"))  # fmt: skip
+        out.append(
+            Span(
+                "trainer",
+                start,
+                end - sync,
+                v - 1,
+                "train",
+                f"step {n}: trained version {v - 1} → {v} on {len(r['groups'])} groups "
+                f"({float(r.get('train_s', end - start - sync)):.2f}s compute)",
+            )
+        )
         if sync > 0:
             phases = " ".join(f"{k[:-2]} {float(r[k]):.3f}s" for k in ("gather_s", "transfer_s", "load_s") if k in r)
             out.append(Span("trainer", end - sync, end, v, "sync", f"step {n}: weight sync {sync:.3f}s {phases}"))
