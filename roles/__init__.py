@@ -1,7 +1,7 @@
 """What each process of a run does: the role packages (a `role.py` each: controller, rollout,
 trainer, critic, reward) and the libraries they share (algo, training, fsdp, megatron,
 kernels, weights, generation). A role package imports the libraries, `runtime` and
-`transport`, never another role (tests/unit/test_layering.py).
+`transport`, never another role (tests/unit/project/test_layering.py).
 
 Packages:
 * `algo`: RL math as pure torch functions: advantages, GAE, KL estimators and PPO-style losses.

@@ -100,9 +100,14 @@ class PromptDataset:
         if not self.cfg.render_prompt:  # the rollout's agent renders the prompt (docs/ecosystem.md)
             meta["prompt"] = messages
         return Prompt(
-            uid=self.drawn, row=row, prompt_ids=ids, text=text, answer=rec.get(self.cfg.answer_key), metadata=meta,
+            uid=self.drawn,
+            row=row,
+            prompt_ids=ids,
+            text=text,
+            answer=rec.get(self.cfg.answer_key),
+            metadata=meta,
             messages=messages,
-        )  # fmt: skip
+        )
 
     def _tokenize(self, raw: Any) -> tuple[list[int], str, list[dict[str, Any]]]:
         return encode(raw, self.tokenizer, self.cfg)

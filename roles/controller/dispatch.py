@@ -132,9 +132,13 @@ class Dispatcher:
         sampling = group.sampling or self._training_sampling(group.gid)
         prompt = group.prompt
         msg = wire.Generate(
-            request_id=group.request_id, group_id=group.gid, prompt_ids=prompt.prompt_ids, sampling=sampling,
-            answer=prompt.answer, metadata=prompt.metadata,
-        )  # fmt: skip
+            request_id=group.request_id,
+            group_id=group.gid,
+            prompt_ids=prompt.prompt_ids,
+            sampling=sampling,
+            answer=prompt.answer,
+            metadata=prompt.metadata,
+        )
         try:
             await self.server.send(msg, peer=rollout.identity)
         except PeerUnreachable as exc:
@@ -160,11 +164,16 @@ class Dispatcher:
             rollout.served += 1
             rollout.clock.done()
         group.samples[msg.sample_index] = SampleRec(
-            index=msg.sample_index, token_ids=msg.token_ids.clone(), logprobs=msg.logprobs.clone(),
-            versions=msg.versions.clone(), finish_reason=msg.finish_reason, error=msg.error,
-            loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(), env_reward=msg.env_reward,
+            index=msg.sample_index,
+            token_ids=msg.token_ids.clone(),
+            logprobs=msg.logprobs.clone(),
+            versions=msg.versions.clone(),
+            finish_reason=msg.finish_reason,
+            error=msg.error,
+            loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(),
+            env_reward=msg.env_reward,
             num_turns=msg.num_turns,
-        )  # fmt: skip
+        )
         now = time.time()
         group.first_arrival = group.first_arrival or now
         group.last_arrival = now

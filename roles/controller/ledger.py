@@ -269,16 +269,28 @@ class Ledger:
 
     @classmethod
     def restore(
-        cls, state: LedgerState, *, group_size: int, prompts_per_step: int, max_staleness: int, total_steps: int,
-        filter_groups: bool = False, max_filtered_per_step: int = 0, schedule: ScheduleLog | None = None,
-    ) -> Ledger:  # fmt: skip
+        cls,
+        state: LedgerState,
+        *,
+        group_size: int,
+        prompts_per_step: int,
+        max_staleness: int,
+        total_steps: int,
+        filter_groups: bool = False,
+        max_filtered_per_step: int = 0,
+        schedule: ScheduleLog | None = None,
+    ) -> Ledger:
         """The ledger `state()` described, with its pending groups waiting in `redo` (the
         count of groups filtered since the last step starts again at 0)."""
         ledger = cls(
-            group_size=group_size, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
-            total_steps=total_steps, filter_groups=filter_groups, max_filtered_per_step=max_filtered_per_step,
+            group_size=group_size,
+            prompts_per_step=prompts_per_step,
+            max_staleness=max_staleness,
+            total_steps=total_steps,
+            filter_groups=filter_groups,
+            max_filtered_per_step=max_filtered_per_step,
             schedule=schedule,
-        )  # fmt: skip
+        )
         ledger.step, ledger.next_gid = state.step, state.next_gid
         ledger.gate.restore(state.gate)
         ledger.totals.update(state.totals)

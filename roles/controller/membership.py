@@ -69,9 +69,17 @@ class MembershipRules:
 
 class Membership:
     def __init__(
-        self, registry: Registry, server: RpcEndpoint, trainers: RankGroup, pool: Pool, rules: MembershipRules, *,
-        run_id: str, version: Callable[[], int], host: Host,
-    ) -> None:  # fmt: skip
+        self,
+        registry: Registry,
+        server: RpcEndpoint,
+        trainers: RankGroup,
+        pool: Pool,
+        rules: MembershipRules,
+        *,
+        run_id: str,
+        version: Callable[[], int],
+        host: Host,
+    ) -> None:
         """`trainers` get the rollout list and the weight syncs; `pool` takes a lost
         rollout's groups and is woken by every newcomer; `version()` is the trainer's
         current policy version."""

@@ -21,11 +21,28 @@ from runtime.role import FatalError
 log = get_logger("metrics")
 
 REQUIRED_KEYS = (
-    "step", "policy_version", "reward_mean", "reward_std", "response_len_mean", "staleness_mean",
-    "staleness_max", "dropped_stale", "samples_per_s", "tokens_per_s", "gen_busy_s", "train_busy_s",
-    "rollout_idle_ratio", "trainer_idle_ratio", "weight_sync_s", "loss", "kl_behaviour_proximal",
-    "importance_weight_max", "clip_fraction", "entropy", "grad_norm",
-)  # fmt: skip
+    "step",
+    "policy_version",
+    "reward_mean",
+    "reward_std",
+    "response_len_mean",
+    "staleness_mean",
+    "staleness_max",
+    "dropped_stale",
+    "samples_per_s",
+    "tokens_per_s",
+    "gen_busy_s",
+    "train_busy_s",
+    "rollout_idle_ratio",
+    "trainer_idle_ratio",
+    "weight_sync_s",
+    "loss",
+    "kl_behaviour_proximal",
+    "importance_weight_max",
+    "clip_fraction",
+    "entropy",
+    "grad_norm",
+)
 
 
 class MetricsSink:

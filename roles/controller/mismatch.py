@@ -43,6 +43,13 @@ class MismatchGuard:
             )
         if self.warn > 0 and kl > self.warn and not self.warned:
             self.warned = True
-            log.warning("policy_mismatch", step=step, kl_behaviour_proximal=kl, bound=self.warn,
-                        hint="at staleness 0 this is engine numerics only (bf16: about 1e-3); set "
-                        "algorithm.mismatch_stop to end such a run")  # fmt: skip
+            log.warning(
+                "policy_mismatch",
+                step=step,
+                kl_behaviour_proximal=kl,
+                bound=self.warn,
+                hint=(
+                    "at staleness 0 this is engine numerics only (bf16: about 1e-3); set "
+                    "algorithm.mismatch_stop to end such a run"
+                ),
+            )

@@ -102,10 +102,13 @@ class Controller(Role):
         cfg = self.cfg
         a = cfg.algorithm
         shape: dict[str, Any] = dict(
-            group_size=cfg.rollout.n, prompts_per_step=cfg.trainer.prompts_per_step,
-            max_staleness=cfg.rollout.max_staleness, total_steps=cfg.trainer.total_steps,
-            filter_groups=a.filter_groups, max_filtered_per_step=a.max_filter_rounds * cfg.trainer.prompts_per_step,
-        )  # fmt: skip
+            group_size=cfg.rollout.n,
+            prompts_per_step=cfg.trainer.prompts_per_step,
+            max_staleness=cfg.rollout.max_staleness,
+            total_steps=cfg.trainer.total_steps,
+            filter_groups=a.filter_groups,
+            max_filtered_per_step=a.max_filter_rounds * cfg.trainer.prompts_per_step,
+        )
         shape["schedule"] = self.schedule
         resume = checkpoint.resume_dir()
         if resume is None:
@@ -116,8 +119,14 @@ class Controller(Role):
         if self.reward_kl is not None and st.kl_coef:
             self.reward_kl.ctl.value = st.kl_coef
         set_policy_version(ledger.version)
-        log.info("resumed", checkpoint=str(resume), step=ledger.step, version=ledger.version,
-                 ready=len(ledger.ready), redo=len(ledger.redo))  # fmt: skip
+        log.info(
+            "resumed",
+            checkpoint=str(resume),
+            step=ledger.step,
+            version=ledger.version,
+            ready=len(ledger.ready),
+            redo=len(ledger.redo),
+        )
         return ledger, truncate_metrics(metrics_path(cfg), ledger.step)
 
     def _build_stages(self, gae: bool, wall_offset: float) -> None:
@@ -125,60 +134,102 @@ class Controller(Role):
         self.trainers = RankGroup("trainer", self.server, self.registry)
         self.critics = RankGroup("critic", self.server, self.registry) if gae else None
         self.dispatcher = Dispatcher(
-            self.ledger, self.dataset, self.registry, self.server, self._sampling_spec(),
-            max_num_seqs=cfg.rollout.engine.max_num_seqs, on_unreachable=self._unreachable, schedule=self.schedule,
+            self.ledger,
+            self.dataset,
+            self.registry,
+            self.server,
+            self._sampling_spec(),
+            max_num_seqs=cfg.rollout.engine.max_num_seqs,
+            on_unreachable=self._unreachable,
+            schedule=self.schedule,
             budget=response_budget(cfg.rollout, cfg.seed),
-        )  # fmt: skip
+        )
         self.membership = Membership(
-            self.registry, self.server, self.trainers, self.dispatcher, self._membership_rules(), run_id=self.run_id,
-            version=lambda: self.ledger.version, host=self,
-        )  # fmt: skip
+            self.registry,
+            self.server,
+            self.trainers,
+            self.dispatcher,
+            self._membership_rules(),
+            run_id=self.run_id,
+            version=lambda: self.ledger.version,
+            host=self,
+        )
         self.values: ValueStage | None = None
         if self.critics is not None:
             a = cfg.algorithm
             self.values = ValueStage(
-                self.critics, gamma=a.gamma, lam=a.lam, kl=self.reward_kl,
-                timeout_s=max(600.0, cfg.weight_sync.timeout_s), done=self.ledger.complete,
-            )  # fmt: skip
+                self.critics,
+                gamma=a.gamma,
+                lam=a.lam,
+                kl=self.reward_kl,
+                timeout_s=max(600.0, cfg.weight_sync.timeout_s),
+                done=self.ledger.complete,
+            )
         r = cfg.reward
         self.scorer = Scorer(
-            self.server, self.registry, self.tokenizer, timeout_s=r.timeout_s,
-            done=self.values.submit if self.values is not None else self.ledger.complete, shaping=self._shaping(),
-            functions=len(r.functions), concurrency=r.concurrency,
+            self.server,
+            self.registry,
+            self.tokenizer,
+            timeout_s=r.timeout_s,
+            done=self.values.submit if self.values is not None else self.ledger.complete,
+            shaping=self._shaping(),
+            functions=len(r.functions),
+            concurrency=r.concurrency,
             model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
-            weights=Weights(functions=r.function_weight, model=r.model_weight), function_names=tuple(r.functions),
-        )  # fmt: skip
+            weights=Weights(functions=r.function_weight, model=r.model_weight),
+            function_names=tuple(r.functions),
+        )
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)
         self.steps = StepRunner(
-            self.ledger, self.trainers, self.critics, cfg.algorithm, self.recorder,
-            timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3), reward_kl=self.reward_kl,
-            on_rollout_failed=self.membership.rollout_failed, max_reward_failures=cfg.reward.max_failure_fraction,
-            schedule=self.schedule, before_train=self._rest_before_steps(),
-            max_nonfinite_steps=cfg.trainer.max_nonfinite_steps, last_checkpoint=self._last_checkpoint,
+            self.ledger,
+            self.trainers,
+            self.critics,
+            cfg.algorithm,
+            self.recorder,
+            timeout_s=max(600.0, cfg.weight_sync.timeout_s * 3),
+            reward_kl=self.reward_kl,
+            on_rollout_failed=self.membership.rollout_failed,
+            max_reward_failures=cfg.reward.max_failure_fraction,
+            schedule=self.schedule,
+            before_train=self._rest_before_steps(),
+            max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
+            last_checkpoint=self._last_checkpoint,
             more_metrics=self._prompt_metrics,
-        )  # fmt: skip
+        )
         self.validator: Validator | None = None
         if cfg.validation.every:
             self.validator = Validator(
-                cfg.validation, self._validation_prompts(), self._validation_sampling(), self.dispatcher,
-                self.scorer.submit, self.metrics.write_validation, self.schedule,
-            )  # fmt: skip
+                cfg.validation,
+                self._validation_prompts(),
+                self._validation_sampling(),
+                self.dispatcher,
+                self.scorer.submit,
+                self.metrics.write_validation,
+                self.schedule,
+            )
         ranks = [self.trainers] + ([self.critics] if self.critics is not None else [])
         self.checkpointer = Checkpointer(
-            self.ctx.run_dir, ranks, self.snapshot, keep=cfg.checkpoint.keep, timeout_s=cfg.checkpoint.timeout_s,
+            self.ctx.run_dir,
+            ranks,
+            self.snapshot,
+            keep=cfg.checkpoint.keep,
+            timeout_s=cfg.checkpoint.timeout_s,
             base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
-        )  # fmt: skip
+        )
         if checkpoint.resume_dir() is not None:
             self.checkpointer.last_step = self.ledger.step  # the checkpoint resumed from is this step's
 
     def _membership_rules(self) -> MembershipRules:
         cfg = self.cfg
         return MembershipRules(
-            expected=role_counts(cfg), token=read_token(self.ctx.run_dir), elastic=cfg.rollout.elastic,
-            elastic_grace_s=cfg.rollout.elastic_grace_s, peer_timeout_s=cfg.transport.peer_timeout_s,
+            expected=role_counts(cfg),
+            token=read_token(self.ctx.run_dir),
+            elastic=cfg.rollout.elastic,
+            elastic_grace_s=cfg.rollout.elastic_grace_s,
+            peer_timeout_s=cfg.transport.peer_timeout_s,
             sync_timeout_s=cfg.weight_sync.timeout_s * 3,
-        )  # fmt: skip
+        )
 
     def _shaping(self) -> Callable[[int], float] | None:
         o = self.cfg.reward.overlong
@@ -192,9 +243,12 @@ class Controller(Role):
         v, d = self.cfg.validation, self.cfg.data
         synthetic = v.data == "synthetic"
         data = msgspec.structs.replace(
-            d, source="synthetic" if synthetic else "file", path="" if synthetic else v.data, shuffle=False,
+            d,
+            source="synthetic" if synthetic else "file",
+            path="" if synthetic else v.data,
+            shuffle=False,
             synthetic_num_prompts=v.max_prompts or 64,
-        )  # fmt: skip
+        )
         ds = PromptDataset(data, self.tokenizer, self.cfg.seed + 1)
         rows = range(min(len(ds), v.max_prompts or len(ds)))
         limit = prompt_limit(self.cfg)
@@ -206,9 +260,13 @@ class Controller(Role):
     def _validation_sampling(self) -> wire.SamplingSpec:
         v, train = self.cfg.validation, self._sampling_spec()
         return msgspec.structs.replace(
-            train, n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=0 if v.temperature == 0 else train.top_k,
+            train,
+            n=v.n,
+            temperature=v.temperature,
+            top_p=v.top_p,
+            top_k=0 if v.temperature == 0 else train.top_k,
             max_tokens=v.max_tokens or train.max_tokens,
-        )  # fmt: skip
+        )
 
     def _sampling_spec(self) -> wire.SamplingSpec:
         r = self.cfg.rollout
@@ -217,9 +275,15 @@ class Controller(Role):
         if eos is not None and not r.ignore_eos and eos not in stops:
             stops.append(eos)
         return wire.SamplingSpec(
-            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-            stop_token_ids=stops, ignore_eos=r.ignore_eos, seed=None,
-        )  # fmt: skip
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=r.max_tokens,
+            stop_token_ids=stops,
+            ignore_eos=r.ignore_eos,
+            seed=None,
+        )
 
     # --- main loop -------------------------------------------------------------------
     async def run(self) -> None:
@@ -279,8 +343,10 @@ class Controller(Role):
     def _prompt_metrics(self) -> dict[str, float]:
         """Prompts skipped as too long: this step, and since the run began."""
         ds = self.dataset
-        return {"prompts_skipped_too_long": float(ds.take_skipped()),
-                "prompts_skipped_too_long_total": float(ds.skipped_too_long)}  # fmt: skip
+        return {
+            "prompts_skipped_too_long": float(ds.take_skipped()),
+            "prompts_skipped_too_long_total": float(ds.skipped_too_long),
+        }
 
     def _last_checkpoint(self) -> str:
         """The newest intact checkpoint of the run ("" when none)."""
@@ -294,8 +360,12 @@ class Controller(Role):
         self.preempting = True
         self.preempt_deadline = time.monotonic() + self.cfg.checkpoint.preempt_grace_s
         in_training = self.steps.in_training if hasattr(self, "steps") else False
-        log.info("preempting", step=self.ledger.step if hasattr(self, "ledger") else 0,
-                    step_in_training=in_training, grace_s=self.cfg.checkpoint.preempt_grace_s)  # fmt: skip
+        log.info(
+            "preempting",
+            step=self.ledger.step if hasattr(self, "ledger") else 0,
+            step_in_training=in_training,
+            grace_s=self.cfg.checkpoint.preempt_grace_s,
+        )
         if not hasattr(self, "membership"):  # still setting up
             self.request_stop("interrupted while setting up")
         elif self.step_task is None:  # not stepping yet: nothing to save

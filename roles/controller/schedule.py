@@ -74,8 +74,17 @@ class ScheduleLog:
 
     def sampled(self, gid: int, rollout: str, started: float, vmin: int, vmax: int, tokens: int) -> None:
         """`started`: Unix time the group's earliest sample began generating."""
-        self._emit({"ev": "sampled", "g": gid, "to": rollout, "t0": round(started, 3), "vmin": vmin, "vmax": vmax,
-                    "tok": tokens})  # fmt: skip
+        self._emit(
+            {
+                "ev": "sampled",
+                "g": gid,
+                "to": rollout,
+                "t0": round(started, 3),
+                "vmin": vmin,
+                "vmax": vmax,
+                "tok": tokens,
+            }
+        )
 
     def scored(self, gid: int) -> None:
         self._emit({"ev": "scored", "g": gid})
@@ -85,16 +94,31 @@ class ScheduleLog:
 
     # --- steps, weights, validation ------------------------------------------------------
     def step(
-        self, step: int, version: int, started: float, gids: Iterable[int], trainer: dict[str, float],
+        self,
+        step: int,
+        version: int,
+        started: float,
+        gids: Iterable[int],
+        trainer: dict[str, float],
         times: StepTimes | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Step `step` trained `gids` and published `version`; `started`: Unix time the batch
         went out; `trainer`: the trainer's metrics (its times are picked from them); `times`:
         what the step's phases are computed from."""
-        rec: dict[str, Any] = {"ev": "step", "step": step, "version": version, "t0": round(started, 3),
-                               "groups": list(gids)}  # fmt: skip
-        for key, name in (("train_s", "train_s"), ("weight_sync_s", "sync_s"), ("weight_sync_gather_s", "gather_s"),
-                          ("weight_sync_transfer_s", "transfer_s"), ("weight_sync_load_s", "load_s")):  # fmt: skip
+        rec: dict[str, Any] = {
+            "ev": "step",
+            "step": step,
+            "version": version,
+            "t0": round(started, 3),
+            "groups": list(gids),
+        }
+        for key, name in (
+            ("train_s", "train_s"),
+            ("weight_sync_s", "sync_s"),
+            ("weight_sync_gather_s", "gather_s"),
+            ("weight_sync_transfer_s", "transfer_s"),
+            ("weight_sync_load_s", "load_s"),
+        ):
             if key in trainer:
                 rec[name] = round(float(trainer[key]), 4)
         if times is not None:
@@ -107,8 +131,17 @@ class ScheduleLog:
     def sync(self, rollout: str, version: int, total_s: float, receive_s: float, load_s: float) -> None:
         """A rollout reported it applied `version` now, after `total_s` seconds."""
         now = time.time()
-        self._emit({"ev": "sync", "to": rollout, "version": version, "t0": round(now - total_s, 3),
-                    "receive_s": round(receive_s, 4), "load_s": round(load_s, 4)}, now)  # fmt: skip
+        self._emit(
+            {
+                "ev": "sync",
+                "to": rollout,
+                "version": version,
+                "t0": round(now - total_s, 3),
+                "receive_s": round(receive_s, 4),
+                "load_s": round(load_s, 4),
+            },
+            now,
+        )
 
     def validation(self, step: int, version: int, started: float, groups: int) -> None:
         self._emit({"ev": "val", "step": step, "version": version, "t0": round(started, 3), "groups": groups})

@@ -169,9 +169,11 @@ class Scorer:
             self.noisy.warning("reward_failed", key=f"{peer.name} {reason}", role=peer.name, group=gid, error=str(exc))
             error = f"{kind} request failed: {exc}"
             if isinstance(exc, RequestTimeout) and kind == "reward" and self.function_names:
-                error = (f"reward function(s) {', '.join(self.function_names)} gave {peer.name} no scores for "
-                         f"{len(items)} samples in {deadline:g}s (each call bounded by reward.timeout_s="
-                         f"{self.bounds[kind].timeout_s:g}s: the functions hang, or the role is wedged)")  # fmt: skip
+                error = (
+                    f"reward function(s) {', '.join(self.function_names)} gave {peer.name} no scores for "
+                    f"{len(items)} samples in {deadline:g}s (each call bounded by reward.timeout_s="
+                    f"{self.bounds[kind].timeout_s:g}s: the functions hang, or the role is wedged)"
+                )
             return {it.sample_id: wire.RewardScore(it.sample_id, 0.0, error, reason) for it in items}
         finally:
             self._outstanding[peer.identity] -= calls
@@ -188,10 +190,15 @@ class Scorer:
         ids = s.token_ids.tolist()
         p = group.prompt
         return wire.RewardItem(
-            sample_id=_sample_id(group, s), prompt=p.text,
-            completion=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=p.prompt_ids,
-            completion_ids=ids, answer=p.answer, metadata=p.metadata, messages=p.messages,
-        )  # fmt: skip
+            sample_id=_sample_id(group, s),
+            prompt=p.text,
+            completion=self.tokenizer.decode(ids, skip_special_tokens=True),
+            prompt_ids=p.prompt_ids,
+            completion_ids=ids,
+            answer=p.answer,
+            metadata=p.metadata,
+            messages=p.messages,
+        )
 
 
 def reward_metrics(samples: list[SampleRec]) -> dict[str, float]:

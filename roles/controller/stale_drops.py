@@ -70,13 +70,19 @@ class StaleDropWatch:
         dropped_mean = self.dropped_tokens / self.dropped_groups
         trained_mean = self.trained_tokens / self.trained_groups if self.trained_groups else 0.0
         log.warning(
-            "stale_drops", step=step, dropped_groups=self.dropped_groups,
-            dropped_fraction=round(self.fraction(), 4), dropped_response_tokens_mean=round(dropped_mean, 1),
-            trained_response_tokens_mean=round(trained_mean, 1), max_staleness=self.max_staleness,
+            "stale_drops",
+            step=step,
+            dropped_groups=self.dropped_groups,
+            dropped_fraction=round(self.fraction(), 4),
+            dropped_response_tokens_mean=round(dropped_mean, 1),
+            trained_response_tokens_mean=round(trained_mean, 1),
+            max_staleness=self.max_staleness,
             keeps_all_at=self.most_behind,
-            hint=(f"groups that take longer to generate than rollout.max_staleness={self.max_staleness} steps are "
-                  "dropped, not trained: with long responses these are the long ones. "
-                  f"rollout.max_staleness={self.most_behind} would have kept all so far; a lower "
-                  "rollout.max_tokens shortens the tail"),
-        )  # fmt: skip
+            hint=(
+                f"groups that take longer to generate than rollout.max_staleness={self.max_staleness} steps are "
+                "dropped, not trained: with long responses these are the long ones. "
+                f"rollout.max_staleness={self.most_behind} would have kept all so far; a lower "
+                "rollout.max_tokens shortens the tail"
+            ),
+        )
         return True

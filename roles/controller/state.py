@@ -75,9 +75,17 @@ def group_state(g: Group, with_samples: bool = True) -> GroupState:
 def _sample_state(s: SampleRec) -> SampleState:
     tensors = {k: getattr(s, k).tolist() for k in _TENSORS if getattr(s, k) is not None}
     return SampleState(
-        s.index, s.token_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), int(s.finish_reason), s.reward,
-        tensors, s.reward_error, None if s.loss_mask is None else s.loss_mask.tolist(), s.num_turns,
-    )  # fmt: skip
+        s.index,
+        s.token_ids.tolist(),
+        s.logprobs.tolist(),
+        s.versions.tolist(),
+        int(s.finish_reason),
+        s.reward,
+        tensors,
+        s.reward_error,
+        None if s.loss_mask is None else s.loss_mask.tolist(),
+        s.num_turns,
+    )
 
 
 def restore_group(gs: GroupState) -> Group:

@@ -12,15 +12,50 @@ from roles.controller.batching import BatchStats
 from roles.controller.metrics import MetricsSink
 from transport import wire
 
-TRAINER_KEYS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max", "clip_fraction",
-                "entropy", "grad_norm", "lr", "train_s", "kl_ref", "kl_coef", "weight_sync_gb",
-                "weight_sync_gather_s", "weight_sync_transfer_s", "weight_sync_load_s", "cuda_free_gb", "cuda_peak_gb",
-                "optimizer_steps", "ratio_max", "importance_weight_mean", "truncated_fraction", "masked_fraction",
-                "behaviour_proximal_abs_diff", "dual_clip_fraction", "micro_batches", "padding_fraction",
-                "cuda_reserved_gb", "optimizer_offload_s", "params_restore_s", "release_s", "update_skipped",
-                "nonfinite_rank", "nonfinite_micro_batch")  # fmt: skip
-ZERO_DEFAULTS = ("weight_sync_s", "loss", "kl_behaviour_proximal", "importance_weight_max", "clip_fraction",
-                 "entropy", "grad_norm")  # fmt: skip
+TRAINER_KEYS = (
+    "weight_sync_s",
+    "loss",
+    "kl_behaviour_proximal",
+    "importance_weight_max",
+    "clip_fraction",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "train_s",
+    "kl_ref",
+    "kl_coef",
+    "weight_sync_gb",
+    "weight_sync_gather_s",
+    "weight_sync_transfer_s",
+    "weight_sync_load_s",
+    "cuda_free_gb",
+    "cuda_peak_gb",
+    "optimizer_steps",
+    "ratio_max",
+    "importance_weight_mean",
+    "truncated_fraction",
+    "masked_fraction",
+    "behaviour_proximal_abs_diff",
+    "dual_clip_fraction",
+    "micro_batches",
+    "padding_fraction",
+    "cuda_reserved_gb",
+    "optimizer_offload_s",
+    "params_restore_s",
+    "release_s",
+    "update_skipped",
+    "nonfinite_rank",
+    "nonfinite_micro_batch",
+)
+ZERO_DEFAULTS = (
+    "weight_sync_s",
+    "loss",
+    "kl_behaviour_proximal",
+    "importance_weight_max",
+    "clip_fraction",
+    "entropy",
+    "grad_norm",
+)
 
 
 class StepRecorder:

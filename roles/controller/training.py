@@ -113,8 +113,14 @@ class StepRunner:
             actor, critic = await self._train(groups, batches, build)
         finally:
             self.in_training = False
-        times = batch_times(groups, self.last_reply or self.recorder.started_at, time.time(),
-                            rest=rest, train_sent=started, trainer=actor.metrics)  # fmt: skip
+        times = batch_times(
+            groups,
+            self.last_reply or self.recorder.started_at,
+            time.time(),
+            rest=rest,
+            train_sent=started,
+            trainer=actor.metrics,
+        )
         self.last_reply = times.end
         for name in actor.failed_rollouts:
             self.on_rollout_failed(name, "new weights could not be delivered")
@@ -144,8 +150,15 @@ class StepRunner:
         step = self.ledger.step
         self.skipped_in_a_row.append(step)
         where = _nonfinite_where(metrics)
-        log.warning("update_skipped", step=step, loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm"),
-                    where=where, in_a_row=len(self.skipped_in_a_row), limit=self.max_nonfinite_steps)  # fmt: skip
+        log.warning(
+            "update_skipped",
+            step=step,
+            loss=metrics.get("loss"),
+            grad_norm=metrics.get("grad_norm"),
+            where=where,
+            in_a_row=len(self.skipped_in_a_row),
+            limit=self.max_nonfinite_steps,
+        )
         if len(self.skipped_in_a_row) < self.max_nonfinite_steps:
             return
         first = self.skipped_in_a_row[0]
@@ -212,9 +225,14 @@ def _nonfinite_where(metrics: dict[str, float]) -> str:
 
 
 def batch_times(
-    groups: list[Group], start: float, end: float, *, rest: tuple[float, float] | None, train_sent: float,
+    groups: list[Group],
+    start: float,
+    end: float,
+    *,
+    rest: tuple[float, float] | None,
+    train_sent: float,
     trainer: dict[str, float],
-) -> StepTimes:  # fmt: skip
+) -> StepTimes:
     """The step's `StepTimes` (window `start`..`end`): the batch's send, sample and scoring
     times from its groups (a time a group has not got, 0, is left out), the others as given."""
 
@@ -222,8 +240,14 @@ def batch_times(
         return [t for g in groups if (t := float(getattr(g, attr))) > 0.0]
 
     return StepTimes(
-        start=start, end=end, dispatched=min(times("dispatched_at"), default=0.0),
-        gen_started=min(times("gen_started"), default=0.0), first_sample=min(times("first_arrival"), default=0.0),
-        last_sample=max(times("last_arrival"), default=0.0), ready=max(times("ready_at"), default=0.0), rest=rest,
-        train_sent=train_sent, trainer=trainer,
-    )  # fmt: skip
+        start=start,
+        end=end,
+        dispatched=min(times("dispatched_at"), default=0.0),
+        gen_started=min(times("gen_started"), default=0.0),
+        first_sample=min(times("first_arrival"), default=0.0),
+        last_sample=max(times("last_arrival"), default=0.0),
+        ready=max(times("ready_at"), default=0.0),
+        rest=rest,
+        train_sent=train_sent,
+        trainer=trainer,
+    )

@@ -118,10 +118,16 @@ class Validator:
     async def _round(self, step: int, version: int) -> None:
         started, wall_started = time.monotonic(), time.time()
         groups = [
-            Group(gid=-next(self._gids), prompt=p, n=self.sampling.n, request_id=f"val{step}.{i}",
-                  admitted_version=version, sampling=self.sampling)
+            Group(
+                gid=-next(self._gids),
+                prompt=p,
+                n=self.sampling.n,
+                request_id=f"val{step}.{i}",
+                admitted_version=version,
+                sampling=self.sampling,
+            )
             for i, p in enumerate(self.prompts)
-        ]  # fmt: skip
+        ]
         self._waiting = {g.gid: g for g in groups}
         self._scored = []
         self._all_scored.clear()
@@ -132,8 +138,13 @@ class Validator:
             await asyncio.wait_for(self._all_scored.wait(), self.cfg.timeout_s)
         except TimeoutError:
             complete = False
-            log.warning("validation_incomplete", step=step, scored=len(self._scored), of=len(groups),
-                        timeout_s=self.cfg.timeout_s)  # fmt: skip
+            log.warning(
+                "validation_incomplete",
+                step=step,
+                scored=len(self._scored),
+                of=len(groups),
+                timeout_s=self.cfg.timeout_s,
+            )
         finally:
             self.dispatcher.cancel_side(self._waiting)
             self._waiting = {}

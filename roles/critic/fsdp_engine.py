@@ -91,8 +91,13 @@ class CriticEngine(FSDPEngineBase):
         """The clipped value loss against the returns."""
         f = mb.fields
         loss, m = value_loss(
-            values, f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
-            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
-        )  # fmt: skip
+            values,
+            f["old_values"],
+            f["returns"],
+            f["loss_mask"],
+            clip=self.cfg.critic.value_clip,
+            num_tokens=batch.global_num_tokens,
+            num_seqs=batch.global_num_seqs,
+        )
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
         return loss, m

@@ -47,8 +47,9 @@ class MegatronCriticEngine(MegatronEngineBase):
         from transformers import AutoConfig
 
         c = cfg.critic
-        super().__init__(cfg, c.megatron, micro_batch_tokens=c.micro_batch_tokens, epochs=c.epochs,
-                         mini_batches=c.mini_batches)  # fmt: skip
+        super().__init__(
+            cfg, c.megatron, micro_batch_tokens=c.micro_batch_tokens, epochs=c.epochs, mini_batches=c.mini_batches
+        )
         path = Path(cfg.critic.model_path) if cfg.critic.model_path else actor_path
         self.dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(str(path)))
         check_divisible(self.dims, self.tp, "critic.megatron")
@@ -114,8 +115,13 @@ class MegatronCriticEngine(MegatronEngineBase):
         """The clipped value loss against the returns."""
         f = mb.fields
         loss, m = value_loss(
-            values, f["old_values"], f["returns"], f["loss_mask"], clip=self.cfg.critic.value_clip,
-            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
-        )  # fmt: skip
+            values,
+            f["old_values"],
+            f["returns"],
+            f["loss_mask"],
+            clip=self.cfg.critic.value_clip,
+            num_tokens=batch.global_num_tokens,
+            num_seqs=batch.global_num_seqs,
+        )
         m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
         return loss, m

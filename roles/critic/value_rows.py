@@ -33,6 +33,12 @@ def as_batch(req: ValueRequest) -> TrainBatch:
     n = req.input_ids.numel()
     zeros = torch.zeros(n, dtype=torch.float32)
     return TrainBatch(
-        step=-1, input_ids=req.input_ids, cu_seqlens=req.cu_seqlens, loss_mask=zeros, behaviour_logprobs=zeros,
-        advantages=zeros, global_num_tokens=0, global_num_seqs=0,
-    )  # fmt: skip
+        step=-1,
+        input_ids=req.input_ids,
+        cu_seqlens=req.cu_seqlens,
+        loss_mask=zeros,
+        behaviour_logprobs=zeros,
+        advantages=zeros,
+        global_num_tokens=0,
+        global_num_seqs=0,
+    )

@@ -26,15 +26,24 @@ from roles.training.microbatch import MicroBatch
 from roles.training.models import load_causal_lm
 
 _PACKED_BACKENDS = {
-    "torch": register_varlen_attention, "fa4": register_fa4_attention, "cudnn": register_cudnn_attention
-}  # fmt: skip
+    "torch": register_varlen_attention,
+    "fa4": register_fa4_attention,
+    "cudnn": register_cudnn_attention,
+}
 
 
 def setup_actor_model(
-    model_path: Path, dtype: torch.dtype, device: torch.device, *, packing: bool, chunk: int,
-    gradient_checkpointing: bool = False, compile_blocks: bool = False, kernels: str = "torch",
+    model_path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    packing: bool,
+    chunk: int,
+    gradient_checkpointing: bool = False,
+    compile_blocks: bool = False,
+    kernels: str = "torch",
     attention_kernel: str = "torch",
-) -> torch.nn.Module:  # fmt: skip
+) -> torch.nn.Module:
     """The HF model for `token_stats`, not yet FSDP-wrapped; `chunk` 0 keeps the full logits;
     `compile_blocks` compiles each transformer block in place (names and weights unchanged)
     and the chunked head's per-chunk math; `kernels` (roles/kernels/block_kernels.py) are put in

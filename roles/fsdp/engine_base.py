@@ -198,9 +198,13 @@ class FSDPEngineBase(ABC):
         num_micro = 0
         for epoch in range(self.epochs):
             minis = epoch_mini_batches(
-                batch, self.num_mini_batches, seed=self.cfg.trainer.seed, epoch=epoch, rank=self.rank,
+                batch,
+                self.num_mini_batches,
+                seed=self.cfg.trainer.seed,
+                epoch=epoch,
+                rank=self.rank,
                 device=self.device,
-            )  # fmt: skip
+            )
             for mini in minis:
                 mbs = self.micro_batches(mini, self.micro_batch_tokens)
                 m = self._backward(mbs, mini)
@@ -330,9 +334,12 @@ class FSDPEngineBase(ABC):
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
             options=options,
-        )  # fmt: skip
+        )
         path = directory / f"extra-rank{self.rank}.pt"
         if not path.exists():
             path = directory / "extra-rank0.pt"

@@ -124,8 +124,16 @@ class StreamedAdamW(torch.optim.AdamW):
         for p in params:
             self.state[p]["step"] += 1
 
-    def _update(self, group: dict[str, Any], chunk: list[_Slice], flat: list[torch.Tensor],
-                grads: list[torch.Tensor], slot: torch.Tensor, steps: list[float], foreach: bool) -> None:  # fmt: skip
+    def _update(
+        self,
+        group: dict[str, Any],
+        chunk: list[_Slice],
+        flat: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        slot: torch.Tensor,
+        steps: list[float],
+        foreach: bool,
+    ) -> None:
         """AdamW on the chunk's slices, the moments in `slot` ([2, n], in chunk order)."""
         ps, gs, ms, vs, ss = [], [], [], [], []
         offset = 0
@@ -139,13 +147,32 @@ class StreamedAdamW(torch.optim.AdamW):
             offset += n
         beta1, beta2 = group["betas"]
         adamw_update(
-            ps, gs, ms, vs, [], ss, foreach=foreach, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-        )  # fmt: skip
+            ps,
+            gs,
+            ms,
+            vs,
+            [],
+            ss,
+            foreach=foreach,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
 
-    def _run_host(self, group: dict[str, Any], chunks: list[list[_Slice]], flat: list[torch.Tensor],
-                  grads: list[torch.Tensor], moments: list[list[torch.Tensor]], steps: list[float],
-                  device: torch.device) -> None:  # fmt: skip
+    def _run_host(
+        self,
+        group: dict[str, Any],
+        chunks: list[list[_Slice]],
+        flat: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: list[list[torch.Tensor]],
+        steps: list[float],
+        device: torch.device,
+    ) -> None:
         """The same chunked update without streams (parameters in host memory: CPU, gloo)."""
         slot = torch.empty(2, self.chunk_elems, dtype=torch.float32, device=device)
         for chunk in chunks:
@@ -153,9 +180,16 @@ class StreamedAdamW(torch.optim.AdamW):
             self._update(group, chunk, flat, grads, slot, steps, foreach=False)
             _copy_out(slot, chunk, moments, non_blocking=False)
 
-    def _run_cuda(self, group: dict[str, Any], chunks: list[list[_Slice]], flat: list[torch.Tensor],
-                  grads: list[torch.Tensor], moments: list[list[torch.Tensor]], steps: list[float],
-                  device: torch.device) -> None:  # fmt: skip
+    def _run_cuda(
+        self,
+        group: dict[str, Any],
+        chunks: list[list[_Slice]],
+        flat: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        moments: list[list[torch.Tensor]],
+        steps: list[float],
+        device: torch.device,
+    ) -> None:
         if self._streams is None:
             self._streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
         h2d, d2h = self._streams

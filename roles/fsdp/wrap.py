@@ -96,9 +96,13 @@ def wrap_model_with_fsdp(model: nn.Module, fsdp_config: FSDPConfig, *, device: t
 
     def shard(module: nn.Module, reshard_after_forward: bool) -> None:
         fully_shard(
-            module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
-            offload_policy=offload_policy, ignored_params=ignored_params,
-        )  # fmt: skip
+            module,
+            mesh=mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+            ignored_params=ignored_params,
+        )
 
     reshard_blocks = fsdp_config.sharding_strategy != "SHARD_GRAD_OP" and dist.get_world_size() > 1
     for block in reversed(blocks):  # bottom-up: a nested block is sharded before its parent

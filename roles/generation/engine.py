@@ -146,9 +146,12 @@ class RolloutEngine:
             raise FileNotFoundError(f"model.path '{self.model_path}' is not a directory")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.cpu_kvcache_gb))
         kwargs = engine_kwargs(
-            self.cfg, self.model_path, sleep_mode=self.sleep_mode, lora=self.lora,
+            self.cfg,
+            self.model_path,
+            sleep_mode=self.sleep_mode,
+            lora=self.lora,
             structured_outputs=self.structured_outputs,
-        )  # fmt: skip
+        )
         log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
         engine = InprocEngine(kwargs)
         await engine.start()
@@ -177,9 +180,15 @@ class RolloutEngine:
         self._quiet_from = when
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, index: int = 0, *, timeout_s: float = 0.0,
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        spec: SamplingSpec,
+        index: int = 0,
+        *,
+        timeout_s: float = 0.0,
         structured: Any = None,
-    ) -> Sample:  # fmt: skip
+    ) -> Sample:
         """One completion of `prompt_ids` (sample `index` of request `request_id`). With
         `timeout_s`, a sample not finished by then is aborted and comes back as an error;
         `structured` (vLLM's `StructuredOutputsParams`, an engine started with
@@ -278,8 +287,14 @@ class RolloutEngine:
             await self.abandon_update(timeout_s)
             raise
         t3 = time.perf_counter()
-        log.info("update_paused", update=version, wake_s=round(t1 - t0, 4), pause_s=round(t2 - t1, 4),
-                  begin_s=round(t3 - t2, 4), active=len(self._active))  # fmt: skip
+        log.info(
+            "update_paused",
+            update=version,
+            wake_s=round(t1 - t0, 4),
+            pause_s=round(t2 - t1, 4),
+            begin_s=round(t3 - t2, 4),
+            active=len(self._active),
+        )
         return t3 - t0
 
     async def apply_weights(self, version: int, manifest: dict[str, Any], timeout_s: float) -> dict[str, float]:
@@ -511,8 +526,11 @@ class RolloutEngine:
     def stats(self) -> dict[str, Any]:
         """The scheduler's running and waiting requests and KV-cache use (about a second old)."""
         stats = dict(getattr(self.engine, "stats", None) or {})
-        return {"running": stats.get("running", len(self._active)), "waiting": stats.get("waiting", 0),
-                "kv_cache_usage": stats.get("kv_cache_usage", 0.0)}  # fmt: skip
+        return {
+            "running": stats.get("running", len(self._active)),
+            "waiting": stats.get("waiting", 0),
+            "kv_cache_usage": stats.get("kv_cache_usage", 0.0),
+        }
 
     async def shutdown(self) -> None:
         if self.engine is not None:
@@ -525,19 +543,31 @@ class _BadParams(ValueError):
 
 
 def engine_kwargs(
-    cfg: EngineConfig, model_path: str, *, sleep_mode: bool = False, lora: LoraServing | None = None,
+    cfg: EngineConfig,
+    model_path: str,
+    *,
+    sleep_mode: bool = False,
+    lora: LoraServing | None = None,
     structured_outputs: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The keyword arguments of vLLM's `AsyncEngineArgs` a rollout engine starts with (plain
     values: a bare engine built from them is configured as the role's). vLLM's grammars need
     its tokenizer; without `structured_outputs` it is not loaded."""
     kwargs: dict[str, Any] = dict(
-        model=model_path, skip_tokenizer_init=not structured_outputs, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
-        enforce_eager=cfg.enforce_eager, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
-        enable_prefix_caching=cfg.enable_prefix_caching, worker_extension_cls=WORKER_EXTENSION,
-        enable_sleep_mode=sleep_mode, disable_log_stats=True,
-    )  # fmt: skip
+        model=model_path,
+        skip_tokenizer_init=not structured_outputs,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager,
+        seed=cfg.seed,
+        max_num_seqs=cfg.max_num_seqs,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        worker_extension_cls=WORKER_EXTENSION,
+        enable_sleep_mode=sleep_mode,
+        disable_log_stats=True,
+    )
     if lora is not None:
         n = lora.max_loras
         kwargs.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=n, max_cpu_loras=n)
@@ -578,9 +608,13 @@ def _versions(n: int, marks: list[tuple[int, int]]) -> list[int]:
 
 
 def _error_sample(
-    prompt_ids: list[int], started: float, error: str, state: _Active, so_far: Finished | None = None,
+    prompt_ids: list[int],
+    started: float,
+    error: str,
+    state: _Active,
+    so_far: Finished | None = None,
     refused: bool = False,
-) -> Sample:  # fmt: skip
+) -> Sample:
     """A failed sample, with the tokens it had sampled (a timed-out request's) if any."""
     tokens = so_far.token_ids if so_far is not None else []
     logprobs = so_far.logprobs[: len(tokens)] if so_far is not None else []

@@ -40,9 +40,14 @@ def stats_of_logits(logits_CV: Tensor, t_C: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def grad_of_logits(
-    logits_CV: Tensor, t_C: Tensor, lse_C: Tensor, entropy_C: Tensor,
-    g_logp_C: Tensor | None, g_entropy_C: Tensor | None, dtype: torch.dtype,
-) -> Tensor:  # fmt: skip
+    logits_CV: Tensor,
+    t_C: Tensor,
+    lse_C: Tensor,
+    entropy_C: Tensor,
+    g_logp_C: Tensor | None,
+    g_entropy_C: Tensor | None,
+    dtype: torch.dtype,
+) -> Tensor:
     """d(loss)/d(logits) `[C, V]` in `dtype`, given the upstream gradients of the logprob
     and the entropy (None: no gradient; not both) and what `stats_of_logits` returned. May
     overwrite `logits_CV`.

@@ -56,10 +56,14 @@ class _ChunkedTokenStats(torch.autograd.Function):
             e = s + chunk
             h_CD = h_TD[s:e]
             g_CV = grad(
-                h_CD @ w_VD.t(), t_T[s:e], lse_T[s:e], entropy_T[s:e],  # the chunk's logits, recomputed
-                None if g_logp_T is None else g_logp_T[s:e], None if g_entropy_T is None else g_entropy_T[s:e],
+                h_CD @ w_VD.t(),  # the chunk's logits, recomputed
+                t_T[s:e],
+                lse_T[s:e],
+                entropy_T[s:e],
+                None if g_logp_T is None else g_logp_T[s:e],
+                None if g_entropy_T is None else g_entropy_T[s:e],
                 h_TD.dtype,
-            )  # fmt: skip
+            )
             if g_h_TD is not None:
                 torch.mm(g_CV, w_VD, out=g_h_TD[s:e])
             if g_w_VD is not None:
@@ -100,9 +104,12 @@ class TokenStatsHead(nn.Module):
             return hidden_BTD @ self.weight.t()
         B, T, D = hidden_BTD.shape
         logp, entropy = chunked_token_stats(
-            hidden_BTD.reshape(B * T, D), self.weight, self._targets.reshape(B * T), self.chunk,
+            hidden_BTD.reshape(B * T, D),
+            self.weight,
+            self._targets.reshape(B * T),
+            self.chunk,
             compiled=self.compiled,
-        )  # fmt: skip
+        )
         return torch.stack([logp.view(B, T), entropy.view(B, T)], dim=-1)  # a new tensor, not a view
 
 

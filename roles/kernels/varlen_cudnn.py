@@ -61,14 +61,35 @@ def _cudnn_forward(
 
 
 def _cudnn_backward(
-    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
+    q_THD: Tensor,
+    k_THD: Tensor,
+    v_THD: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    g_out: Tensor,
+    cu: Tensor,
+    max_len: int,
     scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor]:
     unused = torch.zeros((), dtype=torch.long, device=q_THD.device)  # dropout's seed and offset: no dropout
     dq, dk, dv = torch.ops.aten._cudnn_attention_backward(
-        g_out, q_THD, k_THD, v_THD, out, _lse_for_backward(lse), unused, unused, None, cu, cu, max_len, max_len,
-        0.0, True, scale=scale,
-    )  # fmt: skip
+        g_out,
+        q_THD,
+        k_THD,
+        v_THD,
+        out,
+        _lse_for_backward(lse),
+        unused,
+        unused,
+        None,
+        cu,
+        cu,
+        max_len,
+        max_len,
+        0.0,
+        True,
+        scale=scale,
+    )
     return dq, dk, dv
 
 

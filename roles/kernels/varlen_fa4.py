@@ -43,20 +43,45 @@ def _fa4_forward(
 ) -> tuple[Tensor, Tensor]:
     """Causal varlen attention: (`out` `[T, H, D]`, `lse` float32 `[H, T]`)."""
     result = _interface()._flash_attn_fwd(
-        q_THD, k_THD, v_THD, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
-        softmax_scale=scale, causal=True, return_lse=True,
-    )  # fmt: skip
+        q_THD,
+        k_THD,
+        v_THD,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=max_len,
+        max_seqlen_k=max_len,
+        softmax_scale=scale,
+        causal=True,
+        return_lse=True,
+    )
     return result[0], result[1]
 
 
 def _fa4_backward(
-    q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor, max_len: int,
+    q_THD: Tensor,
+    k_THD: Tensor,
+    v_THD: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    g_out: Tensor,
+    cu: Tensor,
+    max_len: int,
     scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor]:
     grads = _interface()._flash_attn_bwd(
-        q_THD, k_THD, v_THD, out, g_out, lse, softmax_scale=scale, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
-        max_seqlen_q=max_len, max_seqlen_k=max_len,
-    )  # fmt: skip
+        q_THD,
+        k_THD,
+        v_THD,
+        out,
+        g_out,
+        lse,
+        softmax_scale=scale,
+        causal=True,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=max_len,
+        max_seqlen_k=max_len,
+    )
     return grads[0], grads[1], grads[2]
 
 

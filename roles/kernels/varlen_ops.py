@@ -45,16 +45,30 @@ def packed_attention_op(name: str, forward: Forward, backward: Backward) -> Any:
 
     @torch.library.custom_op(f"tandem::{name}_backward", mutates_args=())
     def op_backward(
-        q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor,
-        max_len: int, scale: float,
-    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        q_THD: Tensor,
+        k_THD: Tensor,
+        v_THD: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        g_out: Tensor,
+        cu: Tensor,
+        max_len: int,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         return backward(q_THD, k_THD, v_THD, out, lse, g_out, cu, max_len, scale)
 
     @op_backward.register_fake
     def _(
-        q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, out: Tensor, lse: Tensor, g_out: Tensor, cu: Tensor,
-        max_len: int, scale: float,
-    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        q_THD: Tensor,
+        k_THD: Tensor,
+        v_THD: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        g_out: Tensor,
+        cu: Tensor,
+        max_len: int,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         return torch.empty_like(q_THD), torch.empty_like(k_THD), torch.empty_like(v_THD)
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:

@@ -68,8 +68,10 @@ class ModelDims:
         """Raises ValueError, naming the field, for an architecture this converter does not map."""
         model_type = getattr(config, "model_type", "")
         if model_type not in SUPPORTED:
-            raise ValueError(f"model.path: model_type {model_type!r} is not supported by trainer.backend=megatron "
-                             f"(supported: {', '.join(SUPPORTED)})")  # fmt: skip
+            raise ValueError(
+                f"model.path: model_type {model_type!r} is not supported by trainer.backend=megatron "
+                f"(supported: {', '.join(SUPPORTED)})"
+            )
         rope = _rope_parameters(config)
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"model.path: rope scaling {rope} is not supported by trainer.backend=megatron")

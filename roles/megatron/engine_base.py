@@ -94,12 +94,20 @@ class MegatronEngineBase(ABC):
         self.optim_cfg = o
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
-                optimizer="adam", lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0], adam_beta2=o.betas[1],
-                adam_eps=o.eps, clip_grad=o.grad_clip, bf16=self.dtype == torch.bfloat16, fp16=False,
-                params_dtype=self.dtype, use_distributed_optimizer=distributed,
+                optimizer="adam",
+                lr=o.lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.betas[0],
+                adam_beta2=o.betas[1],
+                adam_eps=o.eps,
+                clip_grad=o.grad_clip,
+                bf16=self.dtype == torch.bfloat16,
+                fp16=False,
+                params_dtype=self.dtype,
+                use_distributed_optimizer=distributed,
             ),
             [self.model],
-        )  # fmt: skip
+        )
         config.no_sync_func = self.model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
@@ -169,8 +177,7 @@ class MegatronEngineBase(ABC):
             for m in outputs:
                 accumulate(acc, m, names)
         metrics = reduce_metrics(acc, names, self.device)
-        metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok),
-                       micro_batches=len(mbs))  # fmt: skip
+        metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, update_skipped=float(not ok), micro_batches=len(mbs))
         return metrics
 
     def _ppo_updates(self, batch: TrainBatch) -> dict[str, float]:
@@ -182,9 +189,14 @@ class MegatronEngineBase(ABC):
         steps, num_micro = [], 0.0
         for epoch in range(self.epochs):
             minis = epoch_mini_batches(
-                batch, self.num_mini_batches, seed=self.cfg.trainer.seed, epoch=epoch, rank=ps.get_data_parallel_rank(),
-                device=self.device, group=ps.get_data_parallel_group(),
-            )  # fmt: skip
+                batch,
+                self.num_mini_batches,
+                seed=self.cfg.trainer.seed,
+                epoch=epoch,
+                rank=ps.get_data_parallel_rank(),
+                device=self.device,
+                group=ps.get_data_parallel_group(),
+            )
             for mini in minis:
                 steps.append(self._update(mini))
                 num_micro += steps[-1]["micro_batches"]
@@ -198,10 +210,14 @@ class MegatronEngineBase(ABC):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         return get_forward_backward_func()(  # type: ignore[no-any-return]
-            forward_step_func=step, data_iterator=iter(mbs), model=[self.model], num_microbatches=len(mbs),
+            forward_step_func=step,
+            data_iterator=iter(mbs),
+            model=[self.model],
+            num_microbatches=len(mbs),
             seq_length=max(mb.input_ids_BT.shape[1] for mb in mbs),
-            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs), forward_only=forward_only,
-        )  # fmt: skip
+            micro_batch_size=max(mb.input_ids_BT.shape[0] for mb in mbs),
+            forward_only=forward_only,
+        )
 
     def _micro_batches(self, batch: TrainBatch, budget: int) -> list[MicroBatch]:
         mbs = split_micro_batches(batch, budget) if batch.cu_seqlens.numel() > 1 else []
@@ -257,9 +273,12 @@ def gather_shards(batch: TrainBatch, group: Any, device: torch.device) -> TrainB
     cu = torch.zeros(sum(seqs) + 1, dtype=batch.cu_seqlens.dtype)
     cu[1:] = cat(lengths, seqs).cumsum(0)
     return TrainBatch(
-        step=batch.step, cu_seqlens=cu, global_num_tokens=batch.global_num_tokens,
-        global_num_seqs=batch.global_num_seqs, **fields,
-    )  # fmt: skip
+        step=batch.step,
+        cu_seqlens=cu,
+        global_num_tokens=batch.global_num_tokens,
+        global_num_seqs=batch.global_num_seqs,
+        **fields,
+    )
 
 
 PER_TOKEN = ("input_ids", "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs")

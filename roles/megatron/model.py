@@ -112,21 +112,43 @@ def transformer_config(dims: ModelDims, *, tp: int, pp: int, dtype: torch.dtype,
     if recompute:
         extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     return TransformerConfig(
-        num_layers=dims.layers, hidden_size=dims.hidden, num_attention_heads=dims.heads,
-        num_query_groups=dims.kv_heads, ffn_hidden_size=dims.ffn, kv_channels=dims.head_dim,
-        normalization="RMSNorm", layernorm_epsilon=dims.norm_eps, gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=dims.qkv_bias, bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16, params_dtype=dtype, pipeline_dtype=dtype,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        num_layers=dims.layers,
+        hidden_size=dims.hidden,
+        num_attention_heads=dims.heads,
+        num_query_groups=dims.kv_heads,
+        ffn_hidden_size=dims.ffn,
+        kv_channels=dims.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=dims.qkv_bias,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=False,
         # Initialising is wasted on weights loaded next, but it is also what marks a param as
         # tensor-parallel; unmarked, TP rank > 0's shards drop out of the gradient norm.
-        perform_initialization=True, bias_activation_fusion=False, masked_softmax_fusion=False,
-        persist_layer_norm=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, attention_softmax_in_fp32=True, hidden_dropout=0.0, attention_dropout=0.0,
+        perform_initialization=True,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        attention_softmax_in_fp32=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
         # Pipeline micro-batches carry their own shapes; megatron refuses that beside its
         # default MoE dispatcher (unused: no experts), so name the one that allows it.
-        variable_seq_lengths=pp > 1, moe_token_dispatcher_type="alltoall", **extra,
-    )  # fmt: skip
+        variable_seq_lengths=pp > 1,
+        moe_token_dispatcher_type="alltoall",
+        **extra,
+    )
 
 
 def layer_spec() -> Any:
@@ -148,11 +170,16 @@ def build_actor(dims: ModelDims, config: Any, device: torch.device) -> MegatronA
 
     vocab = dims.padded_vocab(config.tensor_model_parallel_size)
     model = GPTModel(
-        config=config, transformer_layer_spec=layer_spec(), vocab_size=vocab,
-        max_sequence_length=dims.max_positions, pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=dims.tied,
-        position_embedding_type="rope", rotary_base=int(dims.rope_theta),
-    )  # fmt: skip
+        config=config,
+        transformer_layer_spec=layer_spec(),
+        vocab_size=vocab,
+        max_sequence_length=dims.max_positions,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=dims.tied,
+        position_embedding_type="rope",
+        rotary_base=int(dims.rope_theta),
+    )
     return MegatronActor(model.to(device), dims.vocab)
 
 

@@ -86,9 +86,13 @@ class RewardClassifier:
         for start in range(0, len(items), self.cfg.batch_size):
             texts = [sample_text(self.tokenizer, it) for it in items[start : start + self.cfg.batch_size]]
             enc = self.tokenizer(
-                [t for t, _ in texts], truncation=True, max_length=self.cfg.max_length, padding=True,
-                return_tensors="pt", add_special_tokens=not texts[0][1],
-            ).to(self.device)  # fmt: skip
+                [t for t, _ in texts],
+                truncation=True,
+                max_length=self.cfg.max_length,
+                padding=True,
+                return_tensors="pt",
+                add_special_tokens=not texts[0][1],
+            ).to(self.device)
             with torch.inference_mode():
                 logits_BL = self.model(**enc).logits
             out.extend(float(x) for x in logits_BL[:, 0].float().cpu())

@@ -58,8 +58,14 @@ class RewardRunner:
             error, reason = str(exc), exc.reason
         self.failures[spec] += 1
         self.reasons[spec, reason] += 1
-        self.noisy.warning("reward_call_failed", key=f"{spec} {reason}", function=spec, reason=reason,
-                           error=error[:500], failures=self.failures[spec])  # fmt: skip
+        self.noisy.warning(
+            "reward_call_failed",
+            key=f"{spec} {reason}",
+            function=spec,
+            reason=reason,
+            error=error[:500],
+            failures=self.failures[spec],
+        )
         return 0.0, error, reason
 
     def close(self) -> None:

@@ -62,9 +62,12 @@ class AgentTask:
         `openai` SDK picks up by itself), TANDEM_EPISODE_URL and TANDEM_TASK (JSON of the row)."""
         row = {"prompt": self.prompt, "prompt_text": self.prompt_text, "answer": self.answer, "metadata": self.metadata}
         return {
-            "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "TANDEM_EPISODE_URL": self.episode_url,
-            "TANDEM_MODEL": self.model, "TANDEM_TASK": json.dumps(row, default=str),
-        }  # fmt: skip
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_KEY": self.api_key,
+            "TANDEM_EPISODE_URL": self.episode_url,
+            "TANDEM_MODEL": self.model,
+            "TANDEM_TASK": json.dumps(row, default=str),
+        }
 
 
 class AgentFailed(TandemError, RuntimeError):
@@ -141,10 +144,17 @@ class AgentRunner:
         text = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False) if req.prompt_ids else ""
         url = self.server.episode_url(ep.episode_id)
         return AgentTask(
-            episode_id=ep.episode_id, base_url=f"{url}/v1", api_key=self.server.key, episode_url=url,
-            model=self.server.model, prompt=list(prompt or []), prompt_text=text, answer=req.answer, metadata=meta,
+            episode_id=ep.episode_id,
+            base_url=f"{url}/v1",
+            api_key=self.server.key,
+            episode_url=url,
+            model=self.server.model,
+            prompt=list(prompt or []),
+            prompt_text=text,
+            answer=req.answer,
+            metadata=meta,
             sample_index=index,
-        )  # fmt: skip
+        )
 
 
 def sync_agent(fn: Callable[[AgentTask], Any]) -> AgentFn:

@@ -34,14 +34,20 @@ class ChatRenderer:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.parser_cls = ParserManager.get_parser(
-            tool_parser_name=tool_parser or None, enable_auto_tools=True, model_name=model_config.model,
+            tool_parser_name=tool_parser or None,
+            enable_auto_tools=True,
+            model_name=model_config.model,
             tokenizer=tokenizer,
-        )  # fmt: skip
+        )
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool = True,
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        generation_prompt: bool = True,
         kwargs: dict[str, Any] | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """The prompt text vLLM's chat server would build for `messages`."""
         from vllm.renderers.chat_utils import parse_chat_messages
         from vllm.renderers.hf import resolve_chat_template_content_format, safe_apply_chat_template
@@ -62,9 +68,13 @@ class ChatRenderer:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def continuation(
-        self, before: list[dict[str, Any]], after: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-        completion_text: str, kwargs: dict[str, Any] | None = None,
-    ) -> str | None:  # fmt: skip
+        self,
+        before: list[dict[str, Any]],
+        after: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        completion_text: str,
+        kwargs: dict[str, Any] | None = None,
+    ) -> str | None:
         """See the module docs; `before` ends with the assistant turn sampled as `completion_text`."""
         done = self.render(before, tools, generation_prompt=False, kwargs=kwargs)
         full = self.render(after, tools, kwargs=kwargs)
@@ -73,9 +83,12 @@ class ChatRenderer:
         return self._closing(before, tools, completion_text, kwargs) + full[len(done) :]
 
     def _closing(
-        self, before: list[dict[str, Any]], tools: list[dict[str, Any]] | None, completion_text: str,
+        self,
+        before: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        completion_text: str,
         kwargs: dict[str, Any] | None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """What the template writes after the sampled turn that the sampled tokens lack."""
         opened = self.render(before[:-1], tools, kwargs=kwargs)
         turn = self.render(before, tools, generation_prompt=False, kwargs=kwargs)

@@ -54,19 +54,34 @@ class EpisodeRunner:
             text = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
             prompt = EnvPrompt(list(req.prompt_ids), text, req.answer, dict(req.metadata), index)
             traj = await run_episode(
-                env, prompt, sample, max_turns=self.cfg.max_turns, max_tokens=req.sampling.max_tokens,
-                max_total_tokens=self.budget(req.sampling.max_tokens), call_timeout_s=self.cfg.env_timeout_s,
-                tokenizer=self.tokenizer, fallback_version=engine.version,
-            )  # fmt: skip
+                env,
+                prompt,
+                sample,
+                max_turns=self.cfg.max_turns,
+                max_tokens=req.sampling.max_tokens,
+                max_total_tokens=self.budget(req.sampling.max_tokens),
+                call_timeout_s=self.cfg.env_timeout_s,
+                tokenizer=self.tokenizer,
+                fallback_version=engine.version,
+            )
         return completion(req, index, traj, time.perf_counter() - started)
 
 
 def completion(req: wire.Generate, index: int, t: Trajectory, gen_s: float) -> wire.Completion:
     return completion_message(
-        req, index, token_ids=t.token_ids, logprobs=t.logprobs, versions=t.versions, finish_reason=t.finish_reason,
-        prompt_len=len(req.prompt_ids), gen_s=gen_s, error=t.error, loss_mask=t.loss_mask, env_reward=t.reward,
+        req,
+        index,
+        token_ids=t.token_ids,
+        logprobs=t.logprobs,
+        versions=t.versions,
+        finish_reason=t.finish_reason,
+        prompt_len=len(req.prompt_ids),
+        gen_s=gen_s,
+        error=t.error,
+        loss_mask=t.loss_mask,
+        env_reward=t.reward,
         num_turns=t.num_turns,
-    )  # fmt: skip
+    )
 
 
 def _line(exc: BaseException) -> str:

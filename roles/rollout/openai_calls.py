@@ -119,9 +119,13 @@ async def complete(ep: AgentEpisode, renderer: ChatRenderer, body: dict[str, Any
         ep.last_text = renderer.decode(ids + sampled, skip_special_tokens=False) if isinstance(prompt, str) else None
     choice = {"index": 0, "text": text, "finish_reason": _finish(s, text), "token_ids": sampled}
     return {
-        "id": f"cmpl-{ep.episode_id}-{ep.calls}", "object": "text_completion", "model": model, "choices": [choice],
-        "usage": _usage(ids, sampled), "prompt_token_ids": ids,
-    }  # fmt: skip
+        "id": f"cmpl-{ep.episode_id}-{ep.calls}",
+        "object": "text_completion",
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(ids, sampled),
+        "prompt_token_ids": ids,
+    }
 
 
 def _max_tokens(request: Any, cap: int) -> int:

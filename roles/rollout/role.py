@@ -71,10 +71,14 @@ class RolloutRole(Role):
             self.episodes = EpisodeRunner(cfg.rollout, AutoTokenizer.from_pretrained(str(path)))
         self.sleep_level = sleep_level(cfg)
         self.engine = RolloutEngine(
-            cfg.rollout.engine, str(path), version=version, sleep_mode=self.sleeps, lora=lora,
+            cfg.rollout.engine,
+            str(path),
+            version=version,
+            sleep_mode=self.sleeps,
+            lora=lora,
             reload_wait_s=max(600.0, cfg.weight_sync.timeout_s * 3),  # the controller's bound on a step
             structured_outputs=serves_agents(cfg),  # the endpoint's tool_choice / response_format grammars
-        )  # fmt: skip
+        )
         log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
         await self.engine.start()
@@ -117,9 +121,11 @@ class RolloutRole(Role):
         if not cfg.trainer.lora.rank:
             return None
         return LoraServing(
-            max_rank=engine_lora_rank(cfg), max_loras=engine_max_loras(cfg),
-            config=adapter_config(cfg.trainer.lora), adapters_dir=Path(cfg.run_dir) / "adapters" / self.ctx.name,
-        )  # fmt: skip
+            max_rank=engine_lora_rank(cfg),
+            max_loras=engine_max_loras(cfg),
+            config=adapter_config(cfg.trainer.lora),
+            adapters_dir=Path(cfg.run_dir) / "adapters" / self.ctx.name,
+        )
 
     def on_registered(self, reply: wire.Registered) -> None:
         self.receiver.expect_sync(reply.policy_version)  # a rollout behind the trainer is synced to it next
@@ -204,10 +210,14 @@ class RolloutRole(Role):
             uuid = self.device.get("gpu_uuid", "")
             cause = await asyncio.to_thread(
                 lambda: out_of_memory_cause(
-                    self.ctx.name, f"vLLM {exc.what}", exc.__cause__ or exc, gpu=gpu_memory(uuid) if uuid else None,
-                    processes=gpu_processes(uuid), config_path=str(self.ctx.run_dir / "config.yaml"),
+                    self.ctx.name,
+                    f"vLLM {exc.what}",
+                    exc.__cause__ or exc,
+                    gpu=gpu_memory(uuid) if uuid else None,
+                    processes=gpu_processes(uuid),
+                    config_path=str(self.ctx.run_dir / "config.yaml"),
                 )
-            )  # fmt: skip
+            )
         self.fail(cause)
 
     async def _update_failed(self, exc: BaseException) -> str | None:
@@ -303,6 +313,13 @@ def _host(address: str) -> str:
 
 def _completion(req: wire.Generate, index: int, s: Sample) -> wire.Completion:
     return completion_message(
-        req, index, token_ids=s.token_ids, logprobs=s.logprobs, versions=s.versions, finish_reason=s.finish_reason,
-        prompt_len=s.prompt_len, gen_s=s.gen_s, error=s.error,
-    )  # fmt: skip
+        req,
+        index,
+        token_ids=s.token_ids,
+        logprobs=s.logprobs,
+        versions=s.versions,
+        finish_reason=s.finish_reason,
+        prompt_len=s.prompt_len,
+        gen_s=s.gen_s,
+        error=s.error,
+    )

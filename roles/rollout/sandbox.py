@@ -69,9 +69,13 @@ async def run_python(code: str, limits: SandboxLimits) -> str:
         with open(code_path, "w", encoding="utf-8") as f:
             f.write(code)
         proc = await asyncio.create_subprocess_exec(
-            *_argv(limits, code_path), env=_env(), start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            *_argv(limits, code_path),
+            env=_env(),
+            start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
             async with asyncio.timeout(limits.wall_s):
                 output, overflow = await _read_capped(proc, limits.output_chars)

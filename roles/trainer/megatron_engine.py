@@ -110,9 +110,15 @@ class MegatronEngine(MegatronEngineBase):
         mask = f["loss_mask"]
         prox = f.get("proximal_logprobs", logp.detach())
         loss, m = ppo_policy_loss(
-            logp, prox, f["behaviour_logprobs"], f["advantages"], mask, **policy_loss_options(self.cfg),
-            num_tokens=batch.global_num_tokens, num_seqs=batch.global_num_seqs,
-        )  # fmt: skip
+            logp,
+            prox,
+            f["behaviour_logprobs"],
+            f["advantages"],
+            mask,
+            **policy_loss_options(self.cfg),
+            num_tokens=batch.global_num_tokens,
+            num_seqs=batch.global_num_seqs,
+        )
         tokens = float(mask.sum())
         m.update(loss=float(loss.detach()), entropy=float((entropy * mask).sum()) / max(tokens, 1.0), tokens=tokens)
         return loss, m

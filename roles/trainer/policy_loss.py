@@ -18,7 +18,12 @@ def policy_loss_options(cfg: RunConfig) -> dict[str, Any]:
     rc = lc.rollout_correction
     correction = ISCorrection(mode=rc.mode, level=rc.level, cap=lc.importance_cap, low=rc.mask_low, high=rc.mask_high)
     return dict(
-        clip_low=lc.clip_low, clip_high=lc.clip_high, importance_cap=lc.importance_cap, mode=lc.mode,
-        clip_ratio_c=lc.clip_ratio_c, correction=correction, agg=lc.agg,
+        clip_low=lc.clip_low,
+        clip_high=lc.clip_high,
+        importance_cap=lc.importance_cap,
+        mode=lc.mode,
+        clip_ratio_c=lc.clip_ratio_c,
+        correction=correction,
+        agg=lc.agg,
         norm_tokens=float(lc.norm_tokens or cfg.rollout.max_tokens),
-    )  # fmt: skip
+    )

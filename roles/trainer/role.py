@@ -73,9 +73,13 @@ class TrainerRole(TorchRole[PolicyEngine]):
         if backend == "nccl":  # the host rollouts reach this process at, as for its sockets (127.0.0.1 on one node)
             host = addresses.advertised(f"tcp://{cfg.transport.bind_host}:0").removeprefix("tcp://").rsplit(":", 1)[0]
         transfer = make_transfer(
-            backend, timeout_s=timeout_s, token=token, device=device, host=host,
+            backend,
+            timeout_s=timeout_s,
+            token=token,
+            device=device,
+            host=host,
             workers_per_rollout=cfg.rollout.engine.tensor_parallel_size,
-        )  # fmt: skip
+        )
         pack_on = device if backend in ("ipc", "nccl") else torch.device("cpu")
         self.packer = BucketPacker(pack_on, cfg.weight_sync.bucket_mb << 20)
         opts = addresses.channel_options(cfg, self.ctx.run_dir)

@@ -17,9 +17,17 @@ from pathlib import Path
 import torch
 
 COPIED = (
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
-)  # fmt: skip
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
 
 
 def export_hf(items: Iterator[tuple[str, torch.Tensor]], rank: int, source: Path, out: Path) -> None:

@@ -24,9 +24,13 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bo
     if missing:
         raise ValueError(f"trainer.lora.target_modules: no module of the model is named {missing}")
     config = PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
-        bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
     if gradient_checkpointing:
         # Checkpointed blocks must see an input that requires grad, or the frozen

@@ -22,8 +22,14 @@ from roles.training.balance import balanced_bins
 from transport.wire import TrainBatch
 
 PER_TOKEN = (
-    "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs", "proximal_logprobs",
-)  # fmt: skip
+    "loss_mask",
+    "behaviour_logprobs",
+    "advantages",
+    "returns",
+    "old_values",
+    "ref_logprobs",
+    "proximal_logprobs",
+)
 
 
 @dataclass
@@ -42,16 +48,23 @@ class PackedRow:
 
     def to(self, device: torch.device) -> PackedRow:
         return PackedRow(
-            self.input_ids_1P.to(device), self.position_ids_1P.to(device), self.cu_seqlens.to(device), self.max_len,
+            self.input_ids_1P.to(device),
+            self.position_ids_1P.to(device),
+            self.cu_seqlens.to(device),
+            self.max_len,
             self.gather_BL.to(device),
-        )  # fmt: skip
+        )
 
     def model_inputs(self) -> dict[str, object]:
         """Keyword arguments for an HF causal LM with the varlen attention backend."""
         return dict(
-            input_ids=self.input_ids_1P, position_ids=self.position_ids_1P, cu_seq_lens_q=self.cu_seqlens,
-            cu_seq_lens_k=self.cu_seqlens, max_length_q=self.max_len, max_length_k=self.max_len,
-        )  # fmt: skip
+            input_ids=self.input_ids_1P,
+            position_ids=self.position_ids_1P,
+            cu_seq_lens_q=self.cu_seqlens,
+            cu_seq_lens_k=self.cu_seqlens,
+            max_length_q=self.max_len,
+            max_length_k=self.max_len,
+        )
 
 
 @dataclass

@@ -21,9 +21,15 @@ from transport.wire import TrainBatch
 
 # Per-token fields of a TrainBatch (all but input_ids may be None).
 PACKED_FIELDS = (
-    "input_ids", "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs",
+    "input_ids",
+    "loss_mask",
+    "behaviour_logprobs",
+    "advantages",
+    "returns",
+    "old_values",
+    "ref_logprobs",
     "proximal_logprobs",
-)  # fmt: skip
+)
 
 
 def select_sequences(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
@@ -36,9 +42,12 @@ def select_sequences(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
     new_cu[1:] = lengths.cumsum(0)
     fields = {name: _take(getattr(batch, name), index) for name in PACKED_FIELDS}
     return TrainBatch(
-        step=batch.step, cu_seqlens=new_cu, global_num_tokens=batch.global_num_tokens,
-        global_num_seqs=batch.global_num_seqs, **fields,
-    )  # fmt: skip
+        step=batch.step,
+        cu_seqlens=new_cu,
+        global_num_tokens=batch.global_num_tokens,
+        global_num_seqs=batch.global_num_seqs,
+        **fields,
+    )
 
 
 def _take(t: torch.Tensor | None, index: torch.Tensor) -> Any:
@@ -53,18 +62,25 @@ def shuffled_splits(num_seqs: int, num_mini_batches: int, generator: torch.Gener
 
 
 def epoch_mini_batches(
-    batch: TrainBatch, num_mini_batches: int, *, seed: int, epoch: int, rank: int, device: torch.device,
+    batch: TrainBatch,
+    num_mini_batches: int,
+    *,
+    seed: int,
+    epoch: int,
+    rank: int,
+    device: torch.device,
     group: Any = None,
-) -> list[TrainBatch]:  # fmt: skip
+) -> list[TrainBatch]:
     """This rank's mini-batches of one epoch, each with its global counts over `group`
     (a collective over `group`: every rank calls it with the same `num_mini_batches`)."""
     g = torch.Generator().manual_seed(_mix(seed, batch.step, epoch, rank))
     parts = shuffled_splits(batch.cu_seqlens.numel() - 1, num_mini_batches, g)
     minis = [select_sequences(batch, p) for p in parts]
     counts = torch.tensor(
-        [[float(m.loss_mask.sum()), float(m.cu_seqlens.numel() - 1)] for m in minis], dtype=torch.float64,
+        [[float(m.loss_mask.sum()), float(m.cu_seqlens.numel() - 1)] for m in minis],
+        dtype=torch.float64,
         device=device,
-    )  # fmt: skip
+    )
     dist.all_reduce(counts, group=group)
     for m, (tokens, seqs) in zip(minis, counts.tolist(), strict=True):
         m.global_num_tokens, m.global_num_seqs = int(tokens), int(seqs)

@@ -51,10 +51,17 @@ def share(flat: torch.Tensor) -> IpcHandle:
         sync,
     ) = args
     return IpcHandle(
-        device_uuid=device_uuid(flat.device), handle=handle, storage_bytes=storage_bytes,
-        storage_offset=storage_offset, tensor_offset=tensor_offset, numel=int(size[0]), ref_counter=rc_handle,
-        ref_counter_offset=rc_offset, event=event or b"", event_sync=bool(sync),
-    )  # fmt: skip
+        device_uuid=device_uuid(flat.device),
+        handle=handle,
+        storage_bytes=storage_bytes,
+        storage_offset=storage_offset,
+        tensor_offset=tensor_offset,
+        numel=int(size[0]),
+        ref_counter=rc_handle,
+        ref_counter_offset=rc_offset,
+        event=event or b"",
+        event_sync=bool(sync),
+    )
 
 
 def local_device(uuid: str) -> int:
@@ -72,6 +79,19 @@ def open_shared(h: IpcHandle) -> torch.Tensor:
 
     index = local_device(h.device_uuid)
     return rebuild_cuda_tensor(  # type: ignore[no-any-return]
-        torch.Tensor, (h.numel,), (1,), h.tensor_offset, torch.storage.TypedStorage, torch.uint8, index, h.handle,
-        h.storage_bytes, h.storage_offset, False, h.ref_counter, h.ref_counter_offset, h.event or None, h.event_sync,
-    )  # fmt: skip
+        torch.Tensor,
+        (h.numel,),
+        (1,),
+        h.tensor_offset,
+        torch.storage.TypedStorage,
+        torch.uint8,
+        index,
+        h.handle,
+        h.storage_bytes,
+        h.storage_offset,
+        False,
+        h.ref_counter,
+        h.ref_counter_offset,
+        h.event or None,
+        h.event_sync,
+    )

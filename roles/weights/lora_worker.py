@@ -39,9 +39,13 @@ def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tens
         if old not in spec["keep"]:
             manager.remove_adapter(old)
     return {
-        "registered": not error, "error": error, "write_s": written - start, "load_s": time.perf_counter() - written,
-        "adapters": sorted(manager.list_adapters()), "num_tensors": len(tensors),
-    }  # fmt: skip
+        "registered": not error,
+        "error": error,
+        "write_s": written - start,
+        "load_s": time.perf_counter() - written,
+        "adapters": sorted(manager.list_adapters()),
+        "num_tensors": len(tensors),
+    }
 
 
 def register_from_tensors(manager: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
@@ -60,9 +64,11 @@ def register_from_tensors(manager: Any, lora_id: int, tensors: dict[str, torch.T
     mapper = getattr(adapters.model, "hf_to_vllm_mapper", None)
     rename = getattr(mapper, "get_rename_mapper", None)  # newer vLLM: only the renames
     kwargs: dict[str, Any] = {
-        "device": "cpu", "dtype": manager.lora_config.lora_dtype, "model_vocab_size": manager.vocab_size,
+        "device": "cpu",
+        "dtype": manager.lora_config.lora_dtype,
+        "model_vocab_size": manager.vocab_size,
         "weights_mapper": rename() if rename is not None else mapper,
-    }  # fmt: skip
+    }
     accepted = inspect.signature(LoRAModel.from_lora_tensors).parameters
     lora = LoRAModel.from_lora_tensors(lora_id, tensors, helper, **{k: v for k, v in kwargs.items() if k in accepted})
     adapters.remove_adapter(lora.id)

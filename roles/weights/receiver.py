@@ -163,9 +163,14 @@ class WeightReceiver:
         finally:
             self.stager.discard()
         applied = wire.WeightsApplied(
-            version=msg.version, receive_s=receive_s, load_s=times["load_s"], total_s=receive_s + times["total_s"],
-            num_tensors=len(manifest["entries"]), num_bytes=nbytes, rollout=self.name,
-        )  # fmt: skip
+            version=msg.version,
+            receive_s=receive_s,
+            load_s=times["load_s"],
+            total_s=receive_s + times["total_s"],
+            num_tensors=len(manifest["entries"]),
+            num_bytes=nbytes,
+            rollout=self.name,
+        )
         await self._applied(applied, times["pause_s"])
         return applied
 
@@ -235,15 +240,24 @@ class WeightReceiver:
         # Where an update's time went, rollout side: the pause, each bucket's engine call
         # (its worker's own load_s inside), the waits for the trainer's next bucket, the finish.
         log.info(
-            "weight_update_timing", update=update.version, backend=update.backend, buckets=update.next_index,
-            pause_s=round(update.pause_s, 4), engine_s=[round(t, 4) for t in update.engine_s],
-            gaps_s=[round(t, 4) for t in update.gaps_s], finish_s=round(time.perf_counter() - finishing, 4),
-        )  # fmt: skip
+            "weight_update_timing",
+            update=update.version,
+            backend=update.backend,
+            buckets=update.next_index,
+            pause_s=round(update.pause_s, 4),
+            engine_s=[round(t, 4) for t in update.engine_s],
+            gaps_s=[round(t, 4) for t in update.gaps_s],
+            finish_s=round(time.perf_counter() - finishing, 4),
+        )
         applied = wire.WeightsApplied(
-            version=update.version, receive_s=update.receive_s, load_s=update.load_s,
+            version=update.version,
+            receive_s=update.receive_s,
+            load_s=update.load_s,
             total_s=time.perf_counter() - update.started,
-            num_tensors=update.num_tensors, num_bytes=update.num_bytes, rollout=self.name,
-        )  # fmt: skip
+            num_tensors=update.num_tensors,
+            num_bytes=update.num_bytes,
+            rollout=self.name,
+        )
         await self._applied(applied, update.pause_s)
         return applied
 

@@ -95,9 +95,14 @@ class IpcTransfer:
         # event is long past for every later bucket packed into the same buffer.
         torch.cuda.current_stream(bucket.flat.device).synchronize()
         msg = wire.WeightBucketMeta(
-            version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel(),
-            ipc=self._handle(bucket.flat), token=self.token,
-        )  # fmt: skip
+            version=version,
+            index=bucket.index,
+            last=bucket.last,
+            slots=bucket.slots,
+            nbytes=bucket.flat.numel(),
+            ipc=self._handle(bucket.flat),
+            token=self.token,
+        )
         return await _request(target, ep, msg, _phase(bucket), self.timeout_s)
 
     def _handle(self, flat: torch.Tensor) -> wire.IpcHandle:
@@ -143,9 +148,13 @@ class NcclTransfer:
         if group is None:
             raise WeightSyncError(target, "broadcast", "no weight group (left the run)")
         meta = wire.WeightBucketMeta(
-            version=version, index=bucket.index, last=bucket.last, slots=bucket.slots, nbytes=bucket.flat.numel(),
+            version=version,
+            index=bucket.index,
+            last=bucket.last,
+            slots=bucket.slots,
+            nbytes=bucket.flat.numel(),
             token=self.token,
-        )  # fmt: skip
+        )
         phase = _phase(bucket)
         reply = asyncio.ensure_future(_request(target, ep, meta, phase, self.timeout_s + SLACK_S))
         sent = asyncio.ensure_future(self._blocking(lambda: group.broadcast(bucket.flat)))
@@ -170,9 +179,14 @@ class NcclTransfer:
             self.store = host_store(self.host, self.timeout_s)
         prefix = f"tandem-weights/{name}/{next(self._epochs)}"
         init = wire.WeightGroupInit(
-            host=self.host, port=self.store.port, prefix=prefix, world_size=self.world_size,
-            backend=self.backend, timeout_s=self.timeout_s, token=self.token,
-        )  # fmt: skip
+            host=self.host,
+            port=self.store.port,
+            prefix=prefix,
+            world_size=self.world_size,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+            token=self.token,
+        )
         store, world, device, timeout_s, host = self.store, self.world_size, self.device, self.timeout_s, self.host
         join = asyncio.ensure_future(
             self._blocking(

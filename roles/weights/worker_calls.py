@@ -2,7 +2,7 @@
 receiver (roles/weights/receiver.py) make into vLLM's workers, by name, through
 `collective_rpc`: each is a method of `TandemWorkerExtension` (roles/weights/worker_ext.py),
 which vLLM mixes into its worker class. One table, so a renamed method is a failing test
-(tests/unit/test_worker_calls.py), not a call that fails inside a running engine."""
+(tests/unit/roles/weights/test_worker_calls.py), not a call that fails inside a running engine."""
 
 from __future__ import annotations
 

@@ -209,8 +209,11 @@ class TandemWorkerExtension:
         if device.type != "cuda":
             return {"free_gb": 0.0, "reserved_gb": 0.0, "allocated_gb": 0.0}
         free, _ = torch.cuda.mem_get_info(device)
-        return {"free_gb": round(free / 1e9, 2), "reserved_gb": round(torch.cuda.memory_reserved(device) / 1e9, 2),
-                "allocated_gb": round(torch.cuda.memory_allocated(device) / 1e9, 2)}  # fmt: skip
+        return {
+            "free_gb": round(free / 1e9, 2),
+            "reserved_gb": round(torch.cuda.memory_reserved(device) / 1e9, 2),
+            "allocated_gb": round(torch.cuda.memory_allocated(device) / 1e9, 2),
+        }
 
     def tandem_checksum(self) -> float:
         """Sum of |w| over all parameters (a cheap proof that a load wrote every tensor)."""
