@@ -13,7 +13,7 @@ and RoPE trains like the one with transformers' kernels.
   k_proj bias, whose gradient is a sum that nearly cancels).
 
 Liger with `trainer.compile=true` is refused at launch (runtime/config/validate.py): dynamo fails on
-Liger's RMSNorm autograd.Function on torch 2.11 (tests/unit/test_kernels.py has the refusal).
+Liger's RMSNorm autograd.Function on torch 2.11 (tests/unit/roles/kernels/test_kernels.py has the refusal).
 """
 
 from __future__ import annotations

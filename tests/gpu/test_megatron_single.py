@@ -161,7 +161,7 @@ def test_model_provider_trains_on_cuda(tmp_path: Path) -> None:
 
 
 def test_launch_refuses_a_layout_change_in_one_line_before_starting(tmp_path: Path) -> None:
-    from tests.unit.test_checkpoint_layout import fake_checkpoint
+    from tests.unit.runtime.test_checkpoint_layout import fake_checkpoint
 
     run = tmp_path / "run"
     fake_checkpoint(run, {"tp": 1, "pp": 1, "world_size": 2})

@@ -2,7 +2,7 @@
 .ci/setup): HF weights load into it and export back bit for bit at several TP / PP splits,
 the critic's value model keeps the trunk, and replica ranks gather shards in rank order.
 Each case builds models in subprocesses (1.5-5 min each on 2 cores): `slow`. The layout
-arithmetic alone is tests/unit/test_megatron_convert.py."""
+arithmetic alone is tests/unit/roles/training/test_megatron_convert.py."""
 
 from __future__ import annotations
 

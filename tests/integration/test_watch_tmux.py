@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.unit.test_watch import live_run
+from tests.unit.runtime.views.test_watch import live_run
 
 TMUX = shutil.which("tmux")
 
