@@ -189,8 +189,11 @@ def compare(variants: dict[str, dict[str, Any]], rollout_bench: dict[str, Any] |
     if "async" not in variants or "sync" not in variants:  # --only: no comparison
         return {"speedup": None, "rollout_vs_bare_vllm": rollout_bench.get("role_over_bare") if rollout_bench else None}
     a, s = variants["async"], variants["sync"]
-    out = {"speedup": a["samples_per_s"] / s["samples_per_s"], "speedup_tokens": a["tokens_per_s"] / s["tokens_per_s"],
-           "async_dropped_stale_fraction": a["dropped_stale_fraction"]}  # fmt: skip
+    out = {
+        "speedup": a["samples_per_s"] / s["samples_per_s"],
+        "speedup_tokens": a["tokens_per_s"] / s["tokens_per_s"],
+        "async_dropped_stale_fraction": a["dropped_stale_fraction"],
+    }
     if "colocated" in variants:
         out["speedup_vs_colocated"] = a["samples_per_s"] / variants["colocated"]["samples_per_s"]
     for key in ("wall_over_max_busy", "weight_sync_s", "weight_sync_gbps", "trainer_mfu"):
@@ -210,8 +213,9 @@ def aggregate_repeats(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any
     `speedup_tokens`: of trained response tokens/s); `median_runs`: each variant's run with
     the median samples/s (the lower middle one of an even count)."""
     names = list(repeats[0])
-    out: dict[str, Any] = {name: {"samples_per_s": spread([r[name]["samples_per_s"] for r in repeats])}
-                           for name in names}  # fmt: skip
+    out: dict[str, Any] = {
+        name: {"samples_per_s": spread([r[name]["samples_per_s"] for r in repeats])} for name in names
+    }
     if "sync" in names and "async" in names:
         out["speedup"] = spread([r["async"]["samples_per_s"] / r["sync"]["samples_per_s"] for r in repeats])
         out["speedup_tokens"] = spread([r["async"]["tokens_per_s"] / r["sync"]["tokens_per_s"] for r in repeats])
@@ -310,8 +314,14 @@ def launch(
     cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(config), *overrides]
     started = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})})  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
         try:
             code = proc.wait(timeout=timeout_s)
             why = f"exited {code}"
@@ -347,14 +357,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per variant")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs of every variant")
-    parser.add_argument("--measured-steps", type=int,
-                        help="steps kept per run (sets total_steps); 20 with --repeats > 1 or --add-to")  # fmt: skip
+    parser.add_argument(
+        "--measured-steps", type=int, help="steps kept per run (sets total_steps); 20 with --repeats > 1 or --add-to"
+    )
     parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
     parser.add_argument("--gpus", type=parse_gpus, help="spread the repeats over these GPUs (e.g. 0,1)")
-    parser.add_argument("--add-to", type=Path, metavar="FILE",
-                        help="an earlier JSON of this benchmark: its repeats are kept and these added")  # fmt: skip
-    parser.add_argument("--only", action="append", choices=["sync", "async", "colocated"],
-                        help="run only this variant (repeatable; no speedup without both sync and async)")  # fmt: skip
+    parser.add_argument(
+        "--add-to",
+        type=Path,
+        metavar="FILE",
+        help="an earlier JSON of this benchmark: its repeats are kept and these added",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=["sync", "async", "colocated"],
+        help="run only this variant (repeatable; no speedup without both sync and async)",
+    )
     args = parser.parse_intermixed_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (got {args.repeats})")
@@ -413,8 +432,13 @@ def run_variant(
         prompt_tokens=policy.prompt_tokens,
         peak_flops=args.peak_tflops * 1e12 * trainer_ranks,
     )
-    return {**summary, **memory_figures(cfg, records), "cooldown_steps": cooldown, "launch_s": launch_s,
-            "trainer_ranks": trainer_ranks}  # fmt: skip
+    return {
+        **summary,
+        **memory_figures(cfg, records),
+        "cooldown_steps": cooldown,
+        "launch_s": launch_s,
+        "trainer_ranks": trainer_ranks,
+    }
 
 
 def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -428,10 +452,11 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
     ran = load_config(written) if written.exists() else cfg
     plan = launch_plan(ran, asks_gpus=True)
     out: dict[str, Any] = {
-        "plan_trainer_peak_gb": plan.trainer_peak_gb(), "plan_gpu_gb": plan.gpu_gb,
+        "plan_trainer_peak_gb": plan.trainer_peak_gb(),
+        "plan_gpu_gb": plan.gpu_gb,
         "plan_phases_gb": max((g.phases() for g in plan.gpus), key=lambda p: max(p.values()), default={}),
         "auto_chosen": ran.memory.chosen,
-    }  # fmt: skip
+    }
     for key in ("cuda_peak_gb", "cuda_reserved_gb"):
         seen = [r[key] for r in records if key in r]
         out[key] = max(seen) if seen else None
@@ -453,14 +478,20 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"async_vs_sync: {exc}") from None
     policy = setup_policy(base, run_root)
-    measured_as = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-                   "overrides": args.overrides, "staleness": args.staleness, "warmup_steps": args.warmup_steps,
-                   "params": policy.params}  # fmt: skip
+    measured_as = {
+        "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+        "overrides": args.overrides,
+        "staleness": args.staleness,
+        "warmup_steps": args.warmup_steps,
+        "params": policy.params,
+    }
     earlier = earlier_repeats(args, base, measured_as) if args.add_to else []
 
     def repeat_job(runs: dict[str, list[str]]) -> Job[dict[str, Any]]:
-        return lambda env: {name: run_variant(config, overrides, args, policy, reuse=args.reuse, env=env)
-                            for name, overrides in runs.items()}  # fmt: skip
+        return lambda env: {
+            name: run_variant(config, overrides, args, policy, reuse=args.reuse, env=env)
+            for name, overrides in runs.items()
+        }
 
     # Alternating: every repeat runs each variant once, in order, on one GPU (--gpus: repeats side by side).
     jobs = [repeat_job(runs) for runs in plan_runs(config, base, args, policy, run_root, first=len(earlier))]
@@ -474,9 +505,19 @@ def main(argv: list[str] | None = None) -> None:
     if len(every) > 1:
         agg = aggregate_repeats(repeats)
         variants = agg["median_runs"]
-        extra = {"repeats": [{"repeat": i, **{k: v for k, v in e.items() if k != "variants"},
-                              **compare(e["variants"], None), "variants": e["variants"]} for i, e in enumerate(every)],
-                 "spread": agg["spread"], "measured_steps": args.measured_steps}  # fmt: skip
+        extra = {
+            "repeats": [
+                {
+                    "repeat": i,
+                    **{k: v for k, v in e.items() if k != "variants"},
+                    **compare(e["variants"], None),
+                    "variants": e["variants"],
+                }
+                for i, e in enumerate(every)
+            ],
+            "spread": agg["spread"],
+            "measured_steps": args.measured_steps,
+        }
     else:
         extra = where
     result = {
@@ -511,8 +552,9 @@ def plan_runs(
                 continue
             tag = name if args.repeats == 1 and not first else f"{name}-{rep}"
             common = [*args.overrides, *policy.overrides, f"name={config.stem}-{tag}", f"run_dir={run_root / tag}"]
-            steps = steps_override(load_config(config, [*args.overrides, *extra]), args.warmup_steps,
-                                   args.measured_steps)  # fmt: skip
+            steps = steps_override(
+                load_config(config, [*args.overrides, *extra]), args.warmup_steps, args.measured_steps
+            )
             runs[name] = [*common, *extra, *steps]
             check_config(load_config(config, runs[name]))
         out.append(runs)
@@ -536,12 +578,15 @@ def earlier_repeats(args: argparse.Namespace, base: RunConfig, measured_as: dict
     wanted = {n for n in variant_overrides(base, args.staleness, colocated) if not args.only or n in args.only}
     for i, rep in enumerate(found):
         if set(rep["variants"]) != wanted:
-            raise SystemExit(f"async_vs_sync: --add-to {path}: repeat {i} ran {sorted(rep['variants'])}, "
-                             f"now {sorted(wanted)}")  # fmt: skip
+            raise SystemExit(
+                f"async_vs_sync: --add-to {path}: repeat {i} ran {sorted(rep['variants'])}, now {sorted(wanted)}"
+            )
         for name, run in rep["variants"].items():
             if run.get("steps") != args.measured_steps:
-                raise SystemExit(f"async_vs_sync: --add-to {path}: repeat {i}'s {name} run kept {run.get('steps')} "
-                                 f"measured steps, now {args.measured_steps} (--measured-steps)")  # fmt: skip
+                raise SystemExit(
+                    f"async_vs_sync: --add-to {path}: repeat {i}'s {name} run kept {run.get('steps')} "
+                    f"measured steps, now {args.measured_steps} (--measured-steps)"
+                )
     return found
 
 

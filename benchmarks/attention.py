@@ -132,10 +132,14 @@ def inputs(lengths: list[int], heads: int, kv_heads: int, head_dim: int, device:
         return torch.randn(tokens, h, head_dim, generator=g).to(device, torch.bfloat16)
 
     return {
-        "q": rand(heads), "k": rand(kv_heads), "v": rand(kv_heads), "grad": rand(heads),
+        "q": rand(heads),
+        "k": rand(kv_heads),
+        "v": rand(kv_heads),
+        "grad": rand(heads),
         "cu": torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device),
-        "longest": max(lengths), "scale": head_dim**-0.5,
-    }  # fmt: skip
+        "longest": max(lengths),
+        "scale": head_dim**-0.5,
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -198,16 +202,27 @@ def run_case(lengths: list[int], names: list[str], args: argparse.Namespace, dev
             continue
         results[name] = r
         del tensors
-    return {"sequences": len(lengths), "tokens": sum(lengths), "longest": max(lengths), "attention_flops": flops,
-            "kernels": results}  # fmt: skip
+    return {
+        "sequences": len(lengths),
+        "tokens": sum(lengths),
+        "longest": max(lengths),
+        "attention_flops": flops,
+        "kernels": results,
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="+", default=["fixed_4k", "length_mix"], choices=["fixed_1k", "fixed_4k",
-                   "length_mix"])  # fmt: skip
-    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS,
-                   help="torch first: the others are compared with it")  # fmt: skip
+    p.add_argument(
+        "--cases", nargs="+", default=["fixed_4k", "length_mix"], choices=["fixed_1k", "fixed_4k", "length_mix"]
+    )
+    p.add_argument(
+        "--kernels",
+        nargs="+",
+        default=list(KERNELS),
+        choices=KERNELS,
+        help="torch first: the others are compared with it",
+    )
     p.add_argument("--tokens", type=int, default=16384, help="tokens per case (one micro-batch), about")
     p.add_argument("--longest", type=int, default=4096)
     p.add_argument("--heads", type=int, default=12)
@@ -232,11 +247,16 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cases = {c: run_case(case_lengths(c, args.tokens, args.longest), args.kernels, args, device) for c in args.cases}
     result = {
-        "benchmark": "attention", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "benchmark": "attention",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim},
-        "warmup": args.warmup, "iters": args.iters, "cases": cases, **provenance(),
-    }  # fmt: skip
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "cases": cases,
+        **provenance(),
+    }
     print_json(result, args.out)
 
 

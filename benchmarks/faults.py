@@ -41,9 +41,17 @@ KILL_BOUND_S = 5.0
 
 
 def _launch(run_dir: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
-           "trainer.total_steps=100000", f"transport.peer_timeout_s={PEER_TIMEOUT_S:g}",
-           f"rollout.stall_timeout_s={STALL_TIMEOUT_S:g}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.views.cli",
+        "launch",
+        "configs/tiny_cpu.yaml",
+        f"run_dir={run_dir}",
+        "trainer.total_steps=100000",
+        f"transport.peer_timeout_s={PEER_TIMEOUT_S:g}",
+        f"rollout.stall_timeout_s={STALL_TIMEOUT_S:g}",
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -92,9 +100,14 @@ def scenario(fault: str, target: str) -> dict[str, Any]:
     died = [ln.strip() for ln in out.splitlines() if " died " in ln or "went silent" in ln or "stalled" in ln]
     cause = (died[-1] if died else out[-300:])[:300]
     return {
-        "fault": fault, "target": target, "exit_s": round(exit_s, 2), "bound_s": bound,
-        "within_bound": exit_s <= bound, "exit_code": proc.returncode, "cause": cause,
-    }  # fmt: skip
+        "fault": fault,
+        "target": target,
+        "exit_s": round(exit_s, 2),
+        "bound_s": bound,
+        "within_bound": exit_s <= bound,
+        "exit_code": proc.returncode,
+        "cause": cause,
+    }
 
 
 def main() -> None:
@@ -110,10 +123,15 @@ def main() -> None:
         print(json.dumps(res), file=sys.stderr)
         results.append(res)
     report = {
-        "benchmark": "faults", **provenance(), "machine": f"{platform.node()} {os.cpu_count()} cpus",
-        "peer_timeout_s": PEER_TIMEOUT_S, "stall_timeout_s": STALL_TIMEOUT_S, "kill_bound_s": KILL_BOUND_S,
-        "all_within_bound": all(r["within_bound"] for r in results), "scenarios": results,
-    }  # fmt: skip
+        "benchmark": "faults",
+        **provenance(),
+        "machine": f"{platform.node()} {os.cpu_count()} cpus",
+        "peer_timeout_s": PEER_TIMEOUT_S,
+        "stall_timeout_s": STALL_TIMEOUT_S,
+        "kill_bound_s": KILL_BOUND_S,
+        "all_within_bound": all(r["within_bound"] for r in results),
+        "scenarios": results,
+    }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -45,9 +45,14 @@ def main(argv: list[str] | None = None) -> int:
             peaks[name] = max(peaks.get(name, 0.0), gp.used_gb)
         total_peak = max(total_peak, sum(gp.used_gb for gp in procs))
         time.sleep(args.every_s)
-    result = {"command": command, "exit_code": proc.returncode, "seconds": round(time.monotonic() - started, 1),
-              "peak_gb_by_process": {k: round(v, 2) for k, v in sorted(peaks.items())},
-              "peak_gb_all_processes": round(total_peak, 2), **provenance()}  # fmt: skip
+    result = {
+        "command": command,
+        "exit_code": proc.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "peak_gb_by_process": {k: round(v, 2) for k, v in sorted(peaks.items())},
+        "peak_gb_all_processes": round(total_peak, 2),
+        **provenance(),
+    }
     print(json.dumps(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,12 @@ def one_line_error(exc: BaseException) -> str:
 def gpu_name() -> str | None:
     """GPU 0's name as nvidia-smi gives it ("NVIDIA H100 80GB HBM3"), None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None
@@ -49,13 +53,22 @@ def provenance() -> dict[str, Any]:
     commit = os.environ.get("TANDEM_COMMIT") or None
     if commit is None:
         try:
-            head = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=30)  # fmt: skip
+            head = subprocess.run(
+                ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             commit = (head.stdout.strip() or None) if head.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired):
             commit = None
-    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "gpu": gpu_name(), "commit": commit}  # fmt: skip
+    return {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "gpu": gpu_name(),
+        "commit": commit,
+    }
 
 
 def read_earlier(

@@ -127,10 +127,18 @@ def main() -> None:
     result: dict[str, Any] = dict(vllm=__import__("vllm").__version__, torch=torch.__version__, host=platform.node())
     started = time.perf_counter()
     llm = LLM(
-        model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, enforce_eager=True,
-        enable_lora=True, max_lora_rank=args.rank, max_loras=2, max_num_seqs=8,
-        gpu_memory_utilization=0.3, worker_extension_cls="benchmarks.lora_probe.ProbeExt",
-    )  # fmt: skip
+        model=model_dir,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=256,
+        enforce_eager=True,
+        enable_lora=True,
+        max_lora_rank=args.rank,
+        max_loras=2,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.3,
+        worker_extension_cls="benchmarks.lora_probe.ProbeExt",
+    )
     result["init_s"] = round(time.perf_counter() - started, 1)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, logprobs=0, detokenize=False)
 
@@ -159,9 +167,11 @@ def main() -> None:
         adapter_bytes=sum(t.numel() * t.element_size() for t in t2.values()),
     )
     result["ok"] = bool(
-        result["adapter_changes_output"] and result["tensor_equals_dir"] and result["base_unchanged"]
+        result["adapter_changes_output"]
+        and result["tensor_equals_dir"]
+        and result["base_unchanged"]
         and result["max_abs_logprob_diff_vs_merged"] < 0.1
-    )  # fmt: skip
+    )
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 

@@ -107,8 +107,15 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
         return step_optimizer(*args, **kwargs)
 
     engine.optimizer.step = probed_step  # type: ignore[method-assign]
-    out: dict[str, Any] = {"config": config, "overrides": overrides, "params": n, "gpu_gb": total_gb,
-                           "model_make_s": made, "engine_build_s": built, "steps": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "config": config,
+        "overrides": overrides,
+        "params": n,
+        "gpu_gb": total_gb,
+        "model_make_s": made,
+        "engine_build_s": built,
+        "steps": [],
+    }
     for step in range(steps):
         sync()
         t0 = time.perf_counter()
@@ -116,12 +123,16 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
         sync()
         seconds = time.perf_counter() - t0
         record = {
-            "step": step + 1, "seconds": seconds, "loss": m["loss"], "peak_gb": allocated(peak=True),
+            "step": step + 1,
+            "seconds": seconds,
+            "loss": m["loss"],
+            "peak_gb": allocated(peak=True),
             "mfu": 6 * n * sum(lengths) / seconds / (peak_tflops * 1e12),
-            "optimizer_offload_s": m.get("optimizer_offload_s"), "params_restore_s": m.get("params_restore_s"),
+            "optimizer_offload_s": m.get("optimizer_offload_s"),
+            "params_restore_s": m.get("params_restore_s"),
             "allocated_at_optimizer_gb": at_optimizer.get("enter_gb"),
             "peak_before_optimizer_gb": at_optimizer.get("peak_before_gb"),
-        }  # fmt: skip
+        }
         release()
         t1 = time.perf_counter()
         for bucket in packer.buckets(engine.export_weights(torch.bfloat16)):
@@ -142,13 +153,18 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
         record["resident_gb"] = allocated()
         out["steps"].append(record)
     peak = max(s["peak_after_export_gb"] for s in out["steps"])
-    out.update(peak_gb=peak, reserved_gb=torch.cuda.max_memory_reserved(device) / GB if cuda else 0.0,
-               resident_gb=out["steps"][-1]["resident_gb"])  # fmt: skip
+    out.update(
+        peak_gb=peak,
+        reserved_gb=torch.cuda.max_memory_reserved(device) / GB if cuda else 0.0,
+        resident_gb=out["steps"][-1]["resident_gb"],
+    )
     if trainer0 is not None:
         out.update(
-            plan_peak_gb=trainer0.trainer_peak, estimate_over_measured=trainer0.trainer_peak / peak,
-            plan_resident_gb=trainer0.held("always"), plan_items={i.what: round(i.gb, 3) for i in trainer0.items},
-        )  # fmt: skip
+            plan_peak_gb=trainer0.trainer_peak,
+            estimate_over_measured=trainer0.trainer_peak / peak,
+            plan_resident_gb=trainer0.held("always"),
+            plan_items={i.what: round(i.gb, 3) for i in trainer0.items},
+        )
     return out
 
 
@@ -167,8 +183,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for config in args.config:  # each in a fresh process: the allocator's peaks are its own
-        cmd = [sys.executable, __file__, "--config", config, "--one", config, "--steps", str(args.steps),
-               "--model-root", str(args.model_root), "--peak-tflops", str(args.peak_tflops)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--config",
+            config,
+            "--one",
+            config,
+            "--steps",
+            str(args.steps),
+            "--model-root",
+            str(args.model_root),
+            "--peak-tflops",
+            str(args.peak_tflops),
+        ]
         for s in args.set:
             cmd += ["--set", s]
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -255,10 +255,15 @@ async def role_updating(
         finally:
             stop.set()
             await task
-    return {"update_every_s": every_s, "role_updating_tokens_per_s": statistics.median(rates),
-            "role_updating_runs": rates, "role_plain_runs": plain, "updates_during": len(pushed),
-            "role_updating_over_role": statistics.median(u / p for u, p in zip(rates, plain, strict=True)),
-            "updating_update_s_median": statistics.median(pushed) if pushed else None}  # fmt: skip
+    return {
+        "update_every_s": every_s,
+        "role_updating_tokens_per_s": statistics.median(rates),
+        "role_updating_runs": rates,
+        "role_plain_runs": plain,
+        "updates_during": len(pushed),
+        "role_updating_over_role": statistics.median(u / p for u, p in zip(rates, plain, strict=True)),
+        "updating_update_s_median": statistics.median(pushed) if pushed else None,
+    }
 
 
 async def trainer_side(harness: Any) -> tuple[Any, dict, str]:
@@ -310,12 +315,21 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--update-every", type=float, default=0.0,
-                        help="also run the role with a weight update every this many seconds (0: no)")  # fmt: skip
+    parser.add_argument(
+        "--update-every",
+        type=float,
+        default=0.0,
+        help="also run the role with a weight update every this many seconds (0: no)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
-    parser.add_argument("--bare-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="an engine argument of the bare LLM on top of the role's (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--bare-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine argument of the bare LLM on top of the role's (repeatable)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. for a GPU)")
     args = parser.parse_args()

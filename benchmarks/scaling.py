@@ -72,9 +72,15 @@ from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
 
 ROOT = Path(__file__).resolve().parent.parent
-QWEN_05B = ["model.tiny.hidden_size=896", "model.tiny.num_layers=24", "model.tiny.num_heads=14",
-            "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=4864", "model.tiny.vocab_size=151936",
-            "model.tiny.tie_word_embeddings=true"]  # fmt: skip
+QWEN_05B = [
+    "model.tiny.hidden_size=896",
+    "model.tiny.num_layers=24",
+    "model.tiny.num_heads=14",
+    "model.tiny.num_kv_heads=2",
+    "model.tiny.intermediate_size=4864",
+    "model.tiny.vocab_size=151936",
+    "model.tiny.tie_word_embeddings=true",
+]
 CAP_OVER_MEAN = 4  # the length axis caps each budget at 4x its mean
 PROMPT_ROOM = 128  # tokens of max_model_len kept for the prompt on the length axis
 FIGURES = ("samples_per_s", "trainer_mfu", "weight_sync_s")
@@ -97,12 +103,16 @@ def length_overrides(mean: int, sigma: float, max_model_len: int, micro_batch_to
     cap = CAP_OVER_MEAN * mean
     room = max(max_model_len, PROMPT_ROOM + cap)
     return [
-        "rollout.ignore_eos=true", f"rollout.max_tokens={cap}", "rollout.length_dist.kind=lognormal",
-        f"rollout.length_dist.mean_tokens={mean}", f"rollout.length_dist.sigma={sigma}",
-        f"rollout.length_dist.min_tokens={max(1, mean // 32)}", f"rollout.engine.max_model_len={room}",
+        "rollout.ignore_eos=true",
+        f"rollout.max_tokens={cap}",
+        "rollout.length_dist.kind=lognormal",
+        f"rollout.length_dist.mean_tokens={mean}",
+        f"rollout.length_dist.sigma={sigma}",
+        f"rollout.length_dist.min_tokens={max(1, mean // 32)}",
+        f"rollout.engine.max_model_len={room}",
         f"model.tiny.max_position_embeddings={max(1024, room)}",
         f"trainer.micro_batch_tokens={max(micro_batch_tokens, room)}",
-    ]  # fmt: skip
+    ]
 
 
 def points(axis: str, scale: str, sigma: float) -> list[Point]:
@@ -156,13 +166,25 @@ def run_point(
     policy = setup_policy(base, root)
     variants = {}
     for name, extra in plans.items():
-        overrides = [*base_overrides, *policy.overrides, f"name={config.stem}-{point.name}-{name}",
-                     f"run_dir={root / name}", *extra]  # fmt: skip
+        overrides = [
+            *base_overrides,
+            *policy.overrides,
+            f"name={config.stem}-{point.name}-{name}",
+            f"run_dir={root / name}",
+            *extra,
+        ]
         variants[name] = run_variant(config, overrides, args, policy, env=env)
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
     headline = {k: v for k, v in compare(variants, None).items() if k in HEADLINE}
-    return {**out, **provenance(), "params": policy.params, **figures, **headline, "refused": None,
-            "variants": variants}  # fmt: skip
+    return {
+        **out,
+        **provenance(),
+        "params": policy.params,
+        **figures,
+        **headline,
+        "refused": None,
+        "variants": variants,
+    }
 
 
 def point_base_overrides(point: Point, args: argparse.Namespace) -> list[str]:
@@ -182,8 +204,12 @@ def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[s
     def refuse(why: str) -> SystemExit:
         return SystemExit(f"scaling: {option}: {why}")
 
-    want = {"config": point.config, "overrides": point_base_overrides(point, args), "staleness": args.staleness,
-            "warmup_steps": args.warmup_steps}  # fmt: skip
+    want = {
+        "config": point.config,
+        "overrides": point_base_overrides(point, args),
+        "staleness": args.staleness,
+        "warmup_steps": args.warmup_steps,
+    }
     old = read_earlier(path, "async_vs_sync", "variants", want, asker="scaling", option=option)
     for key in ("measured_at", "commit"):
         if not old.get(key):
@@ -194,14 +220,26 @@ def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[s
     total = load_config(ROOT / point.config, want["overrides"]).trainer.total_steps
     measured = variants["sync"].get("steps")  # a point's sync run measures every step after the warm-up
     if measured != total - args.warmup_steps:
-        raise refuse(f"its sync run measured {measured} steps, this point's would measure {total - args.warmup_steps} "
-                     f"(trainer.total_steps {total} less {args.warmup_steps} warm-up)")  # fmt: skip
+        raise refuse(
+            f"its sync run measured {measured} steps, this point's would measure {total - args.warmup_steps} "
+            f"(trainer.total_steps {total} less {args.warmup_steps} warm-up)"
+        )
     figures = {f"{name}_{k}": v.get(k) for name, v in variants.items() for k in FIGURES}
     headline = {k: old.get(k) for k in HEADLINE}  # as the file has them (older results lack speedup_tokens)
     stamp: dict[str, Any] = {k: old[k] for k in ("measured_at", "host", "commit", "provenance_note") if k in old}
-    return {"point": point.name, "x": point.x, "config": point.config, "overrides": want["overrides"], **stamp,
-            "params": old.get("params"), **figures, **headline, "refused": None, "variants": variants,
-            "imported_from": str(path)}  # fmt: skip
+    return {
+        "point": point.name,
+        "x": point.x,
+        "config": point.config,
+        "overrides": want["overrides"],
+        **stamp,
+        "params": old.get("params"),
+        **figures,
+        **headline,
+        "refused": None,
+        "variants": variants,
+        "imported_from": str(path),
+    }
 
 
 def point_job(point: Point, args: argparse.Namespace, run_root: Path) -> Job[dict[str, Any]]:
@@ -235,20 +273,37 @@ def plot(result: dict[str, Any], out_dir: Path) -> dict[str, str]:
 
     ran = [p for p in result["points"] if not p["refused"]]
     panels = {}
-    for key, title in (("samples_per_s", "samples/s"), ("trainer_mfu", "trainer MFU"),
-                       ("weight_sync_s", "weight sync (s)")):  # fmt: skip
+    for key, title in (
+        ("samples_per_s", "samples/s"),
+        ("trainer_mfu", "trainer MFU"),
+        ("weight_sync_s", "weight sync (s)"),
+    ):
         fig = go.Figure()
         for variant in ("sync", "async"):
-            fig.add_trace(go.Scatter(x=[p["x"] for p in ran], y=[p.get(f"{variant}_{key}") for p in ran],
-                                     mode="lines+markers", name=variant))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[p["x"] for p in ran],
+                    y=[p.get(f"{variant}_{key}") for p in ran],
+                    mode="lines+markers",
+                    name=variant,
+                )
+            )
         fig.update_layout(title=f"{title} vs {result['axis']}", xaxis_title=result["x_label"], height=360)
         if result["axis"] == "length":
             fig.update_xaxes(type="log")
         panels[key] = fig
-    rows = [{"point": p["point"], "speedup": _fmt(p.get("speedup")), "speedup (tokens)": _fmt(p.get("speedup_tokens")),
-             "async dropped stale": _fmt(p.get("async_dropped_stale_fraction")),
-             "sync samples/s": _fmt(p.get("sync_samples_per_s")), "async samples/s": _fmt(p.get("async_samples_per_s")),
-             "refused": p["refused"] or ""} for p in result["points"]]  # fmt: skip
+    rows = [
+        {
+            "point": p["point"],
+            "speedup": _fmt(p.get("speedup")),
+            "speedup (tokens)": _fmt(p.get("speedup_tokens")),
+            "async dropped stale": _fmt(p.get("async_dropped_stale_fraction")),
+            "sync samples/s": _fmt(p.get("sync_samples_per_s")),
+            "async samples/s": _fmt(p.get("async_samples_per_s")),
+            "refused": p["refused"] or "",
+        }
+        for p in result["points"]
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     page = out_dir / f"scaling_{result['axis']}.html"
     page.write_text(render(f"scaling: {result['axis']}", rows, {}, panels))
@@ -319,13 +374,21 @@ def main(argv: list[str] | None = None) -> None:
     run_root = (args.run_root or ROOT / "runs" / "scaling" / f"{args.axis}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     label = {"model": "parameters (billions; tiny: hidden size)", "length": "mean response tokens"}[args.axis]
     result: dict[str, Any] = {
-        "benchmark": "scaling", "axis": args.axis, "scale": args.points, "x_label": label, "staleness": args.staleness,
-        "warmup_steps": args.warmup_steps, "steps": args.steps, "sigma": args.sigma, "overrides": args.overrides,
-        "run_root": str(run_root), "gpus": args.gpus,
-    }  # fmt: skip
+        "benchmark": "scaling",
+        "axis": args.axis,
+        "scale": args.points,
+        "x_label": label,
+        "staleness": args.staleness,
+        "warmup_steps": args.warmup_steps,
+        "steps": args.steps,
+        "sigma": args.sigma,
+        "overrides": args.overrides,
+        "run_root": str(run_root),
+        "gpus": args.gpus,
+    }
     earlier = earlier_points(args.add_to, result) if args.add_to else []
-    ran = [{**point, "gpu": gpu} for point, gpu in run_spread([point_job(pt, args, run_root) for pt in chosen],
-                                                              args.gpus)]  # fmt: skip
+    jobs = [point_job(pt, args, run_root) for pt in chosen]
+    ran = [{**point, "gpu": gpu} for point, gpu in run_spread(jobs, args.gpus)]
     result["points"] = merged(list(axis_points.values()), earlier, [*imported, *ran])
     if args.plot:
         result["plot"] = plot(result, args.plot)

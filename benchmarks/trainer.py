@@ -97,13 +97,25 @@ from transport.wire import TrainBatch
 
 H200_BF16_DENSE_TFLOPS = 989.0
 QWEN25_15B = dict(
-    hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
-    max_position_embeddings=32768, tie_word_embeddings=True, vocab_size=151936,
-)  # fmt: skip
+    hidden_size=1536,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    intermediate_size=8960,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)
 QUICK = dict(
-    hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
-    max_position_embeddings=1024, tie_word_embeddings=True, vocab_size=1024,
-)  # fmt: skip
+    hidden_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=128,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    vocab_size=1024,
+)
 PROMPT_TOKENS = 32
 
 
@@ -130,10 +142,15 @@ def make_batch(lengths: list[int], vocab: int, seed: int = 0) -> TrainBatch:
     mask = torch.cat([(torch.arange(n) >= min(PROMPT_TOKENS, n // 2)).float() for n in lengths])
     adv = torch.cat([torch.full((n,), 1.0 if i % 2 else -1.0) for i, n in enumerate(lengths)]) * mask
     return TrainBatch(
-        step=0, input_ids=torch.randint(0, vocab, (int(cu[-1]),), generator=g), cu_seqlens=cu, loss_mask=mask,
-        behaviour_logprobs=torch.full((int(cu[-1]),), -8.0) * mask, advantages=adv,
-        global_num_tokens=int(mask.sum()), global_num_seqs=len(lengths),
-    )  # fmt: skip
+        step=0,
+        input_ids=torch.randint(0, vocab, (int(cu[-1]),), generator=g),
+        cu_seqlens=cu,
+        loss_mask=mask,
+        behaviour_logprobs=torch.full((int(cu[-1]),), -8.0) * mask,
+        advantages=adv,
+        global_num_tokens=int(mask.sum()),
+        global_num_seqs=len(lengths),
+    )
 
 
 def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int, *, attention: bool = True) -> float:
@@ -190,9 +207,16 @@ def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budge
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
             logp = token_logprobs(logits, ids[:, 1:])
             loss, _ = ppo_policy_loss(
-                logp, logp.detach(), behav, adv, mask, **opts, num_tokens=batch.global_num_tokens,
-                num_seqs=batch.global_num_seqs, norm_tokens=norm_tokens,
-            )  # fmt: skip
+                logp,
+                logp.detach(),
+                behav,
+                adv,
+                mask,
+                **opts,
+                num_tokens=batch.global_num_tokens,
+                num_seqs=batch.global_num_seqs,
+                norm_tokens=norm_tokens,
+            )
             with torch.no_grad():
                 float((entropy_from_logits(logits) * mask).sum())  # the engine reports it too
             loss.backward()
@@ -321,9 +345,10 @@ def _top_ops(prof: Any, device: torch.device, top: int) -> list[dict[str, Any]]:
         return float(e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total)
 
     ops = [
-        e for e in prof.key_averages(group_by_input_shape=True)
+        e
+        for e in prof.key_averages(group_by_input_shape=True)
         if getattr(e, "device_type", None) == DeviceType.CPU and own(e) > 0
-    ]  # fmt: skip
+    ]
     ops.sort(key=lambda e: -own(e))
     return [
         {"op": e.key, "shapes": str(e.input_shapes)[:160], "ms": round(own(e) / 1e3, 2), "calls": e.count}
@@ -393,10 +418,14 @@ def figures(
     flops = train_flops(lengths, num_params, hidden, layers)
     flops_6n = train_flops(lengths, num_params, hidden, layers, attention=False)
     return {
-        "step_s": m.step_s, "tokens_per_s": sum(lengths) / m.step_s, "mfu": flops / m.step_s / peak_flops,
-        "mfu_6n": flops_6n / m.step_s / peak_flops, "peak_gb": m.peak_gb, "first_loss": m.first_loss,
+        "step_s": m.step_s,
+        "tokens_per_s": sum(lengths) / m.step_s,
+        "mfu": flops / m.step_s / peak_flops,
+        "mfu_6n": flops_6n / m.step_s / peak_flops,
+        "peak_gb": m.peak_gb,
+        "first_loss": m.first_loss,
         "last_loss": m.last_loss,
-    }  # fmt: skip
+    }
 
 
 def run_variants(
@@ -538,21 +567,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="with --profile: Chrome traces here")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     p.add_argument(
-        "--variant", action="append", nargs="+", default=[], metavar=("NAME", "KEY=VALUE"),
+        "--variant",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar=("NAME", "KEY=VALUE"),
         help="after the loops, the engine with these options added (repeatable); needs --loops engine",
-    )  # fmt: skip
+    )
     args = p.parse_args(argv)
     if args.variant and ("engine" not in args.loops or args.memory_16k):
         p.error("--variant compares engine runs: it needs the engine loop (--loops engine) and no --memory-16k")
     if any("trainer.kernels=liger" in options for options in args.variant):
-        p.error("--variant with trainer.kernels=liger: Liger patches transformers' Qwen2 module for the whole "
-                "process, so every run after it would run Liger's kernels too; give it as --engine-option")  # fmt: skip
+        p.error(
+            "--variant with trainer.kernels=liger: Liger patches transformers' Qwen2 module for the whole "
+            "process, so every run after it would run Liger's kernels too; give it as --engine-option"
+        )
     for name, *options in args.variant:
         if not options or name == "base_again" or any("=" not in o for o in options) or "=" in name:
             p.error(f"--variant {name} {' '.join(options)}: give a name, then KEY=VALUE options")
     if "trainer.kernels=liger" in args.engine_option and "bare" in args.loops:
-        p.error("trainer.kernels=liger patches transformers' Qwen2 module for the whole process, so the bare "
-                "loop would run Liger's kernels too: add --loops engine")  # fmt: skip
+        p.error(
+            "trainer.kernels=liger patches transformers' Qwen2 module for the whole process, so the bare "
+            "loop would run Liger's kernels too: add --loops engine"
+        )
     if args.quick:
         args.tokens, args.budget, args.engine_budget, args.longest, args.steps = 256, 128, 128, 64, 1
     # One process, one rank: its own rendezvous, whatever a parent process left in the environment.
@@ -561,18 +598,23 @@ def main(argv: list[str] | None = None) -> int:
     shape = QUICK if args.quick else QWEN25_15B
     model_dir = make_tiny_model(args.model_dir / ("quick" if args.quick else "qwen25_15b"), **shape)  # type: ignore[arg-type]
     overrides = [
-        f"trainer.device={device.type}", "fsdp.param_dtype=float32", "trainer.optim.lr=1e-6",
-        "trainer.optim.warmup_steps=0", "trainer.optim.grad_clip=1.0",
-    ]  # fmt: skip
+        f"trainer.device={device.type}",
+        "fsdp.param_dtype=float32",
+        "trainer.optim.lr=1e-6",
+        "trainer.optim.warmup_steps=0",
+        "trainer.optim.grad_clip=1.0",
+    ]
     if device.type == "cpu":
         overrides.append("fsdp.mixed_precision=null")
     else:  # as the bench configs train: bf16 compute, fp32 master weights and reduction
         overrides.append("fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}")
     run = run_memory if args.memory_16k else run_cases
     result = {
-        "benchmark": "trainer", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, **provenance(),
-    }  # fmt: skip
+        "benchmark": "trainer",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        **provenance(),
+    }
     result.update(run(args, model_dir, device, overrides))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -210,9 +210,12 @@ def main() -> None:
         "--bucket-mb", default="", help="comma-separated bucket sizes to compare (default: the config's)"
     )
     parser.add_argument(
-        "--busy", type=int, default=0, metavar="GROUPS",
+        "--busy",
+        type=int,
+        default=0,
+        metavar="GROUPS",
         help="also time every backend while the rollout generates GROUPS requests of rollout.n samples (rows ':busy')",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
     setup_logging(None, "bench", level="warning")
