@@ -61,7 +61,7 @@ Liger's kernels too.
 `--quick`: a tiny model on the CPU (gloo), seconds; what the unit test runs.
 
     python3 benchmarks/trainer.py --out benchmarks/results/trainer_h200x1.json
-    python3 benchmarks/trainer.py --memory-16k --out benchmarks/results/trainer_memory_h200x1.json
+    python3 benchmarks/trainer.py --memory-16k --out benchmarks/results/trainer_h200x1_memory.json
     python3 benchmarks/trainer.py --quick --out /tmp/trainer_quick.json
     python3 benchmarks/trainer.py --cases fixed_4k --loops engine --profile 15 \
         --engine-option trainer.compile=true --out /tmp/trainer_compiled.json
