@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from roles.algo import token_logprobs, value_loss
-from roles.critic.value_rows import as_batch, sequence_spans, unpad_rows
+from roles.algo import token_logprobs
+from roles.critic.value_rows import as_batch, clipped_value_loss, sequence_spans, unpad_rows
 from roles.fsdp.engine_base import FSDPEngineBase
 from roles.fsdp.wrap import wrap_model_with_fsdp
 from roles.training.metrics import CRITIC_METRICS
@@ -89,15 +89,4 @@ class CriticEngine(FSDPEngineBase):
 
     def loss(self, mb: MicroBatch, batch: TrainBatch, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss against the returns."""
-        f = mb.fields
-        loss, m = value_loss(
-            values,
-            f["old_values"],
-            f["returns"],
-            f["loss_mask"],
-            clip=self.cfg.critic.value_clip,
-            num_tokens=batch.global_num_tokens,
-            num_seqs=batch.global_num_seqs,
-        )
-        m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
-        return loss, m
+        return clipped_value_loss(mb, batch, values, self.cfg.critic.value_clip)

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from roles.algo import value_loss
-from roles.critic.value_rows import as_batch, sequence_spans, unpad_rows
+from roles.critic.value_rows import as_batch, clipped_value_loss, sequence_spans, unpad_rows
 from roles.megatron.convert import ModelDims, check_divisible
 from roles.megatron.engine_base import MegatronEngineBase, gather_shards
 from roles.megatron.model import (
@@ -113,15 +112,4 @@ class MegatronCriticEngine(MegatronEngineBase):
     # --- training ----------------------------------------------------------------------
     def loss(self, mb: MicroBatch, batch: TrainBatch, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss against the returns."""
-        f = mb.fields
-        loss, m = value_loss(
-            values,
-            f["old_values"],
-            f["returns"],
-            f["loss_mask"],
-            clip=self.cfg.critic.value_clip,
-            num_tokens=batch.global_num_tokens,
-            num_seqs=batch.global_num_seqs,
-        )
-        m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
-        return loss, m
+        return clipped_value_loss(mb, batch, values, self.cfg.critic.value_clip)

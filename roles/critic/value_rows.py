@@ -1,13 +1,34 @@
 """The packed layout of a critic's values, what both critic engines (`fsdp_engine`,
 `megatron_engine`) share: a `ValueRequest` as a batch to micro-batch, its sequences' spans,
-and the micro-batches' right-padded rows written back into one flat tensor.
+the micro-batches' right-padded rows written back into one flat tensor, and the clipped
+value loss of a micro-batch (`clipped_value_loss`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from roles.algo import value_loss
+from roles.training.microbatch import MicroBatch
 from transport.wire import TrainBatch, ValueRequest
+
+
+def clipped_value_loss(
+    mb: MicroBatch, batch: TrainBatch, values: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped value loss of micro-batch `mb`'s `values` against its returns, and its metrics."""
+    f = mb.fields
+    loss, m = value_loss(
+        values,
+        f["old_values"],
+        f["returns"],
+        f["loss_mask"],
+        clip=clip,
+        num_tokens=batch.global_num_tokens,
+        num_seqs=batch.global_num_seqs,
+    )
+    m.update(value_loss=float(loss.detach()), tokens=float(f["loss_mask"].sum()))
+    return loss, m
 
 
 def unpad_rows(rows_BT: torch.Tensor, spans: list[tuple[int, int]], first: int, out: torch.Tensor) -> int:
