@@ -14,11 +14,14 @@ What a caller may rely on:
   groups are sent again; `cancel_side` forgets them (later samples are ignored).
 * Every send is written to the schedule log (`dispatch`), and so is every group whose
   samples are all in (`sampled`: generation span, the versions of its tokens).
+* With a `sample_seed`, every group (side groups too) carries the seed `group_seed` gives
+  it, the same at every dispatch; the rollout draws sample i with that seed + i.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -52,11 +55,15 @@ class Dispatcher:
         on_unreachable: Callable[[Peer, str], None],
         schedule: ScheduleLog | None = None,
         budget: Budget | None = None,
+        sample_seed: int | None = None,
     ) -> None:
         """`on_unreachable(peer, why)`: a rollout a send could not reach; `schedule`: where
         dispatches and finished sampling are recorded; `budget`: each training group's
-        max_tokens by group id (roles/controller/budgets.py; None: `sampling.max_tokens`)."""
+        max_tokens by group id (roles/controller/budgets.py; None: `sampling.max_tokens`);
+        `sample_seed`: None leaves vLLM's sampling unseeded, an int seeds every group
+        (`group_seed`), a re-dispatched one with the seed it had."""
         self.budget = budget
+        self.sample_seed = sample_seed
         self.noisy = Throttled(log)
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
@@ -130,6 +137,8 @@ class Dispatcher:
         rollout.clock.add(group.n)
         self.schedule.dispatch(group.gid, rollout.name, group.attempts)
         sampling = group.sampling or self._training_sampling(group.gid)
+        if self.sample_seed is not None:
+            sampling = msgspec.structs.replace(sampling, seed=group_seed(self.sample_seed, group.gid))
         prompt = group.prompt
         msg = wire.Generate(
             request_id=group.request_id,
@@ -224,3 +233,9 @@ class Dispatcher:
 
 def _name(identity: bytes | None) -> str:
     return identity.decode(errors="replace") if identity else "?"
+
+
+def group_seed(run_seed: int, gid: int) -> int:
+    """The sampling seed of group `gid` in a run seeded `run_seed`: a pure function of the
+    two, 48 bits (vLLM adds the sample's index), unrelated for neighbouring groups."""
+    return random.Random(f"sampling:{run_seed}:{gid}").getrandbits(48)

@@ -143,6 +143,7 @@ class Controller(Role):
             on_unreachable=self._unreachable,
             schedule=self.schedule,
             budget=response_budget(cfg.rollout, cfg.seed),
+            sample_seed=cfg.seed if cfg.rollout.seeded_sampling else None,
         )
         self.membership = Membership(
             self.registry,

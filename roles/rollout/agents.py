@@ -28,11 +28,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from roles.generation.engine import RolloutEngine, Sample
 from roles.rollout.agent_episode import AgentEpisode
-from roles.rollout.episode import Trajectory
+from roles.rollout.episode import Trajectory, turn_sampling
 from roles.rollout.multiturn import completion
 from roles.rollout.openai_server import EndpointServer
 from runtime.config import RolloutConfig
@@ -87,7 +85,7 @@ class AgentRunner:
         max_tokens = req.sampling.max_tokens
 
         async def sample(context: list[int], limit: int, call: int, structured: Any) -> Sample:
-            spec = msgspec.structs.replace(req.sampling, max_tokens=limit)
+            spec = turn_sampling(req.sampling, limit, call)
             left = max(1e-3, deadline - time.monotonic())
             rid = f"{req.request_id}.c{call}"
             return await engine.generate(rid, context, spec, index, timeout_s=left, structured=structured)

@@ -15,20 +15,28 @@ prompt. What a caller may rely on:
   environment raises, returns a bad value or overruns `call_timeout_s` (finish ERROR,
   one-line `error`). The observation of the step that ends the sample is not appended.
 * The environment's `close` (if any) is called once, whatever happened.
+
+`turn_sampling` gives each model call of an episode (multi-turn environment or agent) its
+sampling: the Generate's, `max_tokens` cut to the budget left, and for a seeded Generate
+(`rollout.seeded_sampling`) a seed of the call's own: call 0 keeps the group's, later
+calls get unrelated ones, the same in every run of the seed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Observation, Step, Tokenizer, Turn
 from runtime.errors import TandemError, one_line
-from transport.wire import FinishReason
+from transport.wire import FinishReason, SamplingSpec
 
 Sampler = Callable[[list[int], int, int], Awaitable[Sample]]  # (context ids, max_tokens, turn) -> Sample
 _TURN_END = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
@@ -190,3 +198,12 @@ async def _close(env: Any, timeout_s: float) -> None:
             await _call(close(), timeout_s, "close")
         except EnvFailed:
             pass  # the sample is already finished; a failing close must not cost it
+
+
+def turn_sampling(spec: SamplingSpec, max_tokens: int, turn: int) -> SamplingSpec:
+    """`spec` for model call `turn` (0, 1, ...) of an episode: `max_tokens` as given and,
+    when `spec` is seeded, the call's own seed (48 bits; the engine adds the sample index)."""
+    seed = spec.seed
+    if seed is not None and turn > 0:
+        seed = random.Random(f"turn:{seed}:{turn}").getrandbits(48)
+    return msgspec.structs.replace(spec, max_tokens=max_tokens, seed=seed)

@@ -5,7 +5,8 @@ What a caller may rely on: `EpisodeRunner.complete` never raises for the environ
 faults (a factory that raises, an environment that fails: the completion carries the
 error) and raises `EngineDead` only when the engine died. Each turn is one engine request
 (`<request_id>.t<turn>`) with the Generate's sampling, `max_tokens` cut to the budget
-left; the whole sample is bounded by `rollout.request_timeout_s`.
+left (`turn_sampling`: a seeded Generate's turns draw afresh); the whole sample is
+bounded by `rollout.request_timeout_s`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
-
 from roles.generation.engine import RolloutEngine, Sample
 from roles.rollout.completion import completion_message
 from roles.rollout.environment import EnvContext, EnvPrompt
-from roles.rollout.episode import Trajectory, run_episode
+from roles.rollout.episode import Trajectory, run_episode, turn_sampling
 from roles.rollout.tools import ToolRegistry
 from runtime.config import RolloutConfig
 from runtime.user_functions import env_factory_takes_context, load_env_factory
@@ -42,7 +41,7 @@ class EpisodeRunner:
         deadline = time.monotonic() + self.cfg.request_timeout_s
 
         async def sample(context: list[int], max_tokens: int, turn: int) -> Sample:
-            spec = msgspec.structs.replace(req.sampling, max_tokens=max_tokens)
+            spec = turn_sampling(req.sampling, max_tokens, turn)
             left = max(1e-3, deadline - time.monotonic())
             return await engine.generate(f"{req.request_id}.t{turn}", context, spec, index, timeout_s=left)
 

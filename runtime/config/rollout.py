@@ -118,6 +118,15 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     top_k: Annotated[int, Doc(description="Top-k sampling; 0 = off.", ge=0)] = 0
     max_tokens: Annotated[int, Doc(description="Longest response in tokens.", ge=1)] = 16
     ignore_eos: Annotated[bool, Doc(description="Generate exactly max_tokens (benchmarks).")] = False
+    seeded_sampling: Annotated[
+        bool,
+        Doc(
+            description="Each sample is drawn with a seed of its own (from the run's seed, its group id and its "
+            "index; each later turn of an episode with one of its own), so a seeded run samples the same tokens "
+            "whatever batches vLLM forms: a synchronous run on CPU repeats bit for bit (docs/running.md). Costs "
+            "vLLM a generator per request in its sampler (slower at large batches on a GPU), so off by default."
+        ),
+    ] = False
     length_mix_min: Annotated[
         int,
         Doc(
