@@ -9,7 +9,8 @@
 #                     bench_3b.yaml and bench_7b_lora.yaml as they stand (`auto` settings), 10
 #                     measured steps each: async_vs_sync_<gpu>.json, _<gpu>_3b.json, _<gpu>_7b_lora.json
 #   rollout           benchmarks/rollout.py: the rollout role against bare vLLM, 128 prompts x 512
-#                     tokens, the 1.5B recipe's engine: rollout_<gpu>.json
+#                     tokens, the 1.5B recipe's engine, and the cost of seeded sampling
+#                     (--seeded): rollout_<gpu>.json
 #   longtail          async_vs_sync.py, the 1.5B recipe with log-normal response lengths (mean 512,
 #                     capped at 2048), async at staleness 8, 20 measured steps: async_vs_sync_<gpu>_longtail.json
 #   fixed512          async_vs_sync.py, the 1.5B recipe, every sample 512 tokens, 20 measured steps:
@@ -104,7 +105,7 @@ suite_recipes() {
 
 suite_rollout() {
     step "rollout_$G" "$PY" benchmarks/rollout.py --config configs/bench_1.5b.yaml --prompts 128 --max-tokens 512 \
-        --reps 3 --out "$OUT/rollout_$G.json"
+        --reps 3 --seeded --out "$OUT/rollout_$G.json"
 }
 
 suite_longtail() {

@@ -34,8 +34,13 @@ sent as the trainer sends it (buckets of `weight_sync.bucket_mb`, by the backend
 on the CPU), from the first bucket packed to the `WeightsApplied` reply, with the phase split
 and the role's own receive / load / total times.
 
+`--seeded` adds a third side to the alternation: the bare engine again, every request with a
+seed of its own as `rollout.seeded_sampling` gives it (vLLM then draws each seeded request's
+noise one request at a time and skips FlashInfer's sampler); `seeded_over_bare` is the median
+of each repetition's seeded / unseeded bare rate, the cost of the seeds alone.
+
     .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
-        [--bare-arg KEY=VALUE ...] [--out FILE] [key=value ...]
+        [--seeded] [--bare-arg KEY=VALUE ...] [--out FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from benchmarks.json_out import print_json, provenance
+from roles.controller.dispatch import group_seed
 from runtime.config import RunConfig
 from runtime.config.load import load_config
 from runtime.launch.env import ROLE_ENV_DEFAULTS
@@ -152,12 +158,17 @@ class BareLLM:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.engine.cpu_kvcache_gb))
         self.llm: Any = LLM(**args)
         self.params = _sampling_params(sampling_spec(max_tokens), 0)
+        self.seeded_spec = msgspec.structs.replace(sampling_spec(max_tokens), seed=group_seed(0, 0))
         self.salt = {"cache_salt": "v0"} if args.get("enable_prefix_caching") else {}  # the role salts
 
-    async def batch(self, prompts: list[list[int]], tag: str) -> float:
-        """Output tokens per second of one `LLM.generate` call over `prompts`."""
+    async def batch(self, prompts: list[list[int]], tag: str, *, seeded: bool = False) -> float:
+        """Output tokens per second of one `LLM.generate` call over `prompts` (`seeded`:
+        request i with the seed of a seeded run's sample i of group 0)."""
+        from roles.generation.engine import _sampling_params
+
+        params = [_sampling_params(self.seeded_spec, i) for i in range(len(prompts))] if seeded else self.params
         start = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": p, **self.salt} for p in prompts], self.params, use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": p, **self.salt} for p in prompts], params, use_tqdm=False)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         return tokens / (time.perf_counter() - start)
 
@@ -172,29 +183,37 @@ class BareLLM:
 
 
 async def interleaved(
-    cfg: RunConfig, args: dict[str, Any], prompts: list[list[int]], max_tokens: int, reps: int, update_every: float
-) -> tuple[list[float], list[float], str, dict]:
+    cfg: RunConfig,
+    args: dict[str, Any],
+    prompts: list[list[int]],
+    max_tokens: int,
+    reps: int,
+    update_every: float,
+    seeded: bool = False,
+) -> tuple[list[float], list[float], list[float], str, dict]:
     """Both engines resident at once, their batches alternating (bare first in even
-    repetitions, role first in odd ones) after one warm-up batch each, so drift of the
-    machine (clocks, heat, a neighbour) lands on both sides alike. Returns the bare and role
-    rates per repetition, the vLLM SamplingParams and the update figures (measured with the
-    bare engine shut down)."""
+    repetitions, role first in odd ones; with `seeded`, the seeded bare batch between them)
+    after one warm-up batch each, so drift of the machine (clocks, heat, a neighbour) lands on
+    every side alike. Returns the bare, role and seeded bare rates per repetition (the last
+    empty without `seeded`), the vLLM SamplingParams and the update figures (measured with
+    the bare engine shut down)."""
     from runtime import gc_pauses
     from tests.helpers.harness import RoleHarness
 
     bare = BareLLM(cfg, args, max_tokens)
     harness = RoleHarness(cfg, "rollout")
-    base: list[float] = []
-    ours: list[float] = []
+    rates: dict[str, list[float]] = {"bare": [], "role": [], "seeded": []}
     try:
         await harness.start()
         frozen = gc_pauses.settle()  # as every role does once set up (runtime/role.py)
         for rep in range(reps + 1):
             sides = [("bare", bare.batch), ("role", lambda p, t: role_batch(harness, p, max_tokens, t))]
+            if seeded:
+                sides.insert(1, ("seeded", lambda p, t: bare.batch(p, t, seeded=True)))
             for name, run in sides if rep % 2 == 0 else sides[::-1]:
                 rate = await run(prompts, f"{name}{rep}")
-                if rep:  # rep 0 warms both up
-                    (base if name == "bare" else ours).append(rate)
+                if rep:  # rep 0 warms every side up
+                    rates[name].append(rate)
         bare.shutdown()  # its memory back before the trainer side's copy of the model
         side, tensors, backend = await trainer_side(harness)
         update = {"update_backend": backend, **await weight_updates(side, tensors, harness, reps=5)}
@@ -204,7 +223,7 @@ async def interleaved(
     finally:
         bare.shutdown()
         await harness.stop()
-    return base, ours, repr(bare.params), {"bench_gc_frozen": frozen, **update}
+    return rates["bare"], rates["role"], rates["seeded"], repr(bare.params), {"bench_gc_frozen": frozen, **update}
 
 
 async def role_batch(harness: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> float:
@@ -322,6 +341,9 @@ def main() -> None:
         help="also run the role with a weight update every this many seconds (0: no)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (smoke test)")
+    parser.add_argument(
+        "--seeded", action="store_true", help="also time the bare engine with a seed per request (seeded_over_bare)"
+    )
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="recipe whose model and engine to use")
     parser.add_argument(
         "--bare-arg",
@@ -361,8 +383,8 @@ def main() -> None:
     # Set here, just before the engines, not at import: a test importing this module must not
     # change how every vLLM engine of its process runs (on a CPU the workers would move in too).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    base, ours, params, update = uvloop.run(
-        interleaved(cfg, args_bare, prompts, args.max_tokens, args.reps, args.update_every)
+    base, ours, seeded, params, update = uvloop.run(
+        interleaved(cfg, args_bare, prompts, args.max_tokens, args.reps, args.update_every, args.seeded)
     )
     args_role = role_engine_kwargs(cfg)
     differ = differing_args(args_bare, args_role)
@@ -386,6 +408,10 @@ def main() -> None:
         **update,
         **provenance(),
     }
+    if seeded:
+        result["bare_seeded_tokens_per_s"] = statistics.median(seeded)
+        result["bare_seeded_runs"] = seeded
+        result["seeded_over_bare"] = statistics.median(x / b for b, x in zip(base, seeded, strict=True))
     if "role_updating_tokens_per_s" in update:
         result["role_updating_over_bare"] = update["role_updating_tokens_per_s"] / bare_rate
     print_json(result, args.out)

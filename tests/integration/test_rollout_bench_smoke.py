@@ -2,7 +2,8 @@
 engine core in-process, and the rollout role as its own process): both engines ran with equal
 arguments, read back from the role's own log, the two engines' batches alternated (one role /
 bare ratio per repetition), the benchmark's process froze its collector's view once set up as
-roles do, and the run under weight updates pushed updates while generating."""
+roles do, the run under weight updates pushed updates while generating, and `--seeded` timed
+the bare engine with a seed per request in the same alternation."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_rollout_benchmark_quick_is_like_for_like(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "rollout.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "rollout.py"), "--quick", "--update-every", "0.2"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "rollout.py"), "--quick", "--update-every", "0.2", "--seeded"]
     cmd += ["--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,6 +42,8 @@ def test_rollout_benchmark_quick_is_like_for_like(tmp_path: Path) -> None:
     pairs = [r / b for b, r in zip(result["bare_runs"], result["role_runs"], strict=True)]
     assert len(pairs) == 2 and result["role_over_bare_pairs"] == pytest.approx(pairs)  # --quick: 2 repetitions
     assert min(pairs) <= result["role_over_bare_pair_median"] <= max(pairs)
+    seeded = [x / b for b, x in zip(result["bare_runs"], result["bare_seeded_runs"], strict=True)]
+    assert len(seeded) == 2 and result["seeded_over_bare"] == pytest.approx(sum(seeded) / 2)  # median of two
     assert result["updates_during"] >= 1 and result["role_updating_over_bare"] > 0
     paired = [u / p for u, p in zip(result["role_updating_runs"], result["role_plain_runs"], strict=True)]
     assert len(paired) == 2 and min(paired) <= result["role_updating_over_role"] <= max(paired)
