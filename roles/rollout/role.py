@@ -78,6 +78,7 @@ class RolloutRole(Role):
             lora=lora,
             reload_wait_s=max(600.0, cfg.weight_sync.timeout_s * 3),  # the controller's bound on a step
             structured_outputs=serves_agents(cfg),  # the endpoint's tool_choice / response_format grammars
+            seeded=cfg.rollout.seeded_sampling,
         )
         log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
