@@ -124,7 +124,7 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
             description="Each sample is drawn with a seed of its own (from the run's seed, its group id and its "
             "index; each later turn of an episode with one of its own), so a seeded run samples the same tokens "
             "whatever batches vLLM forms: a synchronous run on CPU repeats bit for bit (docs/running.md). vLLM "
-            "then samples seeded requests one at a time (0.88 of unseeded throughput on CPU, BENCHMARKS.md), so "
+            "then samples seeded requests one at a time (0.86 of unseeded throughput on CPU, BENCHMARKS.md), so "
             "off by default."
         ),
     ] = False
