@@ -42,6 +42,8 @@ Modules:
 * `role`: The base every role process subclasses.
 * `run_dir`: A run directory belongs to one run.
 * `run_token`: The run's secret: what every role presents to prove it belongs to this run.
+* `seeds`: Seeds derived from a run's seed: what a seeded run draws is a pure function of its
+  labelled parts, never of timing or order.
 * `step_phases`: A training step's phases, from the times the controller saw: when the rollouts
   woke, generated and the batch was scored, when vLLM slept, the trainer trained and pushed the
   new weights, and the glue: the time in the step that no phase covers.

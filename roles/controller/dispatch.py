@@ -21,7 +21,6 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -35,6 +34,7 @@ from roles.controller.ledger import Ledger
 from roles.controller.peers import Peer, Registry
 from roles.controller.schedule import NoSchedule, ScheduleLog
 from runtime.logs import get_logger
+from runtime.seeds import derived_seed
 from transport import wire
 from transport.rpc import PeerUnreachable, RpcEndpoint
 from transport.throttle import Throttled
@@ -238,4 +238,4 @@ def _name(identity: bytes | None) -> str:
 def group_seed(run_seed: int, gid: int) -> int:
     """The sampling seed of group `gid` in a run seeded `run_seed`: a pure function of the
     two, 48 bits (vLLM adds the sample's index), unrelated for neighbouring groups."""
-    return random.Random(f"sampling:{run_seed}:{gid}").getrandbits(48)
+    return derived_seed("sampling", run_seed, gid)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ import msgspec
 from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Observation, Step, Tokenizer, Turn
 from runtime.errors import TandemError, one_line
+from runtime.seeds import derived_seed
 from transport.wire import FinishReason, SamplingSpec
 
 Sampler = Callable[[list[int], int, int], Awaitable[Sample]]  # (context ids, max_tokens, turn) -> Sample
@@ -205,5 +205,5 @@ def turn_sampling(spec: SamplingSpec, max_tokens: int, turn: int) -> SamplingSpe
     when `spec` is seeded, the call's own seed (48 bits; the engine adds the sample index)."""
     seed = spec.seed
     if seed is not None and turn > 0:
-        seed = random.Random(f"turn:{seed}:{turn}").getrandbits(48)
+        seed = derived_seed("turn", seed, turn)
     return msgspec.structs.replace(spec, max_tokens=max_tokens, seed=seed)
