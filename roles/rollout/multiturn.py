@@ -20,6 +20,7 @@ from roles.rollout.environment import EnvContext, EnvPrompt
 from roles.rollout.episode import Trajectory, run_episode, turn_sampling
 from roles.rollout.tools import ToolRegistry
 from runtime.config import RolloutConfig
+from runtime.errors import one_line
 from runtime.user_functions import env_factory_takes_context, load_env_factory
 from transport import wire
 
@@ -48,7 +49,9 @@ class EpisodeRunner:
         try:
             env = self.factory(EnvContext(self.tools, self.tokenizer)) if self.with_context else self.factory()
         except Exception as exc:
-            traj = Trajectory(finish_reason=wire.FinishReason.ERROR, error=f"rollout.env factory raised {_line(exc)}")
+            traj = Trajectory(
+                finish_reason=wire.FinishReason.ERROR, error=f"rollout.env factory raised {one_line(exc)}"
+            )
         else:
             text = self.tokenizer.decode(req.prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
             prompt = EnvPrompt(list(req.prompt_ids), text, req.answer, dict(req.metadata), index)
@@ -81,7 +84,3 @@ def completion(req: wire.Generate, index: int, t: Trajectory, gen_s: float) -> w
         env_reward=t.reward,
         num_turns=t.num_turns,
     )
-
-
-def _line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
