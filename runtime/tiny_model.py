@@ -1,4 +1,4 @@
-"""A tiny random-initialised Qwen2 model and byte-level tokenizer, made on the fly.
+"""A tiny random-initialised Qwen2 (or Qwen3-MoE) model and byte-level tokenizer, made on the fly.
 
 `make_tiny_model(path, ...)` writes a complete HF model directory (config, safetensors
 weights, tokenizer.json with a chat template) that transformers and vLLM load with no
@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from runtime.hf_quiet import no_progress_bars
 
@@ -81,6 +82,9 @@ def make_tiny_model(
     classifier: bool = False,
     vocab_size: int = 0,
     initializer_range: float = 0.02,
+    num_experts: int = 0,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 64,
 ) -> Path:
     """Write a random-initialised Qwen2 model with the byte tokenizer into `path`.
 
@@ -111,6 +115,12 @@ def make_tiny_model(
         spec["vocab_size"] = vocab_size
     if initializer_range != 0.02:  # the same
         spec["initializer_range"] = initializer_range
+    if num_experts and not classifier:  # the same (a tiny reward model stays dense)
+        spec.update(
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            moe_intermediate_size=moe_intermediate_size,
+        )
     out = Path(path)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / _STAMP
@@ -142,10 +152,16 @@ def _same(stamp: Path, digest: str) -> bool:
 
 def _write_model(directory: Path, spec: dict) -> None:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+    from transformers import (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen2ForSequenceClassification,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
+    common = dict(
         vocab_size=max(len(tokenizer), spec.get("vocab_size", 0)),
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],
@@ -163,6 +179,20 @@ def _write_model(directory: Path, spec: dict) -> None:
         dtype="bfloat16",
     )
     kind: type = Qwen2ForCausalLM
+    config: Any
+    if spec.get("num_experts"):
+        config = Qwen3MoeConfig(  # type: ignore[call-arg]  # head_dim: a config attribute the stub lacks
+            **common,
+            head_dim=spec["hidden_size"] // spec["num_heads"],
+            num_experts=spec["num_experts"],
+            num_experts_per_tok=spec["num_experts_per_tok"],
+            moe_intermediate_size=spec["moe_intermediate_size"],
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+        )
+        kind = Qwen3MoeForCausalLM
+    else:
+        config = Qwen2Config(**common)
     if spec.get("classifier"):
         config.num_labels = 1  # one label: the reward
         kind = Qwen2ForSequenceClassification

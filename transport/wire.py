@@ -220,6 +220,9 @@ class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
     0 and whose `versions` repeat the nearest sampled token's, so `versions.min()` is the
     oldest sampled token's. `loss_mask` None means every token was sampled (single turn).
     `env_reward` is the sum of the rewards the environment gave (None: it gave none).
+    `routed_experts` (a mixture-of-experts policy, `algorithm.routing_replay` on): the experts
+    vLLM routed each of the sequence's first N tokens to, prompt first, [N, layers, top_k],
+    uint8 (int16 beyond 256 experts); tokens past N (at least the last) were not reported.
     """
 
     request_id: str
@@ -235,6 +238,7 @@ class Completion(msgspec.Struct, **_msg(MsgType.COMPLETION)):
     loss_mask: torch.Tensor | None = None  # uint8 [T]; None: all 1
     env_reward: float | None = None
     num_turns: int = 0  # assistant turns generated (0: single-turn, no environment)
+    routed_experts: torch.Tensor | None = None  # uint8 | int16 [N, layers, top_k], N <= prompt_len + T
 
 
 # --- weights ---------------------------------------------------------------------------
@@ -409,6 +413,11 @@ class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
     # Filled in by the trainer itself (its no-grad forward before the first of several
     # updates); the controller never sends it.
     proximal_logprobs: torch.Tensor | None = None
+    # Routing replay (a mixture-of-experts policy): the experts the rollout routed each token
+    # to, [total_tokens, layers, top_k] (uint8 | int16), and uint8 [total_tokens], 1 where a
+    # row holds the engine's report (0: the trainer routes that token itself).
+    routed_experts: torch.Tensor | None = None
+    routed_mask: torch.Tensor | None = None
 
 
 class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):

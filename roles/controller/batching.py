@@ -80,7 +80,32 @@ def build_train_batches(
     shards = assign_shards(lengths, num_shards)
     num_tokens = sum(s.num_sampled for _, s in pairs)
     batches = [_pack([pairs[i] for i in idx], [advs[i] for i in idx], step, num_tokens, len(pairs)) for idx in shards]
+    for batch, idx in zip(batches, shards, strict=True):
+        routed = pack_routed_experts([pairs[i] for i in idx])
+        if routed is not None:
+            batch.routed_experts, batch.routed_mask = routed
     return batches, _stats(pairs, num_tokens)
+
+
+def pack_routed_experts(pairs: list[tuple[Group, SampleRec]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(experts [total, layers, top_k], mask uint8 [total]) packed like `input_ids`: each
+    sequence's rows as the rollout reported them (prompt first), mask 0 on the rows it did
+    not report (the trainer routes those tokens itself). None when no sample carries any."""
+    first = next((s.routed_experts for _, s in pairs if s.routed_experts is not None), None)
+    if first is None:
+        return None
+    experts, mask = [], []
+    for g, s in pairs:
+        length = len(g.prompt.prompt_ids) + s.length
+        rows = torch.zeros((length, *first.shape[1:]), dtype=first.dtype)
+        seen = torch.zeros(length, dtype=torch.uint8)
+        if s.routed_experts is not None and s.routed_experts.shape[1:] == first.shape[1:]:
+            n = min(length, s.routed_experts.shape[0])
+            rows[:n] = s.routed_experts[:n]
+            seen[:n] = 1
+        experts.append(rows)
+        mask.append(seen)
+    return torch.cat(experts), torch.cat(mask)
 
 
 def assign_shards(lengths: list[int], num_shards: int) -> list[list[int]]:

@@ -182,6 +182,7 @@ class Dispatcher:
             loss_mask=None if msg.loss_mask is None else msg.loss_mask.clone(),
             env_reward=msg.env_reward,
             num_turns=msg.num_turns,
+            routed_experts=None if msg.routed_experts is None else msg.routed_experts.clone(),
         )
         now = time.time()
         group.first_arrival = group.first_arrival or now

@@ -36,6 +36,7 @@ class SampleRec:
     env_reward: float | None = None  # the environment's reward (multi-turn), added to the functions'
     model_reward: float | None = None  # the reward_model role's score (before reward.model_weight), if it gave one
     num_turns: int = 0  # assistant turns (multi-turn); 0 for a single-turn sample
+    routed_experts: torch.Tensor | None = None  # uint8|int16 [N, layers, top_k]: vLLM's routing, prompt first
 
     @property
     def length(self) -> int:

@@ -37,6 +37,7 @@ class SampleState(msgspec.Struct):
     reward_error: str = ""
     loss_mask: list[int] | None = None  # multi-turn: 0 on environment tokens
     num_turns: int = 0
+    routed_experts: list[list[list[int]]] | None = None  # MoE routing replay: [N, layers, top_k]
 
 
 class GroupState(msgspec.Struct):
@@ -85,6 +86,7 @@ def _sample_state(s: SampleRec) -> SampleState:
         s.reward_error,
         None if s.loss_mask is None else s.loss_mask.tolist(),
         s.num_turns,
+        None if s.routed_experts is None else s.routed_experts.tolist(),
     )
 
 
@@ -104,11 +106,18 @@ def restore_group(gs: GroupState) -> Group:
             reward_error=ss.reward_error,
             loss_mask=None if ss.loss_mask is None else torch.tensor(ss.loss_mask, dtype=torch.uint8),
             num_turns=ss.num_turns,
+            routed_experts=None if ss.routed_experts is None else _routing_tensor(ss.routed_experts),
         )
         for k, v in ss.tensors.items():
             setattr(rec, k, torch.tensor(v, dtype=torch.float32))
         group.samples[ss.index] = rec
     return group
+
+
+def _routing_tensor(rows: list[list[list[int]]]) -> torch.Tensor:
+    """The saved routing in the dtype the rollout sends it in (uint8 up to 256 experts)."""
+    t = torch.tensor(rows, dtype=torch.int64)
+    return t.to(torch.uint8 if t.numel() == 0 or int(t.max()) < 256 else torch.int16)
 
 
 def encode(state: ControllerState) -> bytes:

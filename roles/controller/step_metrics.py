@@ -46,6 +46,10 @@ TRAINER_KEYS = (
     "update_skipped",
     "nonfinite_rank",
     "nonfinite_micro_batch",
+    "router_aux_loss",
+    "router_disagree",
+    "routing_mismatch",
+    "routed_tokens",
 )
 ZERO_DEFAULTS = (
     "weight_sync_s",

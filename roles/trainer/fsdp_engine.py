@@ -17,6 +17,13 @@ weights, FSDP-wrapped, no gradients). With `trainer.lora` (roles/training/lora.p
 PEFT adapters train, the reference is the same model with its adapter disabled, and
 `export_weights` yields only the adapters. All methods are blocking collectives, called from
 one thread (the role runs them in a worker thread so its event loop keeps serving).
+
+A mixture-of-experts policy (HF Qwen3-MoE / Qwen2-MoE) routes through
+`roles/training/moe.py`: with `algorithm.routing_replay: rollout` every token the rollout
+reported is trained on the experts vLLM routed it to; the routers' load-balancing loss
+(`router_aux_loss`) is reported and added with `trainer.loss.router_aux_coef`; the expert
+weights leave `export_weights` by their checkpoint names (one tensor per expert), the layout
+vLLM loads and transformers saves. It is not compiled (`trainer.compile` auto).
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from roles.fsdp.engine_base import FSDPEngineBase
 from roles.fsdp.wrap import full_state_dict_items, wrap_model_with_fsdp
 from roles.trainer.policy_loss import policy_loss_options
 from roles.training.lora import apply_lora
-from roles.training.metrics import ACTOR_METRICS
+from roles.training.metrics import ACTOR_METRICS, MOE_METRICS
 from roles.training.microbatch import MicroBatch
 from roles.training.models import DTYPES
+from roles.training.moe import MoeRouting, checkpoint_items, is_moe, model_is_moe
 from roles.weights.lora import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
 from runtime.memory.model import compiles_on_gpu
@@ -61,10 +69,18 @@ class FSDPEngine(FSDPEngineBase):
             packing=t.packing, chunk=t.logprob_chunk_tokens, kernels=t.kernels, attention_kernel=t.attention_kernel
         )
         checkpointing = t.gradient_checkpointing
-        self.compiled = compiles(t, self.device)
+        moe = model_is_moe(model_path)
+        if moe and t.compile is True:
+            raise ValueError(
+                "trainer.compile=true: a mixture-of-experts policy is not compiled; set trainer.compile=auto"
+            )
+        self.compiled = compiles(t, self.device) and not moe
         model = setup_actor_model(
             model_path, dtype, self.device, gradient_checkpointing=checkpointing, compile_blocks=self.compiled, **opts
         )
+        self.routing = MoeRouting(model) if is_moe(model) else None
+        if self.routing is not None:
+            self.metric_names = ACTOR_METRICS.plus(MOE_METRICS)  # type: ignore[misc]  # all ranks load one model
         self.lora = t.lora.rank > 0
         if self.lora:
             model = apply_lora(model, t.lora, gradient_checkpointing=checkpointing)
@@ -87,14 +103,28 @@ class FSDPEngine(FSDPEngineBase):
         prox = torch.zeros(batch.input_ids.numel(), dtype=torch.float32)
         with torch.no_grad():
             for mb in self.micro_batches(batch, self.micro_batch_tokens):
-                logp = token_stats(self.model, mb.to(self.device), entropy_grad=False)[0].cpu()
+                on_device = mb.to(self.device)
+                self._plan_routing(on_device)
+                logp = token_stats(self.model, on_device, entropy_grad=False)[0].cpu()
                 for i, (start, end) in enumerate(mb.spans):  # a dummy micro-batch has none
                     prox[start + 1 : end] = logp[i, : end - start - 1]
         return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
     def forward(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token logprobs and entropy, [B, T - 1] (entropy with a gradient only when it is in the loss)."""
+        """Token logprobs and entropy, [B, T - 1] (entropy with a gradient only when it is in the loss);
+        an MoE policy routes as `_plan_routing` says."""
+        self._plan_routing(mb)
         return token_stats(model, mb, entropy_grad=self.cfg.trainer.loss.entropy_coef > 0)
+
+    def _plan_routing(self, mb: MicroBatch) -> None:
+        """An MoE policy's routing for `mb` (on the device): the rollout's experts where it
+        reported them, replayed when `algorithm.routing_replay` is `rollout`, measured always."""
+        if self.routing is None:
+            return
+        valid = None if mb.packed is not None else mb.attention_mask_BT.flatten().bool()
+        experts, mask = mb.routing if mb.routing is not None else (None, None)
+        replay = self.cfg.algorithm.routing_replay == "rollout"
+        self.routing.plan(experts, mask, replay=replay, valid=valid)
 
     def loss(
         self, mb: MicroBatch, batch: TrainBatch, output: tuple[torch.Tensor, torch.Tensor]
@@ -117,11 +147,35 @@ class FSDPEngine(FSDPEngineBase):
             kl = self._kl_to_reference(mb, logp)
             loss = loss + self.kl_ctl.value * aggregate(kl, mask, lc.agg, **norm)
             m["kl_ref"] = _masked_mean(kl.detach(), mask)
+        if self.routing is not None:
+            loss = loss + self._routing_terms(mask, batch, m)
         m.update(loss=float(loss.detach()), entropy=_masked_mean(entropy.detach(), mask), tokens=float(mask.sum()))
         return loss, m
 
+    def _routing_terms(self, mask: torch.Tensor, batch: TrainBatch, m: dict[str, float]) -> torch.Tensor:
+        """The micro-batch's share of the load-balancing loss (weighted by its tokens over the
+        step's, like the policy loss), and its routing counts into `m`."""
+        assert self.routing is not None
+        r = self.routing.stats()
+        m.update(
+            router_aux_loss=float(r.aux_loss.detach()),
+            routed_rows=float(r.compared),
+            router_disagree_rows=float(r.disagree),
+            routing_mismatch_rows=float(r.mismatch),
+        )
+        coef = self.cfg.trainer.loss.router_aux_coef
+        return coef * r.aux_loss * (mask.sum() / max(batch.global_num_tokens, 1)) if coef > 0 else r.aux_loss * 0.0
+
     def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        """The KL controller sees the step's KL to the reference policy."""
+        """The KL controller sees the step's KL to the reference policy; an MoE policy's
+        routing counts become fractions of the rows the rollout reported (`router_disagree`,
+        `routing_mismatch`), and `routed_tokens` their number."""
+        if self.routing is not None:
+            self.routing.clear()
+            rows = metrics.pop("routed_rows", 0.0)
+            disagree, mismatch = metrics.pop("router_disagree_rows", 0.0), metrics.pop("routing_mismatch_rows", 0.0)
+            if rows > 0:
+                metrics.update(routed_tokens=rows, router_disagree=disagree / rows, routing_mismatch=mismatch / rows)
         if self.kl_in_loss:
             self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
             metrics["kl_coef"] = self.kl_ctl.value
@@ -142,7 +196,7 @@ class FSDPEngine(FSDPEngineBase):
         self.restore_params()
         if not self.lora:
             for name, tensor in full_state_dict_items(self.model):
-                yield name, tensor.detach().to(dtype)
+                yield from checkpoint_items(name, tensor.detach().to(dtype))
             return
         for name, tensor in full_state_dict_items(self.model, keep=is_adapter):
             yield peft_name(name), tensor.detach().to(dtype)

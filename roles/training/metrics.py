@@ -25,6 +25,10 @@ class MetricNames:
         """The accumulator keys: "tokens", then every name, in a fixed order."""
         return ("tokens", *self.summed, *self.weighted, *self.maxed)
 
+    def plus(self, other: MetricNames) -> MetricNames:
+        """These names, then `other`'s, group by group."""
+        return MetricNames(self.summed + other.summed, self.weighted + other.weighted, self.maxed + other.maxed)
+
     def without(self, *names: str) -> MetricNames:
         """These names less `names`, order kept."""
         groups = (self.summed, self.weighted, self.maxed)
@@ -46,6 +50,13 @@ ACTOR_METRICS = MetricNames(
         "kl_ref",
     ),
     maxed=("importance_weight_max", "ratio_max"),
+)
+# A mixture-of-experts actor adds these (roles/training/moe.py): the rows with the rollout's
+# routing and how many of them the trainer's router disagrees with (`router_disagree_rows`) or
+# was routed differently (`routing_mismatch_rows`, 0 under replay), summed to fractions after
+# the step; the load-balancing loss token-weighted.
+MOE_METRICS = MetricNames(
+    summed=("routed_rows", "router_disagree_rows", "routing_mismatch_rows"), weighted=("router_aux_loss",)
 )
 CRITIC_METRICS = MetricNames(summed=("value_loss",), weighted=("value_clip_fraction", "value_mean"))
 

@@ -10,6 +10,9 @@ Either way every per-token tensor of `MicroBatch.fields` is [B, T] and right-pad
 `mask_BT` is 0 on padding, prompt tokens and the observation tokens of multi-turn samples
 (so they contribute no gradient), and the loss code is the same for both.
 Targets are aligned to inputs: position t of a per-token tensor describes token t.
+A batch with routed experts (MoE routing replay) gives each micro-batch its `routing`: the
+experts [N, layers, top_k] and mask [N] of the N rows the model sees, in the model input's
+order (packed: the P tokens back to back; padded: [B, T] flattened, padding masked).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class MicroBatch:
     fields: dict[str, torch.Tensor]  # per-token tensors named as in TrainBatch, [B, T]
     packed: PackedRow | None = None  # the model input when packed
     spans: tuple[tuple[int, int], ...] = ()  # row i is the batch's tokens [start, end) of spans[i]
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None  # (experts [N, L, k], mask [N]) per model row
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +90,7 @@ class MicroBatch:
             {k: v.to(device) for k, v in self.fields.items()},
             None if self.packed is None else self.packed.to(device),
             self.spans,
+            None if self.routing is None else (self.routing[0].to(device), self.routing[1].to(device)),
         )
 
 
@@ -127,6 +132,11 @@ def _packed(batch: TrainBatch, spans: list[tuple[int, int]]) -> MicroBatch:
     gather = cu[:-1, None].long() + j[None, :]
     gather = torch.where(j[None, :] < (lengths - 1)[:, None], gather, torch.zeros_like(gather))
     mb.packed = PackedRow(ids, positions, cu, int(lengths.max()), gather)
+    if batch.routed_experts is not None and batch.routed_mask is not None:
+        mb.routing = (
+            torch.cat([batch.routed_experts[s:e] for s, e in spans]),
+            torch.cat([batch.routed_mask[s:e] for s, e in spans]),
+        )
     return mb
 
 
@@ -142,7 +152,21 @@ def _pad(batch: TrainBatch, spans: list[tuple[int, int]]) -> MicroBatch:
         attn[row, :n] = 1
         for name, out in fields.items():
             out[row, :n] = getattr(batch, name)[start:end]
-    return MicroBatch(ids, attn, fields, spans=tuple(spans))
+    return MicroBatch(ids, attn, fields, spans=tuple(spans), routing=_padded_routing(batch, spans, T))
+
+
+def _padded_routing(
+    batch: TrainBatch, spans: list[tuple[int, int]], width: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The batch's routed experts in the padded layout, [B * T, L, k] (mask 0 on padding)."""
+    if batch.routed_experts is None or batch.routed_mask is None:
+        return None
+    experts = torch.zeros((len(spans), width, *batch.routed_experts.shape[1:]), dtype=batch.routed_experts.dtype)
+    mask = torch.zeros(len(spans), width, dtype=batch.routed_mask.dtype)
+    for row, (start, end) in enumerate(spans):
+        experts[row, : end - start] = batch.routed_experts[start:end]
+        mask[row, : end - start] = batch.routed_mask[start:end]
+    return experts.flatten(0, 1), mask.flatten()
 
 
 def dummy_micro_batch(batch: TrainBatch) -> MicroBatch:

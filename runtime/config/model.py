@@ -38,6 +38,16 @@ class TinyModelConfig(msgspec.Struct, **STRUCT):
             gt=0,
         ),
     ] = 0.02
+    num_experts: Annotated[
+        int,
+        Doc(
+            description="Experts per layer; above 0 the tiny model is a Qwen3-MoE (mixture of experts) instead of a "
+            "dense Qwen2.",
+            ge=0,
+        ),
+    ] = 0
+    num_experts_per_tok: Annotated[int, Doc(description="Experts routed per token (MoE top-k).", ge=1)] = 2
+    moe_intermediate_size: Annotated[int, Doc(description="Each expert's MLP width (MoE).", ge=1)] = 64
 
 
 class ModelConfig(msgspec.Struct, **STRUCT):

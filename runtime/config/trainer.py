@@ -107,6 +107,14 @@ class LossConfig(msgspec.Struct, **STRUCT):
         ),
     ] = 5.0
     entropy_coef: Annotated[float, Doc(description="Entropy bonus coefficient.", ge=0)] = 0.0
+    router_aux_coef: Annotated[
+        float,
+        Doc(
+            description="Mixture-of-experts policies: coefficient of the routers' load-balancing loss "
+            "(router_aux_loss, reported either way; 0 leaves it out of the loss).",
+            ge=0,
+        ),
+    ] = 0.0
     mode: Annotated[
         Literal["vanilla", "dual-clip", "gspo", "cispo"],
         Doc(

@@ -58,16 +58,54 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied: bool
+    head_dim: int = 0  # 0: hidden / heads (Qwen3 names it; its q may be wider than hidden)
+    experts: int = 0  # mixture of experts: experts per layer (0: a dense MLP of `intermediate`)
+    experts_per_tok: int = 0  # experts routed per token
+    expert_intermediate: int = 0  # each expert's width
+    shared_intermediate: int = 0  # a shared expert's width (Qwen2-MoE), 0: none
+
+    @property
+    def q_dim(self) -> int:
+        return (self.head_dim or self.hidden // self.heads) * self.heads
 
     @property
     def kv_dim(self) -> int:
-        return self.hidden // self.heads * self.kv_heads
+        return (self.head_dim or self.hidden // self.heads) * self.kv_heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def active_intermediate(self) -> int:
+        """The MLP width one token passes through: `intermediate` for a dense model, its
+        routed experts' and the shared expert's for an MoE."""
+        if not self.moe:
+            return self.intermediate
+        return self.experts_per_tok * self.expert_intermediate + self.shared_intermediate
+
+    def _attention_params(self) -> int:
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        return h * q + q + 2 * (h * kv + kv) + q * h  # q (bias), k, v (bias), o
 
     @property
     def layer_params(self) -> int:
-        h, kv = self.hidden, self.kv_dim
-        attention = h * h + h + 2 * (h * kv + kv) + h * h  # q (bias), k, v (bias), o
-        return attention + 3 * h * self.intermediate + 2 * h  # gate, up, down; two norms
+        h = self.hidden
+        if not self.moe:
+            return self._attention_params() + 3 * h * self.intermediate + 2 * h  # gate, up, down; two norms
+        return self._attention_params() + self._moe_params(self.experts) + 2 * h
+
+    @property
+    def active_layer_params(self) -> int:
+        """Parameters one token's forward uses in a layer (`layer_params` for a dense model)."""
+        if not self.moe:
+            return self.layer_params
+        return self._attention_params() + self._moe_params(self.experts_per_tok) + 2 * self.hidden
+
+    def _moe_params(self, experts: int) -> int:
+        h = self.hidden
+        shared = 3 * h * self.shared_intermediate + h if self.shared_intermediate else 0  # and its sigmoid gate
+        return h * self.experts + experts * 3 * h * self.expert_intermediate + shared  # router, experts
 
     @property
     def embedding_params(self) -> int:
@@ -77,17 +115,28 @@ class ModelShape:
     def num_params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params + self.hidden
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses (every expert counted in `num_params`, only the
+        routed ones here): what a step's FLOPs scale with. `num_params` for a dense model."""
+        return self.layers * self.active_layer_params + self.embedding_params + self.hidden
+
     def vllm_tensors(self) -> list[int]:
         """Elements of each weight as vLLM holds it (q/k/v and gate/up fused; biases and
         norms left out: they share small allocations)."""
-        h, kv = self.hidden, self.kv_dim
-        layer = [h * (h + 2 * kv), h * h, 2 * h * self.intermediate, h * self.intermediate]
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        if self.moe:  # every expert's gate/up fused into one tensor, their downs into another
+            mlp = [2 * h * self.expert_intermediate * self.experts, h * self.expert_intermediate * self.experts]
+        else:
+            mlp = [2 * h * self.intermediate, h * self.intermediate]
+        layer = [h * (q + 2 * kv), q * h, *mlp]
         return layer * self.layers + [self.vocab * self.hidden] * (1 if self.tied else 2)
 
     @property
     def largest_tensor(self) -> int:
         """Elements of the largest weight (the embedding, as a rule)."""
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+        experts = 2 * self.hidden * self.expert_intermediate * self.experts  # an MoE's gate/up of one layer
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate, experts)
 
     def lora_params(self, rank: int, targets: list[str]) -> int:
         """Adapter parameters of `rank` on the named projections of every layer."""
@@ -108,16 +157,24 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, c: dict) -> ModelShape:
+        """The shape of a dense (Qwen2, Llama) or mixture-of-experts (Qwen3-MoE, Qwen2-MoE:
+        `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`) config.json."""
         try:
             hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            experts = int(c.get("num_experts") or 0)
             return cls(
                 hidden=hidden,
                 layers=int(c["num_hidden_layers"]),
                 heads=heads,
                 kv_heads=int(c.get("num_key_value_heads") or heads),
-                intermediate=int(c["intermediate_size"]),
+                intermediate=int(c.get("intermediate_size") or 0),
                 vocab=int(c["vocab_size"]),
                 tied=bool(c.get("tie_word_embeddings", False)),
+                head_dim=int(c.get("head_dim") or 0),
+                experts=experts,
+                experts_per_tok=int(c.get("num_experts_per_tok") or 0) if experts else 0,
+                expert_intermediate=int(c.get("moe_intermediate_size") or 0) if experts else 0,
+                shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0) if experts else 0,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShapeError(f"config.json has no decoder shape ({exc})") from None
@@ -138,6 +195,10 @@ def model_shape(cfg: RunConfig) -> ModelShape:
         heads=t.num_heads,
         kv_heads=t.num_kv_heads,
         intermediate=t.intermediate_size,
+        head_dim=t.hidden_size // t.num_heads if t.num_experts else 0,
+        experts=t.num_experts,
+        experts_per_tok=t.num_experts_per_tok if t.num_experts else 0,
+        expert_intermediate=t.moe_intermediate_size if t.num_experts else 0,
         vocab=max(BYTE_VOCAB, t.vocab_size),
         tied=t.tie_word_embeddings,
     )
@@ -157,8 +218,8 @@ class Item:
 def layer_activation_bytes(s: ModelShape, compute_bytes: int) -> int:
     """Bytes autograd keeps per token of one decoder layer: each RMSNorm its float32 input
     and its output, q after RoPE, k and v, the attention output, and the MLP's gate, up,
-    activation and product."""
-    h, kv, i = s.hidden, s.kv_dim, s.intermediate
+    activation and product (an MoE's at the width of the experts a token is routed to)."""
+    h, kv, i = s.hidden, s.kv_dim, s.active_intermediate
     norms = 2 * (4 * h + compute_bytes * h)
     attention = compute_bytes * (2 * h + 2 * kv)
     mlp = compute_bytes * 4 * i

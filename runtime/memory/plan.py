@@ -362,9 +362,14 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table (GB = 10^9 bytes), one block per GPU and one per host."""
     s = plan.shape
     size = f"{plan.gpu_gb:.1f} GB GPUs" if plan.gpu_gb else "GPU size unknown (memory.gpu_gb=N sets it)"
+    moe = (
+        f", mixture of {s.experts} experts ({s.experts_per_tok} a token: {count_text(s.active_params)} active)"
+        if s.moe
+        else ""
+    )
     lines = [
         f"memory plan: {count_text(s.num_params)}-parameter policy (hidden {s.hidden}, {s.layers} layers, "
-        f"vocabulary {s.vocab}), {size}, GB = 10^9 bytes"
+        f"vocabulary {s.vocab}{moe}), {size}, GB = 10^9 bytes"
     ]
     lines += [f"auto: {c}" for c in plan.chosen]
     for g in plan.gpus:
