@@ -97,6 +97,7 @@ from runtime.config import RunConfig
 from runtime.config.load import load_config
 from runtime.config.validate import check_config
 from runtime.launch.placement import entries, role_counts
+from runtime.memory.model import ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "configs/bench_h200x2.yaml"
@@ -171,6 +172,20 @@ def summarize_run(
         # Over every step, warm-up included: the rollout samples from the trainer's weights
         # only if this stays at bf16 noise (~1e-3) from the first update on.
         "kl_behaviour_proximal_max": max(kls) if kls else None,
+        **routing_figures(kept),
+    }
+
+
+def routing_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mixture of experts' routing over the steps (token-weighted means), where reported:
+    `router_disagree` (how often the trainer's router would route a token otherwise than vLLM
+    did) and `routing_mismatch` (how often it did: 0 under routing replay)."""
+    rows = [r for r in records if r.get("routed_tokens")]
+    if not rows:
+        return {}
+    tokens = sum(r["routed_tokens"] for r in rows)
+    return {
+        key: sum(r[key] * r["routed_tokens"] for r in rows) / tokens for key in ("router_disagree", "routing_mismatch")
     }
 
 
@@ -391,11 +406,15 @@ class Policy:
     params: int
     prompt_tokens: float
     overrides: list[str]  # point the variants at the model made once (none for a given model.path)
+    active_params: int = 0  # a mixture of experts': the parameters one token uses (0: all, dense)
 
 
 def setup_policy(cfg: RunConfig, run_root: Path) -> Policy:
     model_path, overrides = setup_model(cfg, run_root)
     hf = json.loads((model_path / "config.json").read_text())
+    if hf.get("num_experts"):  # an MoE: MFU counts the FLOPs of the experts a token is routed to
+        shape = ModelShape.from_hf_config(hf)
+        return Policy(shape.num_params, prompt_tokens_mean(cfg, model_path), overrides, shape.active_params)
     return Policy(decoder_param_count(hf), prompt_tokens_mean(cfg, model_path), overrides)
 
 
@@ -427,7 +446,7 @@ def run_variant(
         records,
         warmup=args.warmup_steps,
         cooldown=cooldown,
-        params=policy.params,
+        params=policy.active_params or policy.params,
         policy_bytes=policy.params * BF16_BYTES,
         prompt_tokens=policy.prompt_tokens,
         peak_flops=args.peak_tflops * 1e12 * trainer_ranks,

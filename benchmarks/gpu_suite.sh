@@ -8,6 +8,11 @@
 #   recipes           benchmarks/async_vs_sync.py, sync against async, over configs/bench_1.5b.yaml,
 #                     bench_3b.yaml and bench_7b_lora.yaml as they stand (`auto` settings), 10
 #                     measured steps each: async_vs_sync_<gpu>.json, _<gpu>_3b.json, _<gpu>_7b_lora.json
+#   moe               async_vs_sync.py over configs/bench_moe.yaml (a 2.4B mixture of experts, 0.71B
+#                     active), 10 measured steps, with routing replay (`rollout`) and without it
+#                     (`measure`: the trainer routes, router_disagree / routing_mismatch say how often
+#                     otherwise): async_vs_sync_<gpu>_moe.json, _<gpu>_moe_measure.json. Needs vLLM's
+#                     MoE kernels (a full vLLM wheel)
 #   rollout           benchmarks/rollout.py: the rollout role against bare vLLM, 128 prompts x 512
 #                     tokens, the 1.5B recipe's engine, and the cost of seeded sampling
 #                     (--seeded): rollout_<gpu>.json
@@ -103,6 +108,11 @@ suite_recipes() {
     avs "async_vs_sync_${G}_7b_lora" configs/bench_7b_lora.yaml --measured-steps 10
 }
 
+suite_moe() {  # the MoE recipe with routing replay, then with the trainer routing itself (replay's reason)
+    avs "async_vs_sync_${G}_moe" configs/bench_moe.yaml --measured-steps 10
+    avs "async_vs_sync_${G}_moe_measure" configs/bench_moe.yaml --measured-steps 10 algorithm.routing_replay=measure
+}
+
 suite_rollout() {
     step "rollout_$G" "$PY" benchmarks/rollout.py --config configs/bench_1.5b.yaml --prompts 128 --max-tokens 512 \
         --reps 3 --seeded --out "$OUT/rollout_$G.json"
@@ -148,7 +158,7 @@ suite_gpu_tests() {
     step "gpu_tests_$G" "$PY" -m pytest -m gpu tests/gpu -q -s -o addopts="" --junitxml "$OUT/gpu_tests_$G.xml"
 }
 
-ALL=(recipes rollout longtail fixed512 trainer trainer-variants attention scaling gpu-tests)
+ALL=(recipes moe rollout longtail fixed512 trainer trainer-variants attention scaling gpu-tests)
 SUITES=()
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -81,6 +81,7 @@ class Sample:
     gen_s: float
     error: str = ""
     refused: bool = False  # vLLM raised for the request (it refused it): nothing was sampled
+    routed_experts: Any = None  # numpy [N, layers, top_k]: the experts each of the first N tokens went to
 
 
 @dataclass
@@ -116,14 +117,17 @@ class RolloutEngine:
         reload_wait_s: float = 600.0,
         structured_outputs: bool = False,
         seeded: bool = False,
+        routed_experts: bool = False,
     ) -> None:
         """`sleep_mode`: start vLLM with sleep mode, so `sleep` can free its GPU memory;
         `lora`: serve LoRA adapters (updates are adapters); `reload_wait_s`: how long a
         request waits for an update to reload weights that a level-2 sleep discarded;
         `structured_outputs`: requests may carry grammars (vLLM then loads the tokenizer);
-        `seeded`: requests may carry seeds (`engine_kwargs`)."""
+        `seeded`: requests may carry seeds (`engine_kwargs`); `routed_experts`: every sample
+        carries the experts an MoE model routed its tokens to (`Sample.routed_experts`)."""
         self.cfg = cfg
         self.seeded = seeded
+        self.routed_experts = routed_experts
         self.sleep_mode = sleep_mode
         self.structured_outputs = structured_outputs
         self.lora = lora
@@ -155,6 +159,7 @@ class RolloutEngine:
             lora=self.lora,
             structured_outputs=self.structured_outputs,
             seeded=self.seeded,
+            routed_experts=self.routed_experts,
         )
         log.info("engine_args", args=kwargs)  # benchmarks/rollout.py compares these with its bare engine's
         engine = InprocEngine(kwargs)
@@ -255,7 +260,10 @@ class RolloutEngine:
         self.tokens_generated += len(result.token_ids)
         versions = _versions(len(result.token_ids), state.marks)
         elapsed = time.perf_counter() - started
-        return Sample(result.token_ids, result.logprobs[: len(result.token_ids)], versions, reason, prompt_len, elapsed)
+        logprobs = result.logprobs[: len(result.token_ids)]
+        sample = Sample(result.token_ids, logprobs, versions, reason, prompt_len, elapsed)
+        sample.routed_experts = result.routed_experts
+        return sample
 
     async def abort_all(self) -> int:
         """Abort every active sample; each returns with its tokens so far. Returns how many."""
@@ -554,13 +562,15 @@ def engine_kwargs(
     lora: LoraServing | None = None,
     structured_outputs: bool = False,
     seeded: bool = False,
+    routed_experts: bool = False,
 ) -> dict[str, Any]:
     """The keyword arguments of vLLM's `AsyncEngineArgs` a rollout engine starts with (plain
     values: a bare engine built from them is configured as the role's). vLLM's grammars need
     its tokenizer; without `structured_outputs` it is not loaded. With `seeded` (requests
     may carry seeds) a CPU engine does not chunk prefills: vLLM rewinds a seeded request's
     generator after a partial prefill, which only a CUDA generator allows (vLLM-CPU's engine
-    dies with 'CPU Generator does not use offset')."""
+    dies with 'CPU Generator does not use offset'). With `routed_experts` (MoE routing replay)
+    vLLM reports the experts it routed every token to (its V2 model runner does)."""
     kwargs: dict[str, Any] = dict(
         model=model_path,
         skip_tokenizer_init=not structured_outputs,
@@ -579,6 +589,9 @@ def engine_kwargs(
     if lora is not None:
         n = lora.max_loras
         kwargs.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=n, max_cpu_loras=n)
+    if routed_experts:
+        kwargs["enable_return_routed_experts"] = True
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # the runner that reports them
     if seeded and _cpu_platform():
         kwargs["enable_chunked_prefill"] = False  # vLLM then batches at least max_model_len tokens
     return kwargs

@@ -55,6 +55,7 @@ class Finished:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # vLLM's: "length", "stop", "abort"
+    routed_experts: Any = None  # numpy [N, layers, top_k]: an engine started to report MoE routing
 
 
 class InprocEngine:
@@ -159,7 +160,8 @@ class InprocEngine:
             comp = out.outputs[0]
             tokens = list(comp.token_ids)
             logprobs = [float(entry[tok].logprob) for tok, entry in zip(tokens, comp.logprobs or [], strict=False)]
-            self._set(out.request_id, Finished(tokens, logprobs, comp.finish_reason or "stop"))
+            routed = getattr(comp, "routed_experts", None)
+            self._set(out.request_id, Finished(tokens, logprobs, comp.finish_reason or "stop", routed))
 
     def _set(self, request_id: str, result: Finished | BaseException) -> None:
         done = self._pending.pop(request_id, None)

@@ -1,11 +1,13 @@
 """The one builder of `wire.Completion` (a single-turn sample and a multi-turn episode alike):
 the request's ids, the tokens, behaviour logprobs and per-token versions as the tensors the
 wire carries (int64 / float32 / int32), and, for an episode, its loss mask (uint8), the
-environment's reward and the number of turns."""
+environment's reward and the number of turns; an MoE engine's routed experts as uint8
+(int16 beyond 256 experts)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -26,6 +28,7 @@ def completion_message(
     loss_mask: Sequence[int] | None = None,
     env_reward: float | None = None,
     num_turns: int = 0,
+    routed_experts: Any = None,
 ) -> wire.Completion:
     """Sample `index` of `req`; `loss_mask` None means every token was sampled (single turn)."""
     return wire.Completion(
@@ -42,4 +45,14 @@ def completion_message(
         loss_mask=None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.uint8),
         env_reward=env_reward,
         num_turns=num_turns,
+        routed_experts=routing_tensor(routed_experts),
     )
+
+
+def routing_tensor(routed: Any) -> torch.Tensor | None:
+    """vLLM's routed experts ([N, layers, top_k], any integer array) in the wire's compact dtype."""
+    if routed is None:
+        return None
+    t = torch.as_tensor(routed)
+    small = t.numel() == 0 or int(t.max()) < 256
+    return t.to(torch.uint8 if small else torch.int16).contiguous()

@@ -56,6 +56,7 @@ class Trajectory:
     error: str = ""
     reward: float | None = None
     num_turns: int = 0
+    routed: list[Any] = field(default_factory=list)  # MoE routing, per turn: the rows that turn added
     _pending: list[int] = field(default_factory=list)  # positions waiting for a version
 
     def __len__(self) -> int:
@@ -70,6 +71,7 @@ class Trajectory:
         fill = s.versions[-1] if s.versions else (self.versions[-1] if self.versions else 0)
         self.versions += (list(s.versions) + [fill] * n)[:n]
         self.loss_mask += [1] * len(s.token_ids)
+        self._add_routing(s.routed_experts)
         if s.versions and self._pending:
             for i in self._pending:  # reset's observation: the first sampled token's version
                 self.versions[i] = s.versions[0]
@@ -84,6 +86,25 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
         self.versions += [last] * len(ids)
         self.loss_mask += [0] * len(ids)
+
+    def _add_routing(self, routed: Any) -> None:
+        """A turn's routing covers its whole context (prompt, earlier turns, observations) and its
+        own tokens: keep only the rows past what earlier turns covered, which this turn computed
+        (the observations first seen in its prefill included). A turn without a report ends the
+        episode's routing there: later rows are routed by the trainer."""
+        covered = sum(len(r) for r in self.routed)
+        if routed is None or len(routed) <= covered or (self.num_turns and not self.routed):
+            return
+        self.routed.append(routed[covered:])
+
+    @property
+    def routed_experts(self) -> Any:
+        """[N, layers, top_k] for the episode's first N rows (prompt first), or None."""
+        if not self.routed:
+            return None
+        import numpy as np
+
+        return np.concatenate(self.routed, axis=0)
 
     def rewarded(self, reward: float | None) -> None:
         if reward is not None:

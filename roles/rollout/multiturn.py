@@ -83,4 +83,5 @@ def completion(req: wire.Generate, index: int, t: Trajectory, gen_s: float) -> w
         loss_mask=t.loss_mask,
         env_reward=t.reward,
         num_turns=t.num_turns,
+        routed_experts=t.routed_experts,
     )

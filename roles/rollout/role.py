@@ -79,6 +79,7 @@ class RolloutRole(Role):
             reload_wait_s=max(600.0, cfg.weight_sync.timeout_s * 3),  # the controller's bound on a step
             structured_outputs=serves_agents(cfg),  # the endpoint's tool_choice / response_format grammars
             seeded=cfg.rollout.seeded_sampling,
+            routed_experts=cfg.algorithm.routing_replay != "disabled",
         )
         log.info("engine_starting", model=str(path))  # the console's progress note: a start takes minutes
         started = time.perf_counter()
@@ -323,4 +324,5 @@ def _completion(req: wire.Generate, index: int, s: Sample) -> wire.Completion:
         prompt_len=s.prompt_len,
         gen_s=s.gen_s,
         error=s.error,
+        routed_experts=s.routed_experts,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
+import json
 import os
 
 import msgspec
@@ -84,6 +85,7 @@ def check_config(cfg: RunConfig) -> None:
     _check_kernels(cfg)
     _check_attention_kernel(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
+    _check_moe(cfg)
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
         raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
@@ -255,6 +257,45 @@ def _check_needs_gpu(cfg: RunConfig) -> None:
         raise ConfigError(
             "fsdp.cpu_offload=true needs a GPU (it offloads from one) and this machine has none: set it false"
         )
+
+
+def policy_experts(cfg: RunConfig) -> int:
+    """Experts per layer of the policy (0: a dense model), from `model.path`'s config.json or
+    `model.tiny` (an unreadable config.json counts as dense: the model checks say why)."""
+    if not cfg.model.path or cfg.model.path == "tiny":
+        return cfg.model.tiny.num_experts
+    try:
+        with open(os.path.join(cfg.model.path, "config.json")) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return 0
+    return int(c.get("num_experts") or c.get("num_local_experts") or 0) if isinstance(c, dict) else 0
+
+
+def _check_moe(cfg: RunConfig) -> None:
+    """Mixture-of-experts policies train on the FSDP2 actor, full-parameter, eager; routing
+    replay needs one, and vLLM on a GPU to report the routing."""
+    experts = policy_experts(cfg)
+    replay = cfg.algorithm.routing_replay
+    if replay != "disabled" and not experts:
+        raise ConfigError(
+            f"algorithm.routing_replay={replay} needs a mixture-of-experts policy; the policy is dense "
+            "(no num_experts in its config.json)"
+        )
+    on_gpus = any(p.devices for p in placed_processes(cfg))  # the launcher checks those against the machine
+    if replay != "disabled" and not (on_gpus or gpus_present()):
+        raise ConfigError(
+            f"algorithm.routing_replay={replay} needs vLLM on a GPU: vLLM-CPU cannot report the experts it routes "
+            "to (its V2 model runner needs Triton); set algorithm.routing_replay=disabled"
+        )
+    if not experts:
+        return
+    if cfg.trainer.backend != "fsdp":
+        raise ConfigError("a mixture-of-experts policy trains on trainer.backend=fsdp (Megatron's MoE is not wired)")
+    if cfg.trainer.lora.rank > 0:
+        raise ConfigError("trainer.lora with a mixture-of-experts policy is not supported yet: set trainer.lora.rank=0")
+    if cfg.trainer.compile is True:
+        raise ConfigError("trainer.compile=true: a mixture-of-experts policy is not compiled; set trainer.compile=auto")
 
 
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

@@ -258,7 +258,7 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
         items.append(Item("AdamW moments (2 x fp32)", adam, "always"))
     mbt = cfg.critic.micro_batch_tokens if critic else t.micro_batch_tokens
     acts = _activations(cfg, shape, mbt, compute_b, critic=critic) / GB
-    compiled = ", compiled" if not critic and compiles_on_gpu(t) else ""
+    compiled = ", compiled" if not critic and compiles_on_gpu(t) and not shape.moe else ""
     items.append(Item(f"activations ({mbt} tokens per micro-batch{compiled})", acts, "step"))
     if not critic:
         items.append(Item("LM head logits", _head(cfg, shape, mbt, compute_b, trains_head=not lora) / GB, "step"))
@@ -366,8 +366,8 @@ def compiles_on_gpu(t: TrainerConfig) -> bool:
 def _activations(cfg: RunConfig, shape: ModelShape, tokens: int, compute_b: int, *, critic: bool = False) -> float:
     """Bytes autograd holds at the start of backward for one micro-batch of `tokens`, plus
     one layer's backward working set (its recomputed activations when checkpointing); a
-    compiled actor keeps `COMPILED_ACTIVATION_SCALE` of them."""
-    compiled = not critic and compiles_on_gpu(cfg.trainer)
+    compiled actor keeps `COMPILED_ACTIVATION_SCALE` of them (a mixture of experts is not compiled)."""
+    compiled = not critic and compiles_on_gpu(cfg.trainer) and not shape.moe
     scale = ACTIVATION_SCALE * (COMPILED_ACTIVATION_SCALE if compiled else 1.0)
     per_layer = layer_activation_bytes(shape, compute_b) * scale
     working = tokens * per_layer

@@ -1,0 +1,88 @@
+"""Mixture-of-experts settings at launch: what is refused (one line naming the key), and the
+memory plan's count of total and active parameters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.config.load import ConfigError, load_config
+from runtime.config.validate import check_config, policy_experts
+from runtime.memory.model import ModelShape, model_shape
+from tests.conftest import ROOT
+
+MOE = ROOT / "configs" / "moe_tiny_cpu.yaml"
+
+
+def refusal(path: Path, *overrides: str) -> str:
+    cfg = load_config(path, list(overrides))
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_the_moe_recipe_passes_and_is_a_mixture() -> None:
+    cfg = load_config(MOE)
+    check_config(cfg)
+    assert policy_experts(cfg) == 8
+
+
+def test_replay_on_a_dense_policy_is_refused() -> None:
+    msg = refusal(ROOT / "configs" / "tiny_cpu.yaml", "algorithm.routing_replay=rollout")
+    assert msg.startswith("algorithm.routing_replay=rollout needs a mixture-of-experts policy")
+
+
+def test_replay_without_a_gpu_is_refused_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever this machine has
+    msg = refusal(MOE, "algorithm.routing_replay=measure")
+    assert "needs vLLM on a GPU: vLLM-CPU cannot report the experts it routes to" in msg
+
+
+@pytest.mark.parametrize(
+    ("override", "start"),
+    [
+        ("trainer.lora.rank=8", "trainer.lora with a mixture-of-experts policy"),
+        ("trainer.compile=true", "trainer.compile=true: a mixture-of-experts policy is not compiled"),
+    ],
+)
+def test_what_moe_does_not_do_yet_is_refused(override: str, start: str) -> None:
+    assert refusal(MOE, override).startswith(start)
+
+
+def test_a_model_directorys_config_says_whether_it_is_a_mixture(tmp_path: Path) -> None:
+    config = {
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+    }  # Qwen3-30B-A3B's config.json
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = load_config(MOE, [f"model.path={tmp_path}"])
+    assert policy_experts(cfg) == 128
+    shape = model_shape(cfg)
+    assert shape.num_params == pytest.approx(30.5e9, rel=0.01)  # "30B"
+    assert shape.active_params == pytest.approx(3.3e9, rel=0.03)  # "A3B"
+
+
+def test_a_dense_shape_is_unchanged_by_the_expert_fields() -> None:
+    dense = ModelShape(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tied=True)
+    assert dense.num_params == dense.active_params == pytest.approx(1.54e9, rel=0.01)
+    assert dense.active_intermediate == 8960
+
+
+def test_the_plan_names_total_and_active_parameters() -> None:
+    from runtime.memory.plan import format_plan, launch_plan
+
+    cfg = load_config(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80"])
+    text = format_plan(launch_plan(cfg, asks_gpus=True))
+    assert "2.41B-parameter policy" in text and "mixture of 48 experts (8 a token: 0.71B active)" in text
