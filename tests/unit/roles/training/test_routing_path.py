@@ -117,7 +117,7 @@ def test_training_batches_carry_each_tokens_routing_and_a_mask_of_the_reported_r
     assert batch.routed_experts.dtype == torch.uint8
     assert batch.routed_mask.tolist() == [1] * 6 + [0] + [1] * 8 + [0] + [0] * 5 + [1] * 4 + [0] * 3
     cu = batch.cu_seqlens.tolist()
-    for i, (g, s) in enumerate([(g, s) for g in groups for s in g.ordered()]):
+    for i, s in enumerate([s for g in groups for s in g.ordered()]):
         if s.routed_experts is not None:
             n = s.routed_experts.shape[0]
             assert torch.equal(batch.routed_experts[cu[i] : cu[i] + n], s.routed_experts)
