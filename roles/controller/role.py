@@ -176,6 +176,7 @@ class Controller(Role):
             shaping=self._shaping(),
             functions=len(r.functions),
             concurrency=r.concurrency,
+            max_magnitude=r.max_magnitude,
             model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
             weights=Weights(functions=r.function_weight, model=r.model_weight),
             function_names=tuple(r.functions),
