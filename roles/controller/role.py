@@ -51,7 +51,7 @@ from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
-from runtime import addresses, base_model, checkpoint
+from runtime import addresses, base_model, checkpoint, resume_settings
 from runtime.launch.placement import role_counts
 from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
@@ -218,6 +218,7 @@ class Controller(Role):
             keep=cfg.checkpoint.keep,
             timeout_s=cfg.checkpoint.timeout_s,
             base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
+            settings=resume_settings.settings(cfg),
         )
         if checkpoint.resume_dir() is not None:
             self.checkpointer.last_step = self.ledger.step  # the checkpoint resumed from is this step's
