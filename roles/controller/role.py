@@ -37,6 +37,7 @@ from roles.controller.budgets import response_budget
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
 from roles.controller.dataset import Prompt, PromptDataset
 from roles.controller.dispatch import Dispatcher
+from roles.controller.error_rate import ErrorRate
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
 from roles.controller.membership import Membership, MembershipRules
@@ -181,6 +182,7 @@ class Controller(Role):
             weights=Weights(functions=r.function_weight, model=r.model_weight),
             function_names=tuple(r.functions),
         )
+        self.errors = ErrorRate(cfg.rollout.max_error_fraction, 2 * cfg.trainer.prompts_per_step)
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)
         self.steps = StepRunner(
@@ -427,11 +429,15 @@ class Controller(Role):
         return None
 
     def _sampled(self, group: Group) -> None:
-        """Every sample of `group` is in: score it, or drop it when a request failed."""
+        """Every sample of `group` is in: score it, or drop it when a request failed (and
+        end the run when too many do: `ErrorRate`)."""
         if group.error:
             self.ledger.drop(group, "error", group.error)
         else:
             self.scorer.submit(group)
+        cause = self.errors.record(group.error)
+        if cause:
+            self.fail(cause)
 
     def _rest_before_steps(self) -> Rest | None:
         """A synchronous run puts rollouts that share a trainer's GPU to sleep before each step."""

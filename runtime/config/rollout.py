@@ -164,6 +164,16 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
         default_factory=EngineConfig
     )
+    max_error_fraction: Annotated[
+        float,
+        Doc(
+            description="More than this fraction of the last 2 x trainer.prompts_per_step prompt groups failing "
+            "their sampling (an environment, an agent or the generation failed a sample: `dropped_error`) ends "
+            "the run, naming the first error; fewer cost only their groups.",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.5
     request_timeout_s: Annotated[
         float,
         Doc(description="A sample not finished in this time is aborted and comes back as an error.", gt=0),
