@@ -54,8 +54,10 @@ class _Watched(asyncio.Protocol):
 
 
 class ConnectionGuard:
-    def __init__(self, header_timeout_s: float) -> None:
+    def __init__(self, header_timeout_s: float, on_slow: Callable[[int], None] | None = None) -> None:
+        """`on_slow(closed_slow)`: called after each slow client is closed."""
         self.header_timeout_s = header_timeout_s
+        self.on_slow = on_slow
         self.closed_slow = 0
         self.closed_idle = 0
         self._idle_since: dict[Any, float] = {}  # transport -> when it last left a request (or opened)
@@ -101,6 +103,8 @@ class ConnectionGuard:
                     self._idle_since.pop(transport, None)
                     if transport in self._started or transport not in self._served:
                         self.closed_slow += 1  # a partial request, or nothing at all since it connected
+                        if self.on_slow is not None:
+                            self.on_slow(self.closed_slow)
                     else:
                         self.closed_idle += 1
                     transport.abort()

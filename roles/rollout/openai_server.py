@@ -17,16 +17,17 @@ What a caller may rely on:
 * Any fault of a request (malformed JSON, a body vLLM's models refuse, an unknown or
   finished episode, an over-budget call) is one JSON error line with a 4xx status; a fault
   of the server's own is a 500 with one line; the rollout goes on either way.
-* Sizes and times are bounded (`Limits`, from `rollout.openai`): a body over
-  `max_request_bytes` is refused with 413 before it is read (by its Content-Length, or
-  as soon as a chunked one passes the cap), and one over `max_model_len` x
-  `MAX_BYTES_PER_TOKEN` with 400 before it is parsed or tokenized (it could not fit the
-  context); a body not received within `body_timeout_s` gets 408; a connection that has
-  not sent a request's headers within `header_timeout_s` (or idles that long between
-  requests) is closed (roles/rollout/http_guard.py). A body must say its length (a chunked
-  one gets 411) and is taken as sent (a compressed one is not inflated, so it is not
-  JSON), so what a request holds in memory is bounded by the cap. `NaN` and `Infinity` are not JSON:
-  a body holding them is refused as malformed, and `/reward` takes finite numbers only.
+* Sizes and times are bounded (`Limits`, from `rollout.openai`). A body must say its
+  length (a chunked one gets 411) and is taken as sent (a compressed one is not
+  inflated, so it is not JSON); one over `max_request_bytes` is refused with 413 before
+  it is read, one over `max_model_len` x `MAX_BYTES_PER_TOKEN` with 400 before it is
+  parsed or tokenized (it could not fit the context); so what a request holds in memory
+  is bounded by the cap. A body not received within `body_timeout_s` gets 408; a
+  connection that has not sent a request's headers within `header_timeout_s` (or idles
+  that long between requests) is closed (roles/rollout/http_guard.py), counted and
+  logged (`endpoint_slow_client`, the first 3, then at the 10th, 100th, ...). `NaN` and
+  `Infinity` are not JSON: a body holding them is refused as malformed, and `/reward`
+  takes finite numbers only.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class EndpointServer:
     ) -> None:
         self.renderer = renderer
         self.limits = limits or Limits()
-        self.guard = ConnectionGuard(self.limits.header_timeout_s)
+        self.guard = ConnectionGuard(self.limits.header_timeout_s, on_slow=self._slow_client)
         self.key = key
         self.model = model
         self.max_model_len = max_model_len
@@ -84,6 +85,10 @@ class EndpointServer:
         self.base_url = ""
         self._runner: Any = None
         self._server: Any = None
+
+    def _slow_client(self, count: int) -> None:
+        if count <= 3 or _power_of_ten(count):
+            log.warning("endpoint_slow_client", header_timeout_s=self.limits.header_timeout_s, closed=count)
 
     def body_cap(self) -> int:
         """The most bytes a request body may have."""
