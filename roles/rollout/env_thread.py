@@ -10,6 +10,8 @@ does. What a caller may rely on:
   `TimeoutError`, whatever the call is doing. A call that cooperates is cancelled; one
   that blocks is abandoned: its thread is left to finish on its own (a daemon thread, it
   never holds the process open) and counted in `abandoned()`.
+* `blocked` is true once a call has been abandoned (the thread may still be in it: a
+  later call would queue behind it, so a caller runs such calls on a fresh `EnvThread`).
 * `close()` stops the thread's loop once it is free; it never waits for a blocked call.
 """
 
@@ -35,6 +37,7 @@ def abandoned() -> int:
 class EnvThread:
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
+        self.blocked = False
         self._thread = threading.Thread(target=self._run, name=f"tandem-env-{next(_names)}", daemon=True)
         self._thread.start()
 
@@ -52,6 +55,7 @@ class EnvThread:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except TimeoutError:
             future.cancel()
+            self.blocked = True
             self._mark_abandoned()
             raise
 

@@ -259,12 +259,18 @@ def _ids(obs: Any, vocab_size: int, room: int, what: str) -> list[int] | None:
 
 
 async def _close(env: Any, worker: EnvThread, timeout_s: float) -> None:
+    """`env.close()`, on a fresh thread when `worker` is still held by an abandoned call."""
     close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            await _call(worker, close, timeout_s, "close")
-        except EnvFailed:
-            pass  # the sample is already finished; a failing close must not cost it
+    if not callable(close):
+        return
+    fresh = EnvThread() if worker.blocked else None
+    try:
+        await _call(fresh or worker, close, timeout_s, "close")
+    except EnvFailed:
+        pass  # the sample is already finished; a failing close must not cost it
+    finally:
+        if fresh is not None:
+            fresh.close()
 
 
 def turn_sampling(spec: SamplingSpec, max_tokens: int, turn: int) -> SamplingSpec:

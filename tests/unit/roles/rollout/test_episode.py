@@ -258,3 +258,22 @@ def test_a_hostile_environment_costs_its_sample_only(fault: str, finish: FinishR
     assert took < 5, took  # the 30 s block is abandoned at the 0.3 s bound
     if fault.startswith("blocks"):
         assert ticks >= 5, ticks  # the loop ran while the environment blocked (~30 ticks unloaded)
+
+
+def test_an_environment_that_blocks_is_still_closed_at_once() -> None:
+    """The thread of an abandoned call is still in it: `close` runs on another, so the
+    sample ends at one timeout, not two."""
+    import time
+
+    class BlocksThenCloses(Hostile):
+        closed = 0
+
+        def close(self) -> None:
+            BlocksThenCloses.closed += 1
+
+    started = time.monotonic()
+    traj = asyncio.run(episode(BlocksThenCloses("blocks"), ScriptedSampler(TURNS), call_timeout_s=1.0))
+    took = time.monotonic() - started
+    assert traj.error == "environment step did not return in 1s (rollout.env_timeout_s)"
+    # one 1 s bound, not two (2 s and more); 0.9 s of slack for a loaded machine
+    assert BlocksThenCloses.closed == 1 and took < 1.9, took
