@@ -39,6 +39,8 @@ Modules:
 * `records`: The boundary check of the records a run writes, as `tandem report` and `tandem
   watch` read them back (metrics.jsonl, schedule.jsonl): a record they use has the types its
   writers give it (runtime/views/report, runtime/views/watch_state.py trust what passes).
+* `resume_settings`: The settings a checkpoint was saved with, compared with a resume's before
+  anything starts.
 * `role`: The base every role process subclasses.
 * `run_dir`: A run directory belongs to one run.
 * `run_token`: The run's secret: what every role presents to prove it belongs to this run.

@@ -24,14 +24,14 @@ def check_inputs(cfg: RunConfig) -> None:
     if cfg.model.path:
         check_model_dir(Path(cfg.model.path))
     if cfg.data.source == "file":
-        _check_rows(cfg.data.path, cfg.data.prompt_key, "data.path")
+        _check_rows(cfg.data.path, cfg.data.prompt_key, "data.path", cfg.data.max_row_bytes)
     if cfg.validation.every and cfg.validation.data != "synthetic":
-        _check_rows(cfg.validation.data, cfg.data.prompt_key, "validation.data")
+        _check_rows(cfg.validation.data, cfg.data.prompt_key, "validation.data", cfg.data.max_row_bytes)
 
 
-def _check_rows(path: str, prompt_key: str, key: str) -> None:
+def _check_rows(path: str, prompt_key: str, key: str, max_row_bytes: int) -> None:
     try:
-        read_rows(path, prompt_key, key)
+        read_rows(path, prompt_key, key, max_row_bytes)
     except DataError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -75,7 +75,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer: Any) -> None:
     if v.every:
         if v.data == "synthetic":
             return  # the same task as the training data's, of another seed
-        rows = read_rows(v.data, d.prompt_key, "validation.data")
+        rows = read_rows(v.data, d.prompt_key, "validation.data", d.max_row_bytes)
         _some_fit(rows[: v.max_prompts or len(rows)], tokenizer, cfg, "validation.data")
 
 

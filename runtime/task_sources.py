@@ -35,7 +35,7 @@ def source_rows(cfg: DataConfig, seed: int) -> Sequence[dict[str, Any]]:
         return ReasoningGymRows(cfg, seed)
     if cfg.source == "verifiers":
         return verifiers_rows(cfg)
-    return read_rows(cfg.path, cfg.prompt_key)
+    return read_rows(cfg.path, cfg.prompt_key, max_row_bytes=cfg.max_row_bytes)
 
 
 class ReasoningGymRows(Sequence[dict[str, Any]]):

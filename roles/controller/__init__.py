@@ -12,6 +12,8 @@ Modules:
   cursor.
 * `dispatch`: Dispatch: admit prompts through the ledger, send them to rollouts, collect their
   samples.
+* `error_rate`: The run's bound on failed sampling: the environment's (and the agent's, and the
+  generation's) equivalent of `reward.max_failure_fraction`.
 * `gate`: The staleness gate of async PPO (as in AReaL), as pure bookkeeping.
 * `gatekeeper`: Who may join the run and speak for a role: the controller's checks of control
   messages.

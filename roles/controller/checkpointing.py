@@ -15,7 +15,7 @@ from pathlib import Path
 
 from roles.controller import state as cstate
 from roles.controller.ranks import RankGroup
-from runtime import checkpoint
+from runtime import checkpoint, resume_settings
 from runtime.base_model import MANIFEST_KEY as BASE_MODEL_KEY
 from runtime.logs import get_logger
 from runtime.role import FatalError
@@ -35,16 +35,19 @@ class Checkpointer:
         keep: int,
         timeout_s: float,
         base_model: dict[str, str] | None = None,
+        settings: dict[str, object] | None = None,
     ) -> None:
         """`ranks`: the groups whose ranks save shards (trainer, critic); `snapshot()`:
         the controller's state now; `base_model`: the run's model identity
-        (runtime/base_model.py), recorded in every manifest."""
+        (runtime/base_model.py), and `settings` the run's settings
+        (runtime/resume_settings.py), recorded in every manifest."""
         self.run_dir = run_dir
         self.ranks = ranks
         self.snapshot = snapshot
         self.keep = keep
         self.timeout_s = timeout_s
         self.base_model = base_model
+        self.settings = settings
         self.last_step = -1  # the step of the newest checkpoint this process saved
 
     async def save(self, timeout_s: float | None = None) -> Path:
@@ -71,6 +74,8 @@ class Checkpointer:
         meta: dict[str, object] = {"version": version}
         if self.base_model is not None:
             meta[BASE_MODEL_KEY] = self.base_model
+        if self.settings is not None:
+            meta[resume_settings.MANIFEST_KEY] = self.settings
         return checkpoint.commit(tmp, step, meta, keep=self.keep)
 
 

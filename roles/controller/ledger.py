@@ -48,6 +48,17 @@ from runtime.logs import get_logger
 log = get_logger("controller")
 
 DROP_REASONS = ("stale", "error", "filtered")
+ERROR_SOURCES = ("env", "agent", "generation")  # who failed a group dropped as "error"
+
+
+def error_source(why: str) -> str:
+    """Which of `ERROR_SOURCES` a failed sample's one-line error names: the environment
+    (roles/rollout/episode.py, multiturn.py), the agent (agents.py), else the generation."""
+    if why.startswith(("environment ", "rollout.env ")):
+        return "env"
+    if why.startswith("the agent "):
+        return "agent"
+    return "generation"
 
 
 class Ledger:
@@ -312,6 +323,8 @@ class Ledger:
         self.gate.drop(group.n)
         self.totals[f"dropped_{reason}"] += 1
         self.step_drops[f"dropped_{reason}"] += group.n
+        if reason == "error":
+            self.step_drops[f"dropped_error_{error_source(why)}"] += group.n
 
     def _notify(self) -> None:
         self._changed.set()

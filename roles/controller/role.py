@@ -37,6 +37,7 @@ from roles.controller.budgets import response_budget
 from roles.controller.checkpointing import Checkpointer, truncate_metrics
 from roles.controller.dataset import Prompt, PromptDataset
 from roles.controller.dispatch import Dispatcher
+from roles.controller.error_rate import ErrorRate
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
 from roles.controller.membership import Membership, MembershipRules
@@ -51,7 +52,7 @@ from roles.controller.step_metrics import StepRecorder
 from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
-from runtime import addresses, base_model, checkpoint
+from runtime import addresses, base_model, checkpoint, resume_settings
 from runtime.launch.placement import role_counts
 from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
@@ -176,10 +177,12 @@ class Controller(Role):
             shaping=self._shaping(),
             functions=len(r.functions),
             concurrency=r.concurrency,
+            max_magnitude=r.max_magnitude,
             model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
             weights=Weights(functions=r.function_weight, model=r.model_weight),
             function_names=tuple(r.functions),
         )
+        self.errors = ErrorRate(cfg.rollout.max_error_fraction, 2 * cfg.trainer.prompts_per_step)
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
         self.recorder = StepRecorder(self.metrics, self.dispatcher.gen_busy_s, wall_offset=wall_offset)
         self.steps = StepRunner(
@@ -217,6 +220,7 @@ class Controller(Role):
             keep=cfg.checkpoint.keep,
             timeout_s=cfg.checkpoint.timeout_s,
             base_model=base_model.identity(model_dir(cfg)) if model_dir(cfg).is_dir() else None,
+            settings=resume_settings.settings(cfg),
         )
         if checkpoint.resume_dir() is not None:
             self.checkpointer.last_step = self.ledger.step  # the checkpoint resumed from is this step's
@@ -425,11 +429,15 @@ class Controller(Role):
         return None
 
     def _sampled(self, group: Group) -> None:
-        """Every sample of `group` is in: score it, or drop it when a request failed."""
+        """Every sample of `group` is in: score it, or drop it when a request failed (and
+        end the run when too many do: `ErrorRate`)."""
         if group.error:
             self.ledger.drop(group, "error", group.error)
         else:
             self.scorer.submit(group)
+        cause = self.errors.record(group.error)
+        if cause:
+            self.fail(cause)
 
     def _rest_before_steps(self) -> Rest | None:
         """A synchronous run puts rollouts that share a trainer's GPU to sleep before each step."""

@@ -10,7 +10,9 @@ failed and the failure in the sample's `reward_error` (the training stage ends t
 when too many of a step's samples have one), so nothing admitted is lost between
 completion and training. A reward that is NaN or infinite (a reward model's, an
 environment's) counts as such a failure (reason `nonfinite`): no non-finite number reaches
-the advantages.
+the advantages. So does an environment's (or agent's) reward of magnitude over
+`max_magnitude` (`reward.max_magnitude`; reason `env_out_of_range`): the reward functions'
+own are bounded by the reward role.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class Scorer:
         model_timeout_s: float = 60.0,
         weights: Weights | None = None,
         function_names: tuple[str, ...] = (),
+        max_magnitude: float = math.inf,
     ) -> None:
         """`timeout_s`: the reward role's bound per call; it runs `concurrency` calls at once
         and a sample takes `functions` calls. `model_timeout_s`: the reward_model role's bound
@@ -106,6 +109,7 @@ class Scorer:
         got no reply (they hang or the role is wedged), not the request's timeout alone."""
         self.shaping = shaping
         self.function_names = function_names
+        self.max_magnitude = max_magnitude
         self.bounds = {
             "reward": Bound(timeout_s, concurrency=concurrency, per_sample=functions),
             "reward_model": Bound(model_timeout_s, per_request=1),
@@ -143,6 +147,13 @@ class Scorer:
             s.model_reward = float(m.reward) if m is not None and not m.error else None
             s.reward, s.reward_error = combine(r, m, s.env_reward, self.weights)
             s.reward_reason = failure_reason(r, m)
+            if s.env_reward is not None and math.isfinite(s.env_reward) and abs(s.env_reward) > self.max_magnitude:
+                self.noisy.warning("reward_out_of_range", key="env", group=group.gid, env_reward=s.env_reward)
+                s.reward = combine(r, m, None, self.weights)[0]  # the functions' part stands
+                s.reward_reason = "env_out_of_range"
+                s.reward_error = (
+                    f"the environment's reward is {s.env_reward:g}, beyond reward.max_magnitude={self.max_magnitude:g}"
+                )
             if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)
             if not math.isfinite(s.reward):  # only the environment's part can be: the roles send finite scores

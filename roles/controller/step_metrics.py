@@ -107,6 +107,7 @@ class StepRecorder:
             "dropped_stale": drops.get("dropped_stale", 0),
             "dropped_stale_total": drops.get("dropped_stale_total", 0),
             "dropped_error": drops.get("dropped_error", 0),
+            **{k: v for k, v in drops.items() if k.startswith("dropped_error_")},
             "dropped_filtered": drops.get("dropped_filtered", 0),
             "dropped_filtered_total": drops.get("dropped_filtered_total", 0),
             "samples_per_s": stats.num_samples / window,

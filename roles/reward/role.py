@@ -20,7 +20,9 @@ class RewardRole(Role):
 
     async def setup(self) -> None:
         r = self.cfg.reward
-        self.runner = RewardRunner(r.functions, timeout_s=r.timeout_s, concurrency=r.concurrency)
+        self.runner = RewardRunner(
+            r.functions, timeout_s=r.timeout_s, concurrency=r.concurrency, max_magnitude=r.max_magnitude
+        )
         await self.runner.start()
         log.info("reward_functions", functions=r.functions, timeout_s=r.timeout_s)
 

@@ -1,19 +1,22 @@
 """Runs reward functions named `module:function` with bounded concurrency and a timeout.
 
 A call that raises, returns something that is not a number, returns NaN or an infinity,
-or does not return within the timeout scores 0.0 (a number that is not finite never
-enters training); the failure is counted per function and reason in `failures`
-(workers.py `REASONS`), the first of each (function, reason) is logged with its error,
-and later ones only in summaries at the 10th, 100th, 1000th... (`reward_call_failed`,
-`count`), so every distinct failure is seen once, whatever the volume. The run goes on
-(the controller ends it when too many of a step's calls fail: `reward.max_failure_fraction`).
-Every call, sync or async, runs in a worker process of a `WorkerPool` (workers.py): a hung
-one is killed at its timeout, so it strands nothing and never starves the role's event loop.
+returns a number of magnitude over `max_magnitude` (`reward.max_magnitude`: 1e308 is
+finite, but a batch of them makes the reward mean infinite), or does not return within
+the timeout scores 0.0 (no such number ever enters training); the failure is counted per
+function and reason in `failures` (workers.py `REASONS`), the first of each (function,
+reason) is logged with its error, and later ones only in summaries at the 10th, 100th,
+1000th... (`reward_call_failed`, `count`), so every distinct failure is seen once,
+whatever the volume. The run goes on (the controller ends it when too many of a step's
+calls fail: `reward.max_failure_fraction`). Every call, sync or async, runs in a worker
+process of a `WorkerPool` (workers.py): a hung one is killed at its timeout, so it
+strands nothing and never starves the role's event loop.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -28,9 +31,12 @@ ARGUMENTS = REWARD_ARGUMENTS
 
 
 class RewardRunner:
-    def __init__(self, specs: list[str], *, timeout_s: float, concurrency: int) -> None:
+    def __init__(
+        self, specs: list[str], *, timeout_s: float, concurrency: int, max_magnitude: float = math.inf
+    ) -> None:
         self.functions = [(spec, load_reward_function(spec)) for spec in specs]
         self.timeout_s = timeout_s
+        self.max_magnitude = max_magnitude
         self.pool = WorkerPool(specs, concurrency)
         self.failures: Counter[str] = Counter()  # per function
         self.reasons: Counter[tuple[str, str]] = Counter()  # per (function, reason)
@@ -53,7 +59,12 @@ class RewardRunner:
 
     async def _call(self, spec: str, fn: Callable[..., Any], item: dict[str, Any]) -> tuple[float, str, str]:
         try:
-            return await self.pool.call(spec, _accepted(fn, item), self.timeout_s), "", ""
+            value = await self.pool.call(spec, _accepted(fn, item), self.timeout_s)
+            if abs(value) > self.max_magnitude:
+                raise RewardCallError(
+                    f"{spec} returned {value:g}, beyond reward.max_magnitude={self.max_magnitude:g}", "out_of_range"
+                )
+            return value, "", ""
         except RewardCallError as exc:
             error, reason = str(exc), exc.reason
         self.failures[spec] += 1

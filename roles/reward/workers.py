@@ -41,7 +41,7 @@ STARTUP_TIMEOUT_S = 120.0  # a worker's start (spawn, importing the functions)
 
 
 # Why a call gave no reward: the `reason` of a RewardCallError, counted per function.
-REASONS = ("raised", "not_a_number", "nonfinite", "timeout", "worker_died")
+REASONS = ("raised", "not_a_number", "nonfinite", "out_of_range", "timeout", "worker_died")
 
 
 class RewardCallError(TandemError, RuntimeError):

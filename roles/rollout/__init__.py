@@ -13,11 +13,15 @@ Modules:
   episode alike): the request's ids, the tokens, behaviour logprobs and per-token versions as
   the tensors the wire carries (int64 / float32 / int32), and, for an episode, its loss mask
   (uint8), the environment's reward and the number of turns.
+* `env_thread`: Where an environment's code runs: a thread of its own per sample, never the
+  rollout's event loop.
 * `environment`: The environment API of multi-turn rollouts (`rollout.env: module:factory`).
 * `episode`: The multi-turn loop: one sample's turns against its environment, token in, token
   out.
 * `example_agent`: An agent that owns its loop, written against the `openai` client as any agent
   is (`rollout.agent: roles.rollout.example_agent:calculator_agent`, docs/ecosystem.md).
+* `http_guard`: Slow clients on the endpoint: a connection holds a descriptor only while it
+  makes progress.
 * `multiturn`: The rollout's side of `rollout.env`: one environment per sample, its episode run
   on the role's engine, the trajectory sent back as one `wire.Completion`.
 * `openai_calls`: `/v1/chat/completions` and `/v1/completions` bodies against one agent episode,

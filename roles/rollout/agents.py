@@ -176,14 +176,20 @@ async def setup_agents(cfg: Any, run_dir: Any, rank: int, engine: RolloutEngine,
     from vllm.tokenizers import get_tokenizer
 
     from roles.rollout.chat_render import ChatRenderer
-    from roles.rollout.openai_server import endpoint_key
+    from roles.rollout.openai_server import Limits, endpoint_key
 
     r = cfg.rollout
     tokenizer = get_tokenizer(model_path)
     model_config = await engine.engine.call(lambda llm: llm.vllm_config.model_config)
     renderer = ChatRenderer(model_config, tokenizer, r.openai.tool_parser)
+    o = r.openai
+    limits = Limits(o.max_request_bytes, header_timeout_s=o.header_timeout_s, body_timeout_s=o.body_timeout_s)
     server = EndpointServer(
-        renderer, endpoint_key(run_dir), model=r.openai.model_name or "tandem", max_model_len=r.engine.max_model_len
+        renderer,
+        endpoint_key(run_dir),
+        model=o.model_name or "tandem",
+        max_model_len=r.engine.max_model_len,
+        limits=limits,
     )
     await server.start(cfg.transport.bind_host, r.openai.port + rank if r.openai.port else 0)
     if cfg.data.source == "verifiers":

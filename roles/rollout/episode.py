@@ -14,6 +14,15 @@ prompt. What a caller may rely on:
   LENGTH), when a turn is aborted or fails (the sampler's error), or when the
   environment raises, returns a bad value or overruns `call_timeout_s` (finish ERROR,
   one-line `error`). The observation of the step that ends the sample is not appended.
+* A bad value is any of: a step that is not a `Step`; a reward that is not a finite
+  number; an observation that is neither text nor token ids, holds an id outside
+  `[0, vocab_size)` (checked before any id reaches the engine), or is text of more than
+  `max_observation_bytes` (refused before it is tokenized). Token ids past the budget
+  left are never read one by one: they do not fit (finish LENGTH).
+* Every environment call (`reset`, `step`, `close`, and the tokenizing of its text) runs
+  on a thread of its own (roles/rollout/env_thread.py), so an environment that blocks,
+  `def` or `async def`, costs its sample only, at `call_timeout_s`; the caller's event
+  loop never waits on it.
 * The environment's `close` (if any) is called once, whatever happened.
 
 `turn_sampling` gives each model call of an episode (multi-turn environment or agent) its
@@ -25,7 +34,10 @@ calls get unrelated ones, the same in every run of the seed.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
+import itertools
+import math
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +45,7 @@ from typing import Any
 import msgspec
 
 from roles.generation.engine import Sample
+from roles.rollout.env_thread import EnvThread
 from roles.rollout.environment import EnvPrompt, Observation, Step, Tokenizer, Turn
 from runtime.errors import TandemError, one_line
 from runtime.seeds import derived_seed
@@ -40,6 +53,16 @@ from transport.wire import FinishReason, SamplingSpec
 
 Sampler = Callable[[list[int], int, int], Awaitable[Sample]]  # (context ids, max_tokens, turn) -> Sample
 _TURN_END = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+_TOKENIZER_LOCK = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
+
+
+@dataclass(frozen=True)
+class EnvBounds:
+    """What an environment's answers are checked against (0: no bound)."""
+
+    call_timeout_s: float
+    vocab_size: int = 0
+    max_observation_bytes: int = 0
 
 
 class EnvFailed(TandemError, RuntimeError):
@@ -130,16 +153,21 @@ async def run_episode(
     call_timeout_s: float,
     tokenizer: Tokenizer | None,
     fallback_version: int = 0,
+    vocab_size: int = 0,
+    max_observation_bytes: int = 0,
 ) -> Trajectory:
     """Run one sample against `env` (see the module docs); never raises for the
     environment's faults, which end the trajectory with finish ERROR."""
     traj = Trajectory()
+    bounds = EnvBounds(call_timeout_s, vocab_size, max_observation_bytes)
+    worker = EnvThread()
     try:
-        await _turns(env, prompt, sample, traj, max_turns, max_tokens, max_total_tokens, call_timeout_s, tokenizer)
+        await _turns(env, prompt, sample, traj, max_turns, max_tokens, max_total_tokens, bounds, tokenizer, worker)
     except EnvFailed as exc:
         traj.finish_reason, traj.error = FinishReason.ERROR, str(exc)
     finally:
-        await _close(env, call_timeout_s)
+        await _close(env, worker, call_timeout_s)
+        worker.close()
     return traj.settle(fallback_version)
 
 
@@ -151,13 +179,16 @@ async def _turns(
     max_turns: int,
     max_tokens: int,
     budget: int,
-    timeout_s: float,
+    bounds: EnvBounds,
     tokenizer: Tokenizer | None,
+    worker: EnvThread,
 ) -> None:
     if callable(getattr(env, "reset", None)):
-        ids = _tokens(await _call(env.reset(prompt), timeout_s, "reset"), tokenizer, "reset")
-        if len(ids) >= budget:
-            raise EnvFailed(f"environment reset's observation ({len(ids)} tokens) leaves no room in the budget")
+        reset = await _call(worker, lambda: env.reset(prompt), bounds.call_timeout_s, "reset")
+        ids = await _observation(worker, reset, tokenizer, bounds, budget, "reset")
+        if ids is None or len(ids) >= budget:
+            size = "more than the budget" if ids is None else f"{len(ids)} tokens"
+            raise EnvFailed(f"environment reset's observation ({size}) leaves no room in the budget")
         traj.observed(ids)
     for index in range(max_turns):
         room = budget - len(traj)
@@ -173,23 +204,23 @@ async def _turns(
             return
         text = tokenizer.decode(s.token_ids, skip_special_tokens=False) if tokenizer is not None else ""
         turn = Turn(index=index, token_ids=list(s.token_ids), text=text, finish_reason=_TURN_END[s.finish_reason])
-        step = await _call(env.step(turn), timeout_s, "step")
+        step = await _call(worker, functools.partial(env.step, turn), bounds.call_timeout_s, "step")
         if not isinstance(step, Step):
             raise EnvFailed(f"environment step returned {type(step).__name__}, not a Step")
-        traj.rewarded(step.reward)
+        traj.rewarded(_reward(step.reward))
         if step.done or index == max_turns - 1:
             return
-        ids = _tokens(step.observation, tokenizer, "step")
-        if len(traj) + len(ids) >= budget:
+        ids = await _observation(worker, step.observation, tokenizer, bounds, budget - len(traj), "step")
+        if ids is None or len(traj) + len(ids) >= budget:
             traj.finish_reason = FinishReason.LENGTH  # no room for the observation and a turn after it
             return
         traj.observed(ids)
 
 
-async def _call(result: Any, timeout_s: float, what: str) -> Any:
-    """Await an environment call within `timeout_s`; its faults become EnvFailed."""
+async def _call(worker: EnvThread, fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """One environment call on `worker`'s thread within `timeout_s`; its faults become EnvFailed."""
     try:
-        return await asyncio.wait_for(result, timeout_s) if inspect.isawaitable(result) else result
+        return await worker.call(fn, timeout_s)
     except TimeoutError:
         raise EnvFailed(f"environment {what} did not return in {timeout_s:g}s (rollout.env_timeout_s)") from None
     except (asyncio.CancelledError, EnvFailed):
@@ -198,27 +229,69 @@ async def _call(result: Any, timeout_s: float, what: str) -> Any:
         raise EnvFailed(f"environment {what} raised {one_line(exc)}") from None
 
 
-def _tokens(obs: Observation, tokenizer: Tokenizer | None, what: str) -> list[int]:
-    """An observation as token ids: text is encoded with no special tokens added."""
-    if obs is None:
-        return []
+def _reward(reward: Any) -> float | None:
+    """A step's reward: None or a finite number, else EnvFailed."""
+    if reward is None:
+        return None
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        shown = " ".join(repr(reward).split())[:60]
+        raise EnvFailed(f"environment step returned reward {shown} ({type(reward).__name__}), not a finite number")
+    return float(reward)
+
+
+async def _observation(
+    worker: EnvThread, obs: Observation, tokenizer: Tokenizer | None, bounds: EnvBounds, room: int, what: str
+) -> list[int] | None:
+    """An observation as token ids (text is encoded on `worker`'s thread, no special tokens
+    added); None when it holds more than `room` ids. EnvFailed for a bad one."""
     if isinstance(obs, str):
+        cap = bounds.max_observation_bytes
+        if cap and (len(obs) > cap or len(obs.encode("utf-8", "surrogatepass")) > cap):
+            raise EnvFailed(
+                f"environment {what} returned {len(obs)} characters of text, over rollout.max_observation_bytes={cap}"
+            )
         if tokenizer is None:
             raise EnvFailed(f"environment {what} returned text but the rollout has no tokenizer")
-        return list(tokenizer.encode(obs, add_special_tokens=False))
-    ids = list(obs)
+        encode = functools.partial(_encode, tokenizer, obs)
+        obs = await _call(worker, encode, bounds.call_timeout_s, f"{what}'s text encoding")
+    return _ids(obs, bounds.vocab_size, room, what)
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    with _TOKENIZER_LOCK:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _ids(obs: Any, vocab_size: int, room: int, what: str) -> list[int] | None:
+    """Token ids checked one by one, at most `room` + 1 of them read (None: over `room`)."""
+    if obs is None:
+        return []
+    try:
+        ids = list(itertools.islice(iter(obs), max(room, 0) + 1))
+    except TypeError:
+        raise EnvFailed(f"environment {what} returned an observation that is neither text nor token ids") from None
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise EnvFailed(f"environment {what} returned an observation that is neither text nor token ids")
-    return ids
+    if vocab_size and ids and max(ids) >= vocab_size:
+        raise EnvFailed(
+            f"environment {what} returned token id {max(ids)}, outside the model's vocabulary of {vocab_size}"
+        )
+    return None if len(ids) > room else ids
 
 
-async def _close(env: Any, timeout_s: float) -> None:
+async def _close(env: Any, worker: EnvThread, timeout_s: float) -> None:
+    """`env.close()`, on a fresh thread when `worker` is still held by an abandoned call."""
     close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            await _call(close(), timeout_s, "close")
-        except EnvFailed:
-            pass  # the sample is already finished; a failing close must not cost it
+    if not callable(close):
+        return
+    fresh = EnvThread() if worker.blocked else None
+    try:
+        await _call(fresh or worker, close, timeout_s, "close")
+    except EnvFailed:
+        pass  # the sample is already finished; a failing close must not cost it
+    finally:
+        if fresh is not None:
+            fresh.close()
 
 
 def turn_sampling(spec: SamplingSpec, max_tokens: int, turn: int) -> SamplingSpec:

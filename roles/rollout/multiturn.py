@@ -2,8 +2,9 @@
 role's engine, the trajectory sent back as one `wire.Completion`.
 
 What a caller may rely on: `EpisodeRunner.complete` never raises for the environment's
-faults (a factory that raises, an environment that fails: the completion carries the
-error) and raises `EngineDead` only when the engine died. Each turn is one engine request
+faults (a factory that raises, an environment that fails, blocks, or answers with ids
+outside the model's vocabulary or text over `rollout.max_observation_bytes`: the
+completion carries the error) and raises `EngineDead` only when the engine died. Each turn is one engine request
 (`<request_id>.t<turn>`) with the Generate's sampling, `max_tokens` cut to the budget
 left (`turn_sampling`: a seeded Generate's turns draw afresh); the whole sample is
 bounded by `rollout.request_timeout_s`.
@@ -33,6 +34,13 @@ class EpisodeRunner:
         self.factory = load_env_factory(cfg.env)
         self.with_context = env_factory_takes_context(self.factory)
         self.tools = ToolRegistry(cfg.tools, cfg.tool_timeout_s)
+        self.vocab_size = 0  # the engine's, read at the first episode
+
+    async def _vocab(self, engine: RolloutEngine) -> int:
+        """The model's vocabulary size as vLLM holds it: ids from an environment must be below it."""
+        if not self.vocab_size:
+            self.vocab_size = int(await engine.engine.call(lambda llm: llm.vllm_config.model_config.get_vocab_size()))
+        return self.vocab_size
 
     def budget(self, max_tokens: int) -> int:
         return self.cfg.max_total_tokens or self.cfg.max_turns * max_tokens
@@ -65,6 +73,8 @@ class EpisodeRunner:
                 call_timeout_s=self.cfg.env_timeout_s,
                 tokenizer=self.tokenizer,
                 fallback_version=engine.version,
+                vocab_size=await self._vocab(engine),
+                max_observation_bytes=self.cfg.max_observation_bytes,
             )
         return completion(req, index, traj, time.perf_counter() - started)
 

@@ -69,6 +69,14 @@ class DataConfig(msgspec.Struct, **STRUCT):
     max_prompt_tokens: Annotated[int, Doc(description="Prompts longer than this are skipped (counted in metrics).")] = (
         512
     )
+    max_row_bytes: Annotated[
+        int,
+        Doc(
+            description="Longest row of a data file in bytes (a JSONL line, a Parquet row's text): a longer one "
+            "is refused at launch naming the file and line, without reading more of it than this.",
+            ge=1024,
+        ),
+    ] = 1048576
     shuffle: Annotated[bool, Doc(description="Shuffle the dataset each epoch (seeded by `seed`).")] = True
     synthetic_num_prompts: Annotated[int, Doc(description="Size of the synthetic dataset.")] = 4096
     synthetic_prompt_len: Annotated[int, Doc(description="Letters per synthetic prompt.")] = 8

@@ -93,6 +93,15 @@ class RewardConfig(msgspec.Struct, **STRUCT):
             le=1,
         ),
     ] = 0.5
+    max_magnitude: Annotated[
+        float,
+        Doc(
+            description="Largest |reward| a sample may get from one source (a reward function, the environment's "
+            "sum, an agent's report); a larger one, or a NaN or infinity, scores 0 and counts as that source's "
+            "failure (reason `out_of_range`, `env_out_of_range`), toward max_failure_fraction.",
+            gt=0,
+        ),
+    ] = 1e6
     overlong: Annotated[OverlongConfig, Doc(description="Overlong reward shaping (DAPO).")] = msgspec.field(
         default_factory=OverlongConfig
     )

@@ -106,6 +106,26 @@ class OpenAIEndpointConfig(msgspec.Struct, **STRUCT):
         ),
     ] = "hermes"
     model_name: Annotated[str, Doc(description="The model name the endpoint answers with; empty = `tandem`.")] = ""
+    max_request_bytes: Annotated[
+        int,
+        Doc(
+            description="Largest request body in bytes: a longer one is refused (413) before it is read. A body "
+            "longer than rollout.engine.max_model_len x 32 bytes is refused (400) before it is parsed, whatever "
+            "this says: it could not fit the context.",
+            ge=1024,
+        ),
+    ] = 1048576
+    header_timeout_s: Annotated[
+        float,
+        Doc(
+            description="A connection that has not sent a request's headers in this time (or idles this long "
+            "between requests) is closed.",
+            gt=0,
+        ),
+    ] = 10.0
+    body_timeout_s: Annotated[
+        float, Doc(description="A request whose body has not arrived in this time gets 408.", gt=0)
+    ] = 30.0
 
 
 class RolloutConfig(msgspec.Struct, **STRUCT):
@@ -144,6 +164,16 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     engine: Annotated[EngineConfig, Doc(description="vLLM engine options.")] = msgspec.field(
         default_factory=EngineConfig
     )
+    max_error_fraction: Annotated[
+        float,
+        Doc(
+            description="More than this fraction of the last 2 x trainer.prompts_per_step prompt groups failing "
+            "their sampling (an environment, an agent or the generation failed a sample: `dropped_error`) ends "
+            "the run, naming the first error; fewer cost only their groups.",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.5
     request_timeout_s: Annotated[
         float,
         Doc(description="A sample not finished in this time is aborted and comes back as an error.", gt=0),
@@ -192,6 +222,14 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
         float,
         Doc(description="With `env`: bound of each reset / step call; one over it ends the sample as an error.", gt=0),
     ] = 60.0
+    max_observation_bytes: Annotated[
+        int,
+        Doc(
+            description="With `env`: longest observation text in bytes; a longer one is refused before it is "
+            "tokenized and ends its sample as an error (ids: those past the token budget are never read).",
+            ge=1,
+        ),
+    ] = 1048576
     tools: Annotated[
         list[str],
         Doc(

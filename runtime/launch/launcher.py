@@ -39,7 +39,7 @@ from typing import Any
 
 import msgspec
 
-from runtime import addresses, base_model, checkpoint, last_words
+from runtime import addresses, base_model, checkpoint, last_words, resume_settings
 from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.checkpoint_space import check_checkpoint_space
 from runtime.config import RunConfig
@@ -235,9 +235,16 @@ def _resume_from(cfg: RunConfig, console: Console, *, set_aside_earlier: bool = 
         check_resume_layout(path, cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    refused, accepted = resume_settings.compare(
+        manifest.get(resume_settings.MANIFEST_KEY), resume_settings.settings(cfg)
+    )
+    if refused:
+        raise ConfigError(f"resume=auto: {path.name}: {refused}")
     problem = check_adapter_rank(path, cfg) or _base_changed(cfg, path, manifest)
     if problem:
         raise ConfigError(f"resume=auto: {problem}; or start over with resume=fresh")
+    if accepted:
+        console.note(f"resume=auto: changed settings taken as given: {accepted}")
     if manifest["step"] >= cfg.trainer.total_steps:
         console.note(
             f"resume=auto: the run is finished: {path} is step {manifest['step']}, trainer.total_steps is "

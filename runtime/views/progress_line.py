@@ -36,11 +36,25 @@ def step_fields(rec: dict[str, Any], wall: str) -> list[Field]:
         Field(f"reward {metric(rec, 'reward_mean'):.3f}", 1),
         Field(f"len {metric(rec, 'response_len_mean'):.1f}", 2),
         Field(f"stale≤{metric(rec, 'staleness_max')}", 4),
-        Field(f"drop {metric(rec, 'dropped_stale')}", 7),
+        Field(f"drop {metric(rec, 'dropped_stale')}" + _errors(rec), 7),
         Field(f"{metric(rec, 'samples_per_s'):.1f} samples/s", 6),
         Field(f"idle gen {metric(rec, 'rollout_idle_ratio'):.0%} train {metric(rec, 'trainer_idle_ratio'):.0%}", 8),
         Field(wall, 3),
     ]
+
+
+def _errors(rec: dict[str, Any]) -> str:
+    """` error N (env N)`: samples dropped this step because one of their group failed, and
+    how many of them an environment or agent failed; "" when none."""
+    errors = rec.get("dropped_error") or 0
+    if not errors:
+        return ""
+    parts = [
+        f"{k.removeprefix('dropped_error_')} {v}"
+        for k, v in sorted(rec.items())
+        if k.startswith("dropped_error_") and v
+    ]
+    return f" error {errors}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def fit(fields: list[Field], room: int) -> list[Field]:

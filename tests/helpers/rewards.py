@@ -68,3 +68,9 @@ def nan_or_inf_sometimes(completion_ids: list[int], **_: object) -> float:
     if completion_ids and completion_ids[0] % 10 == 1:
         return float("inf")
     return 0.0
+
+
+def huge_sometimes(completion_ids: list[int], **_: object) -> float:
+    """1e308 for about one sample in ten: finite, but a batch of them made the reward mean
+    infinite and the loss NaN; it must count as the function's failure (out_of_range)."""
+    return 1e308 if completion_ids and completion_ids[0] % 10 == 2 else 0.0

@@ -16,6 +16,15 @@ import pytest
 from tests.conftest import ROOT
 
 LAUNCH = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
+# LAUNCH as a child of a fresh interpreter that passes on its exit status and stderr and
+# prints the child's peak resident memory (KiB) last on stdout
+MEASURED = [
+    sys.executable,
+    "-c",
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)",
+    *LAUNCH,
+]
 
 
 def model_dir(tmp_path: Path, *, truncate: bool = False) -> Path:
@@ -34,6 +43,27 @@ def data_file(tmp_path: Path, lines: list[str]) -> Path:
     return path
 
 
+def data_bytes(tmp_path: Path, blob: bytes, name: str = "data.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(blob)
+    return path
+
+
+def hundred_mb_row(tmp_path: Path) -> Path:
+    """One 100 MB line (written in pieces: the test holds no 100 MB string either)."""
+    path = tmp_path / "data.jsonl"
+    with path.open("wb") as f:
+        f.write(b'{"prompt": "ok"}\n{"prompt": "')
+        for _ in range(100):
+            f.write(b"a" * 2**20)
+        f.write(b'"}\n')
+    return path
+
+
+def file_source(path: Path) -> list[str]:
+    return ["data.source=file", f"data.path={path}"]
+
+
 def rows_with_a_list(tmp_path: Path) -> Path:
     return data_file(tmp_path, [json.dumps({"prompt": "a"}), json.dumps([1, 2])])
 
@@ -46,6 +76,27 @@ CASES = {
     "row not an object": (
         lambda t: ["data.source=file", f"data.path={rows_with_a_list(t)}"],
         "data.jsonl:2: a row",
+        "",
+    ),
+    "a 100 MB row": (
+        lambda t: file_source(hundred_mb_row(t)),
+        "data.jsonl:2: a row of more than 1048576 bytes (data.max_row_bytes)",
+        "",
+    ),
+    "a lone surrogate": (
+        lambda t: file_source(data_file(t, ['{"prompt": "ab\\ud800cd"}'])),
+        "data.jsonl:1: field 'prompt' holds text that is not valid Unicode (\\ud800 at character 2)",
+        "",
+    ),
+    "non-UTF-8 bytes": (
+        lambda t: file_source(data_bytes(t, b'{"prompt": "abc\xff"}\n')),
+        "data.jsonl:1: not UTF-8 text (byte 0xff at column 16)",
+        "",
+    ),
+    "a binary file": (lambda t: file_source(data_bytes(t, bytes(range(256)) * 64)), "data.jsonl:1: ", ""),
+    "a corrupt parquet file": (
+        lambda t: file_source(data_bytes(t, b"PAR1 this is not parquet PAR1", "data.parquet")),
+        "data.parquet' is not a readable Parquet file",
         "",
     ),
     "missing reward module": (
@@ -80,14 +131,16 @@ def test_a_bad_input_fails_at_once_in_one_line(tmp_path: Path, case: str) -> Non
     overrides, *expected = CASES[case]
     run = tmp_path / "run"
     started = time.monotonic()
-    out = subprocess.run([*LAUNCH, f"run_dir={run}", *overrides(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([*MEASURED, f"run_dir={run}", *overrides(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     took = time.monotonic() - started
+    peak_mb = int(out.stdout.strip().rsplit("\n", 1)[-1]) / 1024  # the launcher's peak RSS (MEASURED prints it)
     assert out.returncode == 2, out.stdout + out.stderr
     line = out.stderr.strip()
     assert "\n" not in line and line.startswith("tandem: error: ") and all(e in line for e in expected), line
     assert not (run / "logs").exists(), "a role was started"
     # 2 s on an idle machine (python's start and the config's imports); a margin for CI's.
     assert took < 6.0, took
+    assert peak_mb < 400, peak_mb  # ~150 MB on an idle machine; a 100 MB row read whole would pass 400
 
 
 def test_ipc_weight_sync_without_a_gpu_is_refused_within_two_seconds(tmp_path: Path) -> None:

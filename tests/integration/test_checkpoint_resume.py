@@ -100,6 +100,39 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(crashed_and_resumed
     assert f"resuming from {info['previous']}" in stdout
 
 
+def test_a_resume_refuses_a_changed_group_size_or_batch_and_names_what_it_accepts(
+    crashed_and_resumed: tuple[Path, str, dict],
+) -> None:
+    """Issue 64, item 6: `rollout.n=4` (or a smaller batch) on resume stalled with no log
+    line until killed; a changed seed or staleness was taken without a word. The resume
+    of the fixture itself (the same config) named no change."""
+    run, stdout, _ = crashed_and_resumed
+    assert "changed settings" not in stdout
+    started = time.monotonic()
+    refused = subprocess.run(
+        tandem("launch", *BASE, f"run_dir={run}", "resume=auto", "rollout.n=4", "trainer.prompts_per_step=3"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    line = refused.stderr.strip()
+    assert refused.returncode == 2 and "\n" not in line, refused.stdout + refused.stderr
+    assert "rollout.n 8 -> 4 (the group size)" in line and "trainer.prompts_per_step" in line and "(the batch)" in line
+    assert took < 10, took  # nothing starts: the launcher's own start and the checkpoint's manifest
+    accepted = subprocess.run(
+        tandem("launch", *BASE, f"run_dir={run}", "resume=auto", "seed=7", "rollout.max_staleness=3"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr  # finished: nothing to train
+    notes = [line for line in accepted.stdout.splitlines() if "changed settings" in line]
+    assert len(notes) == 1 and "rollout.max_staleness" in notes[0] and "seed 0 -> 7" in notes[0], accepted.stdout
+
+
 def test_step_version_and_cursor_continue_without_gaps(crashed_and_resumed: tuple[Path, str, dict]) -> None:
     run, _, info = crashed_and_resumed
     m = metrics(run)

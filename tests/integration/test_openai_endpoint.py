@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from roles.generation.engine import RolloutEngine
 from roles.rollout.agents import AgentRunner, AgentTask
 from roles.rollout.chat_render import ChatRenderer
-from roles.rollout.openai_server import EndpointServer
+from roles.rollout.openai_server import EndpointServer, Limits
 from runtime.config import EngineConfig, RolloutConfig
 from tests.conftest import ROOT
 from tests.helpers import agents
@@ -252,3 +253,128 @@ def test_hermes_tool_calls_are_parsed_as_vllm_parses_them(served: Any) -> None:
     plain = ChatRenderer(server.renderer.model_config, server.renderer.tokenizer, "")
     with pytest.raises(ValueError, match=r"rollout\.openai\.tool_parser"):
         plain.adjust(request.model_copy(update={"tool_choice": "required"}))
+
+
+async def _send(server: EndpointServer, head: bytes, body_chunks: int = 0, chunk: bytes = b"") -> bytes:
+    """A raw HTTP request: `head`, then `body_chunks` x `chunk` (stopping when the server
+    closes); what the server answered, b"" when it closed without a word."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(server.base_url.rsplit(":", 1)[1]))
+    writer.write(head)
+    try:
+        for _ in range(body_chunks):
+            writer.write(chunk)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    try:
+        return await asyncio.wait_for(reader.read(), 30)
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+
+
+SENDER = """
+import socket, sys
+port, head, chunked = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), sys.argv[3] == "1"
+sock = socket.create_connection(("127.0.0.1", port))
+chunk = b"x" * 2**16
+length = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % (20 * 2**20)
+sock.sendall(head + length + b"\\r\\n\\r\\n")
+try:
+    for _ in range(320):
+        sock.sendall(b"10000\\r\\n" + chunk + b"\\r\\n" if chunked else chunk)
+except OSError:
+    pass
+sock.settimeout(30)
+answer = b""
+try:
+    while data := sock.recv(65536):
+        answer += data
+except OSError:
+    pass
+print(answer.split(b"\\r\\n", 1)[0].decode())
+"""
+
+
+async def _send_twenty_mb(server: EndpointServer, head: bytes) -> tuple[bytes, bytes]:
+    """A 20 MB body sent by another process, with its length and chunked: the status lines
+    (the Python memory the server's process traces is then only its own)."""
+    import sys
+
+    port = server.base_url.rsplit(":", 1)[1]
+    out = []
+    for chunked in ("0", "1"):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SENDER, port, head.hex(), chunked, stdout=asyncio.subprocess.PIPE
+        )
+        out.append((await proc.communicate())[0].strip())
+    return out[0], out[1]
+
+
+def test_oversized_non_finite_and_slow_requests_cost_one_request(served: Any) -> None:
+    """Issue 64, items 3, 7 and 8: a 20 MB request (under the old 32 MB cap) is refused
+    before it is read (by its length; a chunked body, whose length nothing bounds before it
+    is read, is refused at its headers), and leaves the
+    serving process's memory within 1.1x the body cap above where it was; a body longer
+    than the context can hold is refused before it is parsed; `/reward` refuses NaN and
+    Infinity; 60 clients that send their headers slowly and 20 that never finish their
+    bodies are cut off at the bounds and their descriptors given back; the episode goes on."""
+    loop, engine, server = served
+    saved_limits, saved_timeout = server.limits, server.guard.header_timeout_s
+    server.limits = Limits(server.limits.max_request_bytes, header_timeout_s=1.0, body_timeout_s=1.0)
+    server.guard.header_timeout_s = 1.0
+    auth = f"Authorization: Bearer {KEY}\r\n".encode()
+    seen: dict[str, Any] = {}
+
+    async def agent(task: AgentTask) -> None:
+        import httpx
+
+        path = task.base_url.split("/", 3)[3] + "/chat/completions"
+        head = f"POST /{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + auth
+        import tracemalloc
+
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        sized, chunked = await _send_twenty_mb(server, head)  # from another process: only the server's memory
+        seen["grew"] = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        seen["sized"], seen["chunked"] = sized.split(b"\r\n", 1)[0], chunked.split(b"\r\n", 1)[0]
+        async with httpx.AsyncClient(timeout=60) as http:
+            headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+            long = {"model": "tandem", "messages": [{"role": "user", "content": "a" * 200_000}]}
+            too_long = await http.post(f"{task.base_url}/chat/completions", json=long, headers=headers)
+            seen["too_long"] = (too_long.status_code, too_long.json()["error"]["message"])
+            seen["rewards"] = [
+                (await http.post(f"{task.episode_url}/reward", content=raw, headers=headers)).status_code
+                for raw in (b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": -Infinity}', b'{"reward": 0.5}')
+            ]
+            slow_headers = [_send(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n") for _ in range(60)]
+            slow_bodies = [_send(server, head + b"Content-Length: 1000\r\n\r\n" + b'{"model": ') for _ in range(20)]
+            started = time.monotonic()
+            seen["slow"] = await asyncio.gather(*slow_headers, *slow_bodies)
+            seen["slow_s"] = time.monotonic() - started
+            await asyncio.sleep(0.5)
+            seen["open"] = server.guard.open_connections()
+            chat = {"model": "tandem", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            ok = await http.post(f"{task.base_url}/chat/completions", json=chat, headers=headers)
+            seen["ok"] = ok.status_code
+
+    slow_before = server.guard.closed_slow
+    try:
+        done = loop.run_until_complete(_runner(server, agent).complete(engine, _request("hostile"), 0))
+    finally:
+        server.limits, server.guard.header_timeout_s = saved_limits, saved_timeout
+    assert "ok" in seen, seen
+    assert seen["sized"] == b"HTTP/1.1 413 Request Entity Too Large", seen["sized"]
+    assert seen["chunked"] == b"HTTP/1.1 411 Length Required", seen["chunked"]
+    # rollout.openai.max_request_bytes (1 MiB); measured ~0.28 MB: one 256 KiB socket read + aiohttp's buffer
+    assert seen["grew"] <= 1.1 * server.limits.max_request_bytes, seen["grew"]
+    assert seen["too_long"][0] == 400 and "rollout.engine.max_model_len" in seen["too_long"][1]
+    assert seen["rewards"] == [400, 400, 400, 200]
+    assert all(b" 408 " in r.split(b"\r\n", 1)[0] or r == b"" for r in seen["slow"][60:])  # bodies: 408
+    assert all(r == b"" for r in seen["slow"][:60])  # headers never finished: closed without a word
+    assert seen["slow_s"] < 10, seen["slow_s"]  # 1 s bounds, swept every 0.25-1 s; slack for a loaded CPU
+    assert server.guard.closed_slow - slow_before >= 60
+    assert seen["open"] <= 1 and seen["ok"] == 200, seen  # only the agent's own client's connection is left
+    assert done.error == "" and done.env_reward == 0.5 and done.num_turns == 1, done.error

@@ -345,3 +345,12 @@ def test_filtered_groups_are_dropped_counted_and_bounded_per_step() -> None:
     assert ledger.take_batch() is not None
     ledger.trained(1)
     assert ledger.filtered_this_step == 0 and ledger.accounting()["unaccounted"] == 0
+
+
+def test_a_failed_samples_error_names_its_source() -> None:
+    from roles.controller.ledger import error_source
+
+    assert error_source("environment step did not return in 5s (rollout.env_timeout_s)") == "env"
+    assert error_source("rollout.env factory raised KeyError: 'x'") == "env"
+    assert error_source("the agent raised RuntimeError: boom") == "agent"
+    assert error_source("request timed out after 600s") == "generation"

@@ -7,6 +7,7 @@ The reward functions under test live in this module and are named by spec
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import Any
@@ -85,6 +86,10 @@ def nan_or_inf(completion: str) -> float:
     return {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}.get(completion, 0.25)
 
 
+def huge(completion: str) -> float:
+    return {"huge": 1e308, "-huge": -2e6}.get(completion, 0.5)
+
+
 def numpy_scalar(completion: str) -> Any:  # numpy is imported with this module: not in the call's 0.2 s
     return {"f32": np.float32(0.5), "i64": np.int64(1), "0d": np.array(0.75), "bool": np.bool_(True)}[completion]
 
@@ -108,8 +113,9 @@ def _item(**changes: Any) -> dict[str, Any]:
     return {**item, **changes}
 
 
-def _runner(*names: str, concurrency: int = 16) -> RewardRunner:
-    return RewardRunner([f"{HERE}:{n}" for n in names], timeout_s=TIMEOUT_S, concurrency=concurrency)
+def _runner(*names: str, concurrency: int = 16, max_magnitude: float = math.inf) -> RewardRunner:
+    specs = [f"{HERE}:{n}" for n in names]
+    return RewardRunner(specs, timeout_s=TIMEOUT_S, concurrency=concurrency, max_magnitude=max_magnitude)
 
 
 async def _warm(runner: RewardRunner, workers: int) -> None:
@@ -173,6 +179,19 @@ async def test_a_non_finite_reward_is_a_failure_that_scores_zero(value: str) -> 
     assert error == f"{HERE}:nan_or_inf returned {float(value)}, not a finite number"
     assert await runner.score(_item(completion="ok")) == (1.25, "", "")
     assert runner.reasons == {(f"{HERE}:nan_or_inf", "nonfinite"): 1}
+    runner.close()
+
+
+@pytest.mark.parametrize("completion", ["huge", "-huge"])
+async def test_a_reward_beyond_max_magnitude_is_a_failure_under_its_function(completion: str) -> None:
+    """Issue 64, item 7: 1e308 is finite, but a batch of them made the reward mean
+    infinite and the loss NaN from step 1, blamed on the loss, never on the function."""
+    runner = _runner("huge", "const_one", max_magnitude=1e6)
+    total, error, reason = await runner.score(_item(completion=completion))
+    assert total == 1.0 and reason == "out_of_range"
+    assert error.startswith(f"{HERE}:huge returned ") and error.endswith("beyond reward.max_magnitude=1e+06")
+    assert await runner.score(_item(completion="ok")) == (1.5, "", "")
+    assert runner.reasons == {(f"{HERE}:huge", "out_of_range"): 1}
     runner.close()
 
 

@@ -182,3 +182,98 @@ def test_the_synthetic_task_gives_feedback_then_rewards_the_last_turn() -> None:
     assert traj.token_ids == turns[0][0] + feedback + turns[1][0]
     assert traj.loss_mask == [1] * 4 + [0] * len(feedback) + [1] * 4
     assert (traj.num_turns, traj.reward, traj.versions[-1]) == (2, 0.75, 1)
+
+
+class Hostile:
+    """An environment that misbehaves in one of the ways issue 64's fault campaign found."""
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+
+    def step(self, turn: Turn) -> Any:  # sync on purpose: a blocking `def` must not block the loop
+        import time
+
+        if self.fault == "blocks":
+            time.sleep(30)
+        if self.fault == "blocks_async":
+            return self._blocks_async()
+        return {
+            "out_of_vocab": Step(observation=[5, 259]),
+            "huge_text": Step(observation="x" * (50 * 2**20)),
+            "millions_of_ids": Step(observation=range(5_000_000)),
+            "string_reward": Step(observation=[1], reward="high"),  # type: ignore[arg-type]
+            "nan_reward": Step(observation=[1], reward=float("nan")),
+        }[self.fault]
+
+    async def _blocks_async(self) -> Step:
+        import time
+
+        time.sleep(30)  # an `async def` that blocks its loop synchronously
+        return Step()
+
+
+@pytest.mark.parametrize(
+    ("fault", "finish", "error"),
+    [
+        ("out_of_vocab", FinishReason.ERROR,
+         "environment step returned token id 259, outside the model's vocabulary of 259"),
+        ("huge_text", FinishReason.ERROR,
+         "environment step returned 52428800 characters of text, over rollout.max_observation_bytes=1048576"),
+        ("millions_of_ids", FinishReason.LENGTH, ""),
+        ("string_reward", FinishReason.ERROR, "environment step returned reward 'high' (str), not a finite number"),
+        ("nan_reward", FinishReason.ERROR, "environment step returned reward nan (float), not a finite number"),
+        ("blocks", FinishReason.ERROR, "environment step did not return in 0.3s (rollout.env_timeout_s)"),
+        ("blocks_async", FinishReason.ERROR, "environment step did not return in 0.3s (rollout.env_timeout_s)"),
+    ],
+)  # fmt: skip
+def test_a_hostile_environment_costs_its_sample_only(fault: str, finish: FinishReason, error: str) -> None:
+    """Issue 64, items 1, 2 and 7: each fault ends the sample with a one-line reason, the
+    event loop keeps running throughout (a ticker counts while the environment blocks), and
+    no id outside the vocabulary, no 50 MB text and no five million ids reach the sampler."""
+    import time
+
+    tok = build_tokenizer()
+
+    async def run() -> tuple[Any, int, float]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        sampler = ScriptedSampler(TURNS)
+        started = time.monotonic()
+        bounds: dict[str, Any] = dict(call_timeout_s=0.3, vocab_size=259, max_observation_bytes=2**20)
+        traj = await episode(Hostile(fault), sampler, tokenizer=tok, **bounds)
+        tick.cancel()
+        assert len(sampler.contexts) == 1  # nothing after the bad step reached the sampler
+        return traj, ticks, time.monotonic() - started
+
+    traj, ticks, took = asyncio.run(run())
+    assert (traj.finish_reason, traj.error) == (finish, error)
+    assert traj.token_ids == [10, 11]
+    assert took < 5, took  # the 30 s block is abandoned at the 0.3 s bound
+    if fault.startswith("blocks"):
+        assert ticks >= 5, ticks  # the loop ran while the environment blocked (~30 ticks unloaded)
+
+
+def test_an_environment_that_blocks_is_still_closed_at_once() -> None:
+    """The thread of an abandoned call is still in it: `close` runs on another, so the
+    sample ends at one timeout, not two."""
+    import time
+
+    class BlocksThenCloses(Hostile):
+        closed = 0
+
+        def close(self) -> None:
+            BlocksThenCloses.closed += 1
+
+    started = time.monotonic()
+    traj = asyncio.run(episode(BlocksThenCloses("blocks"), ScriptedSampler(TURNS), call_timeout_s=1.0))
+    took = time.monotonic() - started
+    assert traj.error == "environment step did not return in 1s (rollout.env_timeout_s)"
+    # one 1 s bound, not two (2 s and more); 0.9 s of slack for a loaded machine
+    assert BlocksThenCloses.closed == 1 and took < 1.9, took

@@ -64,3 +64,13 @@ def test_the_readme_names_what_the_line_shows() -> None:
 def test_the_line_never_wraps_and_keeps_its_count_and_eta(width: int) -> None:
     line = ProgressLine(7, 40, step_fields(STEP, "wall 1h02m03s"), "12m30s").render(width).plain
     assert len(line) <= width and " 7/40 " in line and line.endswith(" eta 12m30s")
+
+
+def test_a_step_with_failed_groups_shows_them_and_who_failed_them() -> None:
+    """Issue 64: a bad episode is counted under a named reason in the step line too."""
+    from runtime.views.progress_line import plain_line
+
+    rec = {**STEP, "dropped_error": 16, "dropped_error_env": 8, "dropped_error_agent": 0, "dropped_error_generation": 8}
+    line = plain_line(12, 40, step_fields(rec, "wall 1s"), "?")
+    assert " drop 0 error 16 (env 8, generation 8) " in line, line
+    assert " drop 0 115.7" in plain_line(12, 40, step_fields(STEP, "wall 1s"), "?")
