@@ -325,7 +325,7 @@ def repack_cpu_experts_on_update() -> None:
     except ImportError:  # a vLLM without that kernel or method packs nothing of the kind
         return
     original = UnquantizedFusedMoEMethod._setup_kernel
-    if getattr(original, "tandem_repacks", False):
+    if getattr(original, "repacks_cpu_experts", False):
         return
 
     def setup_kernel(self: Any, layer: Any, w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -337,7 +337,7 @@ def repack_cpu_experts_on_update() -> None:
                 param = getattr(layer, name)
                 param.data.copy_(cpu_prepack_moe_weight(param.data, experts.isa))
 
-    setup_kernel.tandem_repacks = True  # type: ignore[attr-defined]
+    setup_kernel.repacks_cpu_experts = True  # type: ignore[attr-defined]
     UnquantizedFusedMoEMethod._setup_kernel = setup_kernel  # type: ignore[method-assign]
 
 
