@@ -16,7 +16,11 @@ A caller may rely on:
   role's own entry point and torch in every worker) that import only the reward
   functions: one starts in about 0.1 s.
 * `await WorkerPool.start()` starts all `size` workers up front, so no request waits for
-  a worker's start.
+  a worker's start. A start (the interpreter, then importing the functions' modules, and
+  with them every import at a module's top level) is bounded by `STARTUP_TIMEOUT_S` and
+  never counted in a call's `timeout_s`; a worker that fails to start raises
+  `RewardCallError` (reason `worker_died`) saying whether it exited (and with which code)
+  or did not answer in time, never a call's timeout.
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ class WorkerPool:
         self._slots = asyncio.Semaphore(size)
         self._starting: set[asyncio.Task[None]] = set()
         self.killed = 0
+        self._closed = False
 
     async def start(self) -> None:
         """Start workers until `size` are idle (all at once; a worker that fails to start
@@ -172,9 +177,22 @@ class WorkerPool:
             await asyncio.wait_for(_readable(worker.conn), STARTUP_TIMEOUT_S)
             if worker.conn.recv_bytes() != b"ready":
                 raise EOFError
-        except (TimeoutError, EOFError, OSError):
+        except TimeoutError:
             worker.kill()
-            raise RewardCallError(f"a reward worker did not start in {STARTUP_TIMEOUT_S:g}s") from None
+            raise RewardCallError(
+                f"a reward worker did not start in {STARTUP_TIMEOUT_S:g}s (importing {', '.join(self.specs)})",
+                "worker_died",
+            ) from None
+        except (EOFError, OSError):
+            try:
+                code: int | str = worker.proc.wait(5)  # its pipe closed as it exits
+            except subprocess.TimeoutExpired:
+                code = "none yet"
+            worker.kill()
+            raise RewardCallError(
+                f"a reward worker exited while starting (exit code {code}; its error is in the reward role's log)",
+                "worker_died",
+            ) from None
         return worker
 
     async def _ask(self, worker: _Worker, spec: str, kwargs: dict[str, Any]) -> list[Any]:
@@ -195,7 +213,8 @@ class WorkerPool:
         try:
             self._idle.append(await self._start())
         except RewardCallError as exc:
-            log.warning("reward_worker_not_replaced", error=str(exc))
+            if not self._closed:  # a worker killed with the role is no news
+                log.warning("reward_worker_not_replaced", error=str(exc))
 
     def pids(self) -> list[int]:
         """The idle workers' process ids."""
@@ -207,6 +226,7 @@ class WorkerPool:
             await asyncio.gather(*self._starting, return_exceptions=True)
 
     def close(self) -> None:
+        self._closed = True
         for task in self._starting:
             task.cancel()
         for worker in self._idle:
