@@ -30,8 +30,11 @@ def read_rows(
 ) -> list[dict[str, Any]]:
     """`key`: the config key that named the file (in the error messages)."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{key} '{path}' is a directory, not a JSONL or Parquet file")
     if not p.is_file():
-        raise DataError(f"{key} '{path}' does not exist")
+        hint = "" if p.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+        raise DataError(f"{key} '{path}' does not exist{hint}")
     try:
         rows, where = _parquet_rows(p, key) if p.suffix == ".parquet" else _jsonl_rows(p, max_row_bytes)
     except OSError as exc:

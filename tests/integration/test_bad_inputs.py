@@ -72,6 +72,11 @@ CASES = {
     "missing model": (lambda t: [f"model.path={t / 'nope'}"], "model.path '", "is not a directory"),
     "corrupt model": (lambda t: [f"model.path={model_dir(t, truncate=True)}"], "model.safetensors is truncated", ""),
     "missing data": (lambda t: ["data.source=file", f"data.path={t / 'none.jsonl'}"], "does not exist", ""),
+    "missing data, relative path": (
+        lambda t: ["data.source=file", "data.path=arith.jsonl"],
+        f"data.path 'arith.jsonl' does not exist (a relative path is read from the current directory, {ROOT})",
+        "",
+    ),
     "empty data": (lambda t: ["data.source=file", f"data.path={data_file(t, [])}"], "has no rows", ""),
     "row not an object": (
         lambda t: ["data.source=file", f"data.path={rows_with_a_list(t)}"],
