@@ -147,10 +147,18 @@ class WorkerPool:
         self._closed = False
 
     async def start(self) -> None:
-        """Start workers until `size` are idle (all at once; a worker that fails to start
-        raises `RewardCallError`)."""
+        """Start workers until `size` are idle, as many at once as there are CPUs (each is
+        bounded by `STARTUP_TIMEOUT_S` from its own spawn: sixteen importing sympy or
+        reasoning-gym at once on 2 cores would each take the time of all); a worker that
+        fails to start raises `RewardCallError`."""
         missing = self.size - len(self._idle)
-        self._idle.extend(await asyncio.gather(*[self._start() for _ in range(missing)]))
+        at_once = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+
+        async def one() -> _Worker:
+            async with at_once:
+                return await self._start()
+
+        self._idle.extend(await asyncio.gather(*[one() for _ in range(missing)]))
 
     async def call(self, spec: str, kwargs: dict[str, Any], timeout_s: float) -> float:
         async with self._slots:

@@ -364,3 +364,22 @@ async def test_a_worker_that_cannot_start_says_so_not_a_call_timeout() -> None:
     assert str(caught.value).startswith("a reward worker exited while starting (exit code 1")
     assert caught.value.reason == "worker_died"
     pool.close()
+
+
+def module_is_loaded(completion: str) -> float:
+    """1.0 when this worker has imported the module named by `completion`."""
+    import sys
+
+    return 1.0 if completion in sys.modules else 0.0
+
+
+async def test_reasoning_gym_is_imported_when_its_worker_starts() -> None:
+    """The reasoning-gym scorer imported reasoning-gym (4 s of CPU) inside its first call:
+    sixteen workers doing that at once timed out at step 1 as math-verify did."""
+    pytest.importorskip("reasoning_gym")
+    from roles.reward.workers import WorkerPool
+
+    pool = WorkerPool(["roles.reward.reasoning_gym:score", f"{HERE}:module_is_loaded"], 1)
+    await pool.start()
+    assert await pool.call(f"{HERE}:module_is_loaded", {"completion": "reasoning_gym"}, 60.0) == 1.0
+    pool.close()
