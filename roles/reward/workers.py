@@ -14,7 +14,7 @@ A caller may rely on:
   fresh interpreters (`python -m roles.reward.workers`: not forked from the role, which
   holds ZeroMQ's threads, and not `multiprocessing` spawn, which would re-import the
   role's own entry point and torch in every worker) that import only the reward
-  functions: one starts in about 0.1 s.
+  functions: one starts in about 0.1 s, plus what the functions' modules import.
 * `await WorkerPool.start()` starts all `size` workers up front, so no request waits for
   a worker's start. A start (the interpreter, then importing the functions' modules, and
   with them every import at a module's top level) is bounded by `STARTUP_TIMEOUT_S` and
