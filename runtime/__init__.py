@@ -58,6 +58,8 @@ Modules:
 * `verifiers_tasks`: A verifiers (>= 0.4, `verifiers.v1`) environment as Tandem sees it, shared
   by the controller (its tasks are the dataset), the rollout (its episodes) and the launch
   check.
+* `wandb_login`: Whether `metrics.wandb=true` can log in, asked at launch before any role
+  starts.
 * `wall_clock`: The run's one wall clock: what `tandem launch` (progress line and end summary),
   `tandem watch` and `tandem report` show as `wall 5m27s`.
 

@@ -7,11 +7,13 @@ than `max_row_bytes` (`data.max_row_bytes`; found without reading more of it tha
 a row that is not an object, a row without `prompt_key`, a prompt that is neither text
 nor a list of chat messages (`{"role": ..., "content": ...}`), or text anywhere in a row
 that cannot be encoded (a lone UTF-16 surrogate such as `"\\ud800"` is valid JSON, but no
-tokenizer takes it).
+tokenizer takes it). A relative path that is missing is named with the current directory it
+was looked for in; a Parquet file without pyarrow installed names the extra that installs it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,11 @@ def read_rows(
 ) -> list[dict[str, Any]]:
     """`key`: the config key that named the file (in the error messages)."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{key} '{path}' is a directory, not a JSONL or Parquet file")
     if not p.is_file():
-        raise DataError(f"{key} '{path}' does not exist")
+        hint = "" if p.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+        raise DataError(f"{key} '{path}' does not exist{hint}")
     try:
         rows, where = _parquet_rows(p, key) if p.suffix == ".parquet" else _jsonl_rows(p, max_row_bytes)
     except OSError as exc:
@@ -45,6 +50,11 @@ def read_rows(
 
 
 def _parquet_rows(p: Path, key: str) -> tuple[list[Any], list[str]]:
+    if importlib.util.find_spec("pyarrow") is None:
+        raise DataError(
+            f"{key} '{p}' is a Parquet file, which needs the parquet extra (the pyarrow package is not "
+            "installed): .venv/bin/python -m pip install -e '.[parquet]'"
+        )
     import pyarrow.parquet as pq
 
     try:

@@ -8,6 +8,9 @@ Lifecycle of `Role.main()` (one asyncio role per process, on uvloop):
   `shutdown_timeout_s`), `close()`, and exits 0. SIGUSR1 calls `preempt()`: the launcher
   sends it to the controller on a SIGTERM or SIGINT of its own, asking for a checkpoint
   before the run stops (roles/controller/role.py); any other role just stops.
+* Before "ready" (a vLLM engine starting, a model loading) there is nothing to drain or
+  save: SIGTERM / SIGINT end the process at once (exit 0, `stopped_before_ready` logged),
+  rather than after the set-up it would otherwise finish, and it never logs "ready".
 * A fatal error — an exception from `setup`/`run`, a named background task that dies,
   `fail(cause)`, or the controller falling silent — logs `fatal` with the cause, sends
   a `Dead` notice to the controller, closes, and exits 1.
@@ -99,6 +102,7 @@ class Role:
         self.registered: wire.Registered | None = None
         self._stop = asyncio.Event()
         self._fatal: str | None = None
+        self._ready = False  # "ready" logged: a stop signal now drains rather than exits
         self._tasks: dict[str, asyncio.Task[Any]] = {}
 
     # --- to override ---------------------------------------------------------------
@@ -156,6 +160,15 @@ class Role:
         """SIGUSR1: the run is being stopped from outside (see the module docstring)."""
         self.request_stop("SIGUSR1")
 
+    def _on_stop_signal(self, name: str) -> None:
+        if self._ready:
+            self.request_stop(name)
+            return
+        log.info("stopped_before_ready", signal=name)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the launcher kills the process group's leftovers (an engine's workers)
+
     def request_stop(self, reason: str = "") -> None:
         if not self._stop.is_set():
             log.info("stop_requested", reason=reason)
@@ -185,7 +198,7 @@ class Role:
     async def _lifecycle(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+            loop.add_signal_handler(sig, self._on_stop_signal, signal.Signals(sig).name)
         loop.add_signal_handler(signal.SIGUSR1, self.preempt)
         on_write_error(lambda cause: loop.call_soon_threadsafe(self.fail, cause))  # a full disk ends the role
         try:
@@ -195,6 +208,8 @@ class Role:
                 await self._register()
             frozen = gc_pauses.settle()  # set-up's objects live on: no collection walks them again
             gc_pauses.watch()
+            await asyncio.sleep(0)  # a stop signal that came during a blocking set-up is handled first
+            self._ready = True
             log.info("ready", pid=os.getpid(), gc_frozen=frozen)
             main = asyncio.create_task(self.run(), name="main")
             stop = asyncio.create_task(self._stop.wait(), name="stop-wait")

@@ -11,7 +11,11 @@ serves other weights than the trainer holds (a corrupted or lost weight update, 
 vocabulary read from the wrong buffer, a sampling setting the trainer does not apply), and
 the run trains on a policy it does not have. What a caller may rely on:
 
-* above `warn` (> 0), one warning for the run, with the step, the figure and the bound;
+* above `warn` (> 0), one warning for the run, with the step, the figure, the bound and a
+  hint: in a run with an agent (`rollout.agent`, `data.source=verifiers`) a turn may be
+  sampled under a grammar (a forced tool call, `response_format`): vLLM's logprobs are then
+  the constrained distribution's and the figure measures that grammar, not a fault
+  (docs/ecosystem.md), so the hint says so and does not suggest `mismatch_stop`;
 * above `stop` (> 0), `FatalError` naming the step, the figure and `algorithm.mismatch_stop`;
 * steps with staleness > 0, or without the metric, are never judged (the KL then also
   measures the policy's own change).
@@ -25,10 +29,23 @@ from runtime.role import FatalError
 log = get_logger("controller")
 
 
+NUMERICS_HINT = (
+    "at staleness 0 this is engine numerics only (bf16: about 1e-3); set algorithm.mismatch_stop to end such a run"
+)
+AGENT_HINT = (
+    "an agent's turns sampled under a grammar (tool_choice required or a named function, response_format) "
+    "have the constrained distribution's logprobs, which the trainer's unconstrained policy does not match: "
+    "such a gap is expected and those tokens train little (docs/ecosystem.md, tool calls); "
+    "with free sampling only it is engine numerics (bf16: about 1e-3)"
+)
+
+
 class MismatchGuard:
-    def __init__(self, warn: float, stop: float) -> None:
+    def __init__(self, warn: float, stop: float, *, agent: bool = False) -> None:
+        """`agent`: the run's samples come from an agent, whose turns may be grammar-constrained."""
         self.warn = warn
         self.stop = stop
+        self.agent = agent
         self.warned = False
 
     def check(self, step: int, kl: float | None, staleness_max: int) -> None:
@@ -48,8 +65,5 @@ class MismatchGuard:
                 step=step,
                 kl_behaviour_proximal=kl,
                 bound=self.warn,
-                hint=(
-                    "at staleness 0 this is engine numerics only (bf16: about 1e-3); set "
-                    "algorithm.mismatch_stop to end such a run"
-                ),
+                hint=AGENT_HINT if self.agent else NUMERICS_HINT,
             )

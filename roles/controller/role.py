@@ -200,6 +200,7 @@ class Controller(Role):
             max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
             last_checkpoint=self._last_checkpoint,
             more_metrics=self._prompt_metrics,
+            agent=bool(cfg.rollout.agent) or cfg.data.source == "verifiers",
         )
         self.validator: Validator | None = None
         if cfg.validation.every:

@@ -63,6 +63,7 @@ class StepRunner:
         max_nonfinite_steps: int = 3,
         last_checkpoint: Callable[[], str] = lambda: "",
         more_metrics: Callable[[], dict[str, float]] = dict,
+        agent: bool = False,
     ) -> None:
         """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
         `before_train(version)`: awaited before each batch goes to the trainer;
@@ -70,7 +71,8 @@ class StepRunner:
         `schedule`: where each step's span and trained groups are recorded;
         `max_nonfinite_steps`, `last_checkpoint()`: see the module docstring (the latter
         says which checkpoint a resume would continue from, "" when none); `more_metrics()`:
-        added to each step's record (the dataset's skipped prompts)."""
+        added to each step's record (the dataset's skipped prompts); `agent`: samples come from
+        an agent, whose turns may be grammar-constrained (mismatch.py)."""
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.trainers = trainers
@@ -81,7 +83,7 @@ class StepRunner:
         self.reward_kl = reward_kl
         self.on_rollout_failed = on_rollout_failed
         self.max_reward_failures = max_reward_failures
-        self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop)
+        self.mismatch = MismatchGuard(algorithm.mismatch_warn, algorithm.mismatch_stop, agent=agent)
         self.before_train = before_train
         self.last_reply = 0.0  # Unix time of the previous step's trainer reply (0: none since the start)
         self.max_nonfinite_steps = max_nonfinite_steps

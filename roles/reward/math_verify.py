@@ -6,11 +6,18 @@ plain expression math-verify finds) and the reference (a bare value, LaTeX, or a
 solution ending in `#### N`), and scores 1.0 when math-verify finds them equal (so
 `\\frac{1}{2}`, `0.5` and `1/2` match, as do equal sets and intervals), else 0.0. A parse that
 finds nothing, or that math-verify cannot settle within its time limit, scores 0.0.
+
+math-verify (and sympy, its LaTeX grammar) is imported and exercised once when this module
+is imported, so a reward worker pays it while it starts (workers.py), never inside a call's
+`reward.timeout_s`: sixteen workers importing it at once on a loaded 2-core machine took
+11-15 s, over the default timeout.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from math_verify import parse, verify
 
 from roles.reward.builtin import extract_answer
 
@@ -18,8 +25,6 @@ from roles.reward.builtin import extract_answer
 def math_equal(completion: str, answer: Any = None, **_: object) -> float:
     if answer is None:
         return 0.0
-    from math_verify import parse, verify
-
     reference = str(answer)
     if "####" in reference:
         reference = extract_answer(reference) or reference
@@ -31,3 +36,6 @@ def math_equal(completion: str, answer: Any = None, **_: object) -> float:
         return 1.0 if verify(gold, got) else 0.0
     except Exception:  # math-verify's own failures (sympy on odd input): not equal
         return 0.0
+
+
+math_equal("\\boxed{\\frac{1}{2}}", "0.5")  # the parsers' lazy set-up, at import rather than in the first call

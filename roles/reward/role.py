@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 
 from roles.reward.runner import RewardRunner
@@ -23,8 +24,15 @@ class RewardRole(Role):
         self.runner = RewardRunner(
             r.functions, timeout_s=r.timeout_s, concurrency=r.concurrency, max_magnitude=r.max_magnitude
         )
-        await self.runner.start()
-        log.info("reward_functions", functions=r.functions, timeout_s=r.timeout_s)
+        started = time.monotonic()
+        await self.runner.start()  # imports paid here, bounded by workers.STARTUP_TIMEOUT_S, not by timeout_s
+        log.info(
+            "reward_functions",
+            functions=r.functions,
+            timeout_s=r.timeout_s,
+            workers=r.concurrency,
+            start_s=round(time.monotonic() - started, 1),
+        )
 
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg

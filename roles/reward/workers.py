@@ -14,9 +14,13 @@ A caller may rely on:
   fresh interpreters (`python -m roles.reward.workers`: not forked from the role, which
   holds ZeroMQ's threads, and not `multiprocessing` spawn, which would re-import the
   role's own entry point and torch in every worker) that import only the reward
-  functions: one starts in about 0.1 s.
+  functions: one starts in about 0.1 s, plus what the functions' modules import.
 * `await WorkerPool.start()` starts all `size` workers up front, so no request waits for
-  a worker's start.
+  a worker's start. A start (the interpreter, then importing the functions' modules, and
+  with them every import at a module's top level) is bounded by `STARTUP_TIMEOUT_S` and
+  never counted in a call's `timeout_s`; a worker that fails to start raises
+  `RewardCallError` (reason `worker_died`) saying whether it exited (and with which code)
+  or did not answer in time, never a call's timeout.
 """
 
 from __future__ import annotations
@@ -140,12 +144,21 @@ class WorkerPool:
         self._slots = asyncio.Semaphore(size)
         self._starting: set[asyncio.Task[None]] = set()
         self.killed = 0
+        self._closed = False
 
     async def start(self) -> None:
-        """Start workers until `size` are idle (all at once; a worker that fails to start
-        raises `RewardCallError`)."""
+        """Start workers until `size` are idle, as many at once as there are CPUs (each is
+        bounded by `STARTUP_TIMEOUT_S` from its own spawn: sixteen importing sympy or
+        reasoning-gym at once on 2 cores would each take the time of all); a worker that
+        fails to start raises `RewardCallError`."""
         missing = self.size - len(self._idle)
-        self._idle.extend(await asyncio.gather(*[self._start() for _ in range(missing)]))
+        at_once = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+
+        async def one() -> _Worker:
+            async with at_once:
+                return await self._start()
+
+        self._idle.extend(await asyncio.gather(*[one() for _ in range(missing)]))
 
     async def call(self, spec: str, kwargs: dict[str, Any], timeout_s: float) -> float:
         async with self._slots:
@@ -172,9 +185,22 @@ class WorkerPool:
             await asyncio.wait_for(_readable(worker.conn), STARTUP_TIMEOUT_S)
             if worker.conn.recv_bytes() != b"ready":
                 raise EOFError
-        except (TimeoutError, EOFError, OSError):
+        except TimeoutError:
             worker.kill()
-            raise RewardCallError(f"a reward worker did not start in {STARTUP_TIMEOUT_S:g}s") from None
+            raise RewardCallError(
+                f"a reward worker did not start in {STARTUP_TIMEOUT_S:g}s (importing {', '.join(self.specs)})",
+                "worker_died",
+            ) from None
+        except (EOFError, OSError):
+            try:
+                code: int | str = worker.proc.wait(5)  # its pipe closed as it exits
+            except subprocess.TimeoutExpired:
+                code = "none yet"
+            worker.kill()
+            raise RewardCallError(
+                f"a reward worker exited while starting (exit code {code}; its error is in the reward role's log)",
+                "worker_died",
+            ) from None
         return worker
 
     async def _ask(self, worker: _Worker, spec: str, kwargs: dict[str, Any]) -> list[Any]:
@@ -195,7 +221,8 @@ class WorkerPool:
         try:
             self._idle.append(await self._start())
         except RewardCallError as exc:
-            log.warning("reward_worker_not_replaced", error=str(exc))
+            if not self._closed:  # a worker killed with the role is no news
+                log.warning("reward_worker_not_replaced", error=str(exc))
 
     def pids(self) -> list[int]:
         """The idle workers' process ids."""
@@ -207,6 +234,7 @@ class WorkerPool:
             await asyncio.gather(*self._starting, return_exceptions=True)
 
     def close(self) -> None:
+        self._closed = True
         for task in self._starting:
             task.cancel()
         for worker in self._idle:

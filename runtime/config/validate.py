@@ -26,6 +26,7 @@ from runtime.gpu_check import (
 from runtime.launch.placement import role_counts
 from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
+from runtime.wandb_login import wandb_login_problem
 
 
 def _check_fsdp_gpu_option(cfg: RunConfig, setting: str, gpu_only: str) -> None:
@@ -306,6 +307,8 @@ def _check_loggers(cfg: RunConfig) -> None:
     for key, package in LOGGER_PACKAGES.items():
         if getattr(cfg.metrics, key) and importlib.util.find_spec(package) is None:
             raise ConfigError(f"metrics.{key}=true needs the {package} package, not installed: pip install {package}")
+    if cfg.metrics.wandb and (problem := wandb_login_problem()) is not None:
+        raise ConfigError(problem)  # found here, not by the controller after vLLM started
 
 
 def _check_env(cfg: RunConfig) -> None:

@@ -69,6 +69,7 @@ class Supervisor:
                 code = self._check_exits()
                 if code is not None:
                     return code
+                self.console.tick()
                 if not all(p.ready for p in self.procs) and time.monotonic() - start > self.cfg.startup_timeout_s:
                     late = [p.spec.name for p in self.procs if not p.ready]
                     self.console.error(f"roles not ready after {self.cfg.startup_timeout_s:g}s: {', '.join(late)}")
@@ -90,6 +91,7 @@ class Supervisor:
         grace = self.cfg.checkpoint.preempt_grace_s
         if self.deadline is None:
             how = self.signals[0]
+            self.console.stopping = True  # no role's "ready" or start-up progress from here on
             log.info("interrupted", signal=how, grace_s=grace)  # the console says it in a sentence
             controller = next((p for p in self.procs if p.spec.role == "controller"), None)
             if grace > 0 and controller is not None and controller.ready and controller.popen.poll() is None:
@@ -162,6 +164,9 @@ class Supervisor:
                 left = self.cfg.shutdown_timeout_s
                 if self.deadline is not None:  # what is left of the grace
                     left = max(0.5, min(left, self.deadline + FAILURE_GRACE_S - time.monotonic()))
+                for q in self.procs:  # one still setting up (a vLLM engine starting) has nothing to finish
+                    if not q.ready and q.popen.poll() is None:
+                        _signal_group(q, signal.SIGTERM)
                 self._wait_all(left)
                 self.teardown(left)
                 self._pump_logs()

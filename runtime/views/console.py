@@ -8,6 +8,9 @@ bar, the step count, the step's key metrics as many as fit the width, the ETA); 
 pipes) each step is printed as a plain line with every field. Both carry the run's wall time so
 far (since the launcher started) and end with an ETA from the pace of the steps this launcher
 has seen. `quiet` (`tandem launch --quiet`, for scripts) prints errors only, to stderr.
+While a vLLM engine starts, `tick()` prints a line at least every 10 s with the time since
+its start (runtime/views/startup.py). Once `stopping` is set (the launcher was interrupted),
+no role's `ready` or start-up progress is printed: those would read as the run going on.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from rich.markup import escape
 from runtime.config import RunConfig
 from runtime.records import metric
 from runtime.views.progress_line import ProgressLine, plain_line, step_fields
+from runtime.views.startup import EngineStarts
 from runtime.wall_clock import clock, run_wall_s, wall_label
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}
@@ -45,6 +49,8 @@ class Console:
         self.live: Live | None = None
         self.started = time.monotonic()
         self.first: tuple[int, float] | None = None  # (step, wall_s) of the first step record seen
+        self.engines = EngineStarts(run_dir / "logs")
+        self.stopping = False
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -56,7 +62,10 @@ class Console:
     def show(self, rec: dict[str, Any]) -> None:
         level, event = rec.get("level", "info"), rec.get("event", "")
         who = f"{rec.get('role', '?')}-{rec.get('rank', 0)}"
+        self.engines.seen(who, event)
         if self.quiet and level not in ("error", "critical"):
+            return
+        if self.stopping and level == "info" and (event == "ready" or event in PHRASES):
             return
         if event == "step" and rec.get("role") == "controller":
             self._step(rec)
@@ -67,6 +76,12 @@ class Console:
             self.out.print(f"[green]{escape(who)}[/] {escape(PHRASES[event](rec))}")
         elif event in SHOWN_INFO:
             self.out.print(f"[green]{escape(who)}[/] {escape(event)} {escape(_fields(rec))}".rstrip())
+
+    def tick(self) -> None:
+        """Start-up progress that is due (called by the launcher's loop)."""
+        for who, text in self.engines.due():
+            if not self.quiet and not self.stopping:
+                self.out.print(f"[green]{escape(who)}[/] {escape(text)}")
 
     def _step(self, rec: dict[str, Any]) -> None:
         step = int(metric(rec, "step"))

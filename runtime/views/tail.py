@@ -9,10 +9,11 @@ Callers may rely on this:
 * A line that is not a JSON object is printed as it is, under the role of its file, with
   the `ts` of the line before it; `--level` never hides it, `--grep` and `--since` can.
 * Colour is used only when `out` is a terminal, so captured output is plain text.
-* `run_tail` returns 0, or 2 with one line on stderr (`tandem: error: ...`) when the run (or,
-  without `--follow`, its `logs/` folder) does not exist, or when a `--role` names no log there
-  (the line lists the ones there; with `--follow` a role kind that has not written yet is
-  waited for). With `--follow` it polls until the run's launcher has ended
+* `run_tail` returns 0, or 2 with one line on stderr (`tandem: error: ...`) when, without
+  `--follow`, the run or its `logs/` folder does not exist (with `--follow` it says on stderr
+  that it waits, and waits for them, as `tail -F` does; a path that is a file is an error),
+  or when a `--role` names no log there (the line lists the ones there; with `--follow` a
+  role kind that has not written yet is waited for). With `--follow` it polls until the run's launcher has ended
   (runtime/wall_clock.py: `launcher_done`; it prints what came last, then says so on stderr),
   `stop` is set, or Ctrl-C.
 """
@@ -207,7 +208,9 @@ def run_tail(args: argparse.Namespace, out: TextIO | None = None, stop: threadin
     """Print the merged logs of `args.run_dir` to `out` (stdout); see the module docstring."""
     run_dir = Path(args.run_dir)
     logs = run_dir / "logs"
-    if not run_dir.is_dir():
+    if args.follow and not run_dir.exists():  # started beside a launch that has not made it yet
+        print(f"tandem: waiting for {run_dir} to appear (Ctrl-C to stop)", file=sys.stderr)
+    elif not run_dir.is_dir():
         print(f"tandem: error: {run_dir} is not a directory", file=sys.stderr)
         return 2
     if not (args.follow or logs.is_dir()):

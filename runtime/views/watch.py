@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -47,9 +48,14 @@ def sparkline(values: list[float], width: int = 40) -> str:
 
 
 def roles_table(state: RunState, now: float) -> Table:
-    table = Table(title="roles", expand=False, header_style="bold")
-    for col in ("role", "alive", "state", "version", "in flight", "last log", "last event"):
-        table.add_column(col)
+    # Role names are never cut (at 80 columns they were: `controlle…`): two-line headers and
+    # no vertical rules keep the table narrow, and an event too long for the rest folds.
+    longest = max((len(name) for name in state.roles), default=4)
+    table = Table(title="roles", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("role", no_wrap=True, min_width=longest)
+    for col in ("alive", "state", "version", "in\nflight", "last\nlog"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("last\nevent", overflow="fold")
     for name in sorted(state.roles, key=_role_order):
         st = state.roles[name]
         alive = st.alive()

@@ -72,6 +72,11 @@ CASES = {
     "missing model": (lambda t: [f"model.path={t / 'nope'}"], "model.path '", "is not a directory"),
     "corrupt model": (lambda t: [f"model.path={model_dir(t, truncate=True)}"], "model.safetensors is truncated", ""),
     "missing data": (lambda t: ["data.source=file", f"data.path={t / 'none.jsonl'}"], "does not exist", ""),
+    "missing data, relative path": (
+        lambda t: ["data.source=file", "data.path=arith.jsonl"],
+        f"data.path 'arith.jsonl' does not exist (a relative path is read from the current directory, {ROOT})",
+        "",
+    ),
     "empty data": (lambda t: ["data.source=file", f"data.path={data_file(t, [])}"], "has no rows", ""),
     "row not an object": (
         lambda t: ["data.source=file", f"data.path={rows_with_a_list(t)}"],
@@ -159,3 +164,22 @@ def test_ipc_weight_sync_without_a_gpu_is_refused_within_two_seconds(tmp_path: P
     )
     assert not (run / "logs").exists()
     assert took < 2.0, took
+
+
+def test_wandb_without_a_login_is_refused_before_any_role_starts(tmp_path: Path) -> None:
+    """The issue's case: vLLM started, and ~24 s later the run died with a cut traceback and
+    wandb's `UsageError: No API key configured`."""
+    pytest.importorskip("wandb")
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / ".config")}  # no netrc, no wandb settings
+    started = time.monotonic()
+    out = subprocess.run(
+        [*LAUNCH, f"run_dir={run}", "metrics.wandb=true"], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    took = time.monotonic() - started
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = out.stderr.strip()
+    assert "\n" not in line and line.startswith("tandem: error: metrics.wandb=true but wandb has no API key"), line
+    assert not (run / "logs").exists(), "a role was started"
+    assert took < 5.0, took  # the issue's bound: about 2.5 s on an idle machine

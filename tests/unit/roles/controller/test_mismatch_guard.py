@@ -32,3 +32,18 @@ def test_stale_steps_and_missing_metrics_are_not_judged() -> None:
     guard.check(1, 3.0, staleness_max=1)  # the policy's own change since the samples
     guard.check(2, None, staleness_max=0)
     assert not guard.warned
+
+
+def test_an_agent_runs_warning_explains_the_grammar_gap_and_suggests_no_stop() -> None:
+    """docs/ecosystem.md's own agent (tool_choice="required") got the hint "engine numerics
+    only ...; set algorithm.mismatch_stop to end such a run", where the page says the gap is
+    the grammar's and to leave mismatch_stop off."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        MismatchGuard(warn=0.02, stop=0.0, agent=True).check(1, 2.33, staleness_max=0)
+        MismatchGuard(warn=0.02, stop=0.0).check(1, 2.33, staleness_max=0)
+    agent, plain = (line["hint"] for line in logs if line["event"] == "policy_mismatch")
+    assert "grammar" in agent and "expected" in agent and "mismatch_stop" not in agent
+    assert "numerics only" not in agent.split(";")[0]
+    assert "engine numerics only" in plain and "mismatch_stop" in plain

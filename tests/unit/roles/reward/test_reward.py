@@ -322,3 +322,64 @@ def test_overlong_penalty_by_hand() -> None:
 
     kw = dict(max_tokens=16, buffer=4, penalty=1.0)
     assert [overlong_penalty(n, **kw) for n in (0, 12, 13, 14, 16, 20)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+
+
+def math_verify_is_loaded() -> float:
+    """1.0 when this worker imported math-verify before its first call."""
+    import sys
+
+    return 1.0 if "math_verify" in sys.modules else 0.0
+
+
+async def test_math_verify_is_imported_when_its_workers_start_not_in_the_first_call() -> None:
+    """`math_equal` imported math-verify inside the call: sixteen workers (the default
+    `reward.concurrency`) importing it at once on a loaded 2-core machine took 11-15 s, past
+    the default `reward.timeout_s`, and the run died at step 1. Each worker's very first call
+    finds it imported now, and the default pool scores its first sixteen calls in time."""
+    pytest.importorskip("math_verify")
+    from runtime.config.reward import RewardConfig
+
+    defaults = RewardConfig()
+    specs = ["roles.reward.math_verify:math_equal", f"{HERE}:math_verify_is_loaded"]
+    runner = RewardRunner(specs, timeout_s=defaults.timeout_s, concurrency=defaults.concurrency)
+    await runner.start()
+    pool = runner.pool
+    assert len(pool.pids()) == defaults.concurrency
+    firsts = await asyncio.gather(*(pool.call(specs[1], {}, 60.0) for _ in range(defaults.concurrency)))
+    assert firsts == [1.0] * defaults.concurrency, "a worker had not imported math_verify when it started"
+    item = _item(completion="so \\boxed{\\frac{1}{2}}", answer="0.5")
+    scores = await asyncio.gather(*(runner.score(item) for _ in range(defaults.concurrency)))
+    assert scores == [(2.0, "", "")] * defaults.concurrency and pool.killed == 0  # 1 + math_verify_is_loaded
+    runner.close()
+
+
+async def test_a_worker_that_cannot_start_says_so_not_a_call_timeout() -> None:
+    """A worker that died while starting was reported as "did not start in 120s", seconds
+    after it started: the message says it exited, with its exit code, and is no timeout."""
+    from roles.reward.workers import RewardCallError, WorkerPool
+
+    pool = WorkerPool(["tests.helpers.raises_at_import:score"], 1)
+    with pytest.raises(RewardCallError) as caught:
+        await pool.start()
+    assert str(caught.value).startswith("a reward worker exited while starting (exit code 1")
+    assert caught.value.reason == "worker_died"
+    pool.close()
+
+
+def module_is_loaded(completion: str) -> float:
+    """1.0 when this worker has imported the module named by `completion`."""
+    import sys
+
+    return 1.0 if completion in sys.modules else 0.0
+
+
+async def test_reasoning_gym_is_imported_when_its_worker_starts() -> None:
+    """The reasoning-gym scorer imported reasoning-gym (4 s of CPU) inside its first call:
+    sixteen workers doing that at once timed out at step 1 as math-verify did."""
+    pytest.importorskip("reasoning_gym")
+    from roles.reward.workers import WorkerPool
+
+    pool = WorkerPool(["roles.reward.reasoning_gym:score", f"{HERE}:module_is_loaded"], 1)
+    await pool.start()
+    assert await pool.call(f"{HERE}:module_is_loaded", {"completion": "reasoning_gym"}, 60.0) == 1.0
+    pool.close()

@@ -142,3 +142,23 @@ def test_follow_waits_for_logs_folder(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+def test_follow_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path: Path, capsys: Any) -> None:
+    """`tandem tail -f` started beside a launch exited with `is not a directory`."""
+    run = tmp_path / "run"
+    out, stop = io.StringIO(), threading.Event()
+    thread = threading.Thread(target=run_tail, args=(parse(str(run), "-f", "--poll", "0.01"), out, stop))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        assert thread.is_alive(), "it gave up on the directory"
+        run.mkdir()
+        write(run, "controller-0.jsonl", record("controller", 0, 1.0, "first"))
+        wait_for(out, ["first"])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert f"waiting for {run} to appear" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    assert run_tail(parse(str(tmp_path / "a_file"), "-f"), io.StringIO()) == 2

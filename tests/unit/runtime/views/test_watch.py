@@ -83,7 +83,7 @@ def test_the_frame_shows_the_role_table_progress_and_sparklines(tmp_path: Path) 
     buf = io.StringIO()
     Console(file=buf, width=140, force_terminal=False).print(frame(state))
     text = buf.getvalue()
-    for expected in ("controller-0", "rollout-0", "alive", "in flight", "step 40/40", "eta 0s", "reward ~",
+    for expected in ("controller-0", "rollout-0", "alive", "flight", "step 40/40", "eta 0s", "reward ~",
                      "validation   step 40"):  # fmt: skip
         assert expected in text, expected
     row = next(line for line in text.splitlines() if "rollout-0" in line)
@@ -110,3 +110,21 @@ def test_type_corrupted_lines_are_skipped_and_counted_once(tmp_path: Path) -> No
     assert buf.getvalue().count("skipped 3 line(s)") == 1
     done = subprocess.run([sys.executable, "-m", "runtime.views.cli", "watch", "--once", str(run)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_at_80_columns_role_names_and_events_are_whole(tmp_path: Path) -> None:
+    """At 80 columns the table cut names to `controlle…` and `engine_ar…`."""
+    run = live_run(tmp_path, metrics_lines=4)
+    with open(run / "logs" / "rollout-0.jsonl", "a") as f:
+        f.write(log_line("rollout", 0, dead_pid(), "engine_args", version=2))
+    (run / "logs" / "launcher-0.jsonl").write_text(log_line("launcher", 0, os.getpid(), "spawned"))
+    (run / "logs" / "controller-0.jsonl").write_text(log_line("controller", 0, os.getpid(), "weights_applied"))
+    state = RunState(run)
+    state.poll()
+    buf = io.StringIO()
+    Console(file=buf, width=80, force_terminal=False).print(frame(state))
+    text = buf.getvalue()
+    assert "…" not in text, text
+    assert max(map(len, text.splitlines())) <= 80
+    for whole in ("launcher-0", "controller-0", "rollout-0", "engine_args", "weights_applied"):
+        assert whole in text, (whole, text)
