@@ -221,6 +221,10 @@ def _plan_process(
         util = cfg.reward.judge.engine.gpu_memory_utilization
         items = [Item(f"judge vLLM ({util:g})", util * gpu_gb, "awake")]
         return PlannedProcess(proc.name, proc.role, items, VLLM_CONTEXT_GB)
+    if proc.role == "teacher" and gpu_gb and on_gpu:
+        util = cfg.algorithm.distill.engine.gpu_memory_utilization
+        items = [Item(f"teacher vLLM ({util:g})", util * gpu_gb, "awake")]
+        return PlannedProcess(proc.name, proc.role, items, VLLM_CONTEXT_GB)
     return PlannedProcess(proc.name, proc.role, [], 0.0)
 
 
