@@ -24,6 +24,7 @@ from runtime.gpu_check import (
 )
 from runtime.launch.placement import role_counts
 from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
+from runtime.teacher_check import check_distill
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 
 
@@ -156,6 +157,7 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(str(exc)) from None
     _check_env(cfg)
     _check_reward_model(cfg, counts.get("reward_model", 0))
+    check_distill(cfg, counts.get("teacher", 0))
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
