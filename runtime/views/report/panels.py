@@ -27,6 +27,7 @@ PANELS = (
     "logprob_gap",
     "clip_fraction",
     "kl",
+    "distill",
 )
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 DASH = ("solid", "dash")
@@ -44,6 +45,7 @@ def metric_panels(runs: list[RunData]) -> dict[str, go.Figure]:
         "logprob_gap": _logprob_gap,
         "clip_fraction": _clip,
         "kl": _kl,
+        "distill": _distill,
     }
     return {name: makers[name](runs) for name in PANELS}
 
@@ -195,4 +197,15 @@ def _kl(runs: list[RunData]) -> go.Figure:
     if not _lines(fig, runs, [("kl_ref", "KL(π ‖ π_ref)"), ("kl_coef", "KL coefficient")]):
         fig.update_layout(title="KL to the reference: off (algorithm.kl.enabled=false)", yaxis_title="weight")
         _lines(fig, runs, [("importance_weight_max", "importance weight max (shown instead)")])
+    return fig
+
+
+def _distill(runs: list[RunData]) -> go.Figure:
+    """On-policy distillation: the per-token reverse KL to the teacher and how long each
+    step waited on the teacher after its last sample (docs/distillation.md)."""
+    fig = _figure("Distillation: reverse KL to the teacher, teacher wait", "nats / seconds")
+    keys = [("distill_kl", "KL(π ‖ π_teacher) per token"), ("teacher_wait_s", "teacher wait (s)")]
+    if not _lines(fig, runs, keys):
+        fig.update_layout(title="Distillation: off (algorithm.distill.teacher unset)", yaxis_title="reward")
+        _lines(fig, runs, [("reward_mean", "reward (shown instead)")])
     return fig
