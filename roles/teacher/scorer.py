@@ -4,6 +4,8 @@ prefill; one token is generated (vLLM always generates) and thrown away. The tea
 samples a response.
 
 What a caller may rely on:
+* A sample of up to `max_model_len` tokens (prompt and response) is scored: the engine
+  starts with one more, for the throw-away token.
 * `TeacherScorer.score(items)` returns one `TeacherScore` per item, in order: the
   log-probability under the teacher of each response token given everything before it
   (`len(completion_ids)` floats, raw: no temperature, the full vocabulary), or an error
@@ -54,6 +56,7 @@ class TeacherScorer:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cfg.cpu_kvcache_gb))
         kwargs = engine_kwargs(self.cfg, self.model_path)
         kwargs["enable_prefix_caching"] = False  # vLLM recomputes prompt logprobs anyway
+        kwargs["max_model_len"] = self.cfg.max_model_len + 1  # room for the throw-away token of a full-length sample
         engine = _PromptLogprobEngine(kwargs, name="teacher-engine")
         await engine.start()
         self.engine = engine
