@@ -83,7 +83,7 @@ def teacher_overrides(cfg: RunConfig, run_root: Path) -> list[str]:
 
     from runtime.tiny_teacher import make_tiny_teacher
 
-    path = make_tiny_teacher(run_root / "teacher", msgspec.structs.asdict(d.tiny), d.tiny_train_steps)
+    path = make_tiny_teacher(run_root / "teacher_model", msgspec.structs.asdict(d.tiny), d.tiny_train_steps)
     return [f"algorithm.distill.teacher={path}"]
 
 
