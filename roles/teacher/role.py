@@ -13,6 +13,7 @@ import time
 
 from roles.generation.inproc import EngineDeadError
 from roles.teacher.scorer import TeacherScorer
+from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger
 from runtime.paths import teacher_dir
 from runtime.role import FatalError, Role
@@ -35,6 +36,7 @@ class TeacherRole(Role):
             await self.scorer.start()
         except FileNotFoundError as exc:
             raise FatalError(str(exc)) from None
+        mark_started(self.ctx.run_dir, self.ctx.name)  # a torch role on this GPU may build now
         log.info("teacher_loaded", model=path, seconds=round(time.perf_counter() - started, 2))
 
     async def handle(self, env: Envelope) -> wire.Message | None:
