@@ -64,6 +64,11 @@ def check_distill(cfg: Any, placed: int) -> None:
         return
     if d.teacher != "tiny" and not Path(d.teacher).is_dir():
         raise ConfigError(f"algorithm.distill.teacher '{d.teacher}' is not a directory (an HF causal LM)")
+    if d.reward == "replace" and cfg.algorithm.filter_groups:
+        raise ConfigError(
+            "algorithm.filter_groups drops groups of equal task reward, which algorithm.distill.reward=replace does "
+            "not train on: turn one of them off (or use algorithm.distill.reward=add)"
+        )
     need = cfg.rollout.engine.max_model_len
     if d.engine.max_model_len < need:
         raise ConfigError(

@@ -123,7 +123,8 @@ def check_config(cfg: RunConfig) -> None:
         )
     _check_length_dist(cfg)
     group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
-    if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2:
+    distilling_only = cfg.algorithm.distill.enabled and cfg.algorithm.distill.reward == "replace"  # no task advantage
+    if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2 and not distilling_only:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} needs rollout.n >= 2 (a group of one has no baseline "
             "and gets advantage 0); use reinforce_pp or gae with rollout.n=1"

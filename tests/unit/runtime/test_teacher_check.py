@@ -70,6 +70,7 @@ def test_launch_refuses_a_teacher_of_another_tokenizer_in_one_line(tiny: Path, t
     [
         ("algorithm.distill.teacher=", "placement has a teacher but algorithm.distill.teacher is not set"),
         ("algorithm.distill.teacher=/nowhere", r"algorithm.distill.teacher '/nowhere' is not a directory"),
+        ("algorithm.filter_groups=true", "algorithm.filter_groups drops groups of equal task reward"),
         ("algorithm.distill.engine.max_model_len=128", r"algorithm.distill.engine.max_model_len \(128\) is below"),
     ],
 )
@@ -82,3 +83,6 @@ def test_the_recipe_passes_the_checks() -> None:
     cfg = load_config(CONFIG, [])
     check_config(cfg)
     check_distill(cfg, placed=1)
+    check_config(load_config(CONFIG, ["rollout.n=1"]))  # pure distillation needs no group baseline
+    with pytest.raises(ConfigError, match=r"needs rollout\.n >= 2"):
+        check_config(load_config(CONFIG, ["rollout.n=1", "algorithm.distill.reward=add"]))
