@@ -30,6 +30,8 @@ BATCH, LENGTH, LR = 16, 40, 0.01
 
 
 def make_tiny_teacher(path: str | os.PathLike[str], tiny: dict[str, Any], train_steps: int) -> Path:
+    if train_steps == 0:  # a random teacher: the tiny model as it is made
+        return make_tiny_model(path, **tiny)
     out = Path(path)
     spec = {"tiny": tiny, "train_steps": train_steps}
     if _stamp(out) == spec:

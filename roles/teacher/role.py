@@ -30,7 +30,7 @@ class TeacherRole(Role):
         d = self.cfg.algorithm.distill
         path = str(teacher_dir(self.cfg))
         started = time.perf_counter()
-        self.scorer = TeacherScorer(d.engine, path, timeout_s=d.timeout_s)
+        self.scorer = TeacherScorer(d.engine, path, timeout_s=d.timeout_s, max_batched_tokens=d.max_batched_tokens)
         log.info("engine_starting", model=path)
         try:
             await self.scorer.start()

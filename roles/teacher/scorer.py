@@ -43,7 +43,11 @@ class _PromptLogprobEngine(InprocEngine):
 
 
 class TeacherScorer:
-    def __init__(self, cfg: EngineConfig, model_path: str, *, timeout_s: float) -> None:
+    def __init__(self, cfg: EngineConfig, model_path: str, *, timeout_s: float, max_batched_tokens: int = 0) -> None:
+        """`max_batched_tokens`: vLLM's max_num_batched_tokens (0: vLLM's default), raised to
+        `cfg.max_model_len + 1` when below: the full-vocabulary log-probabilities of that many
+        prompt tokens are what scoring adds to the engine's memory."""
+        self.max_batched_tokens = max_batched_tokens
         self.cfg = cfg
         self.model_path = model_path
         self.timeout_s = timeout_s
@@ -57,6 +61,8 @@ class TeacherScorer:
         kwargs = engine_kwargs(self.cfg, self.model_path)
         kwargs["enable_prefix_caching"] = False  # vLLM recomputes prompt logprobs anyway
         kwargs["max_model_len"] = self.cfg.max_model_len + 1  # room for the throw-away token of a full-length sample
+        if self.max_batched_tokens:
+            kwargs["max_num_batched_tokens"] = max(self.max_batched_tokens, kwargs["max_model_len"])
         engine = _PromptLogprobEngine(kwargs, name="teacher-engine")
         await engine.start()
         self.engine = engine
