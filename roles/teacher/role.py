@@ -41,19 +41,20 @@ class TeacherRole(Role):
 
     async def handle(self, env: Envelope) -> wire.Message | None:
         msg = env.msg
-        if not isinstance(msg, wire.TeacherRequest):
-            return self.unserved(msg)
+        if isinstance(msg, wire.TeacherRequest):
+            return await self._score(msg)
+        return self.unserved(msg)
+
+    async def _score(self, msg: wire.TeacherRequest) -> wire.TeacherResult:
         started = time.perf_counter()
         try:
             scores = await self.scorer.score(msg.items)
         except EngineDeadError as exc:
             self.fail(f"teacher vLLM engine died: {exc}")
             raise
+        ms = round(1e3 * (time.perf_counter() - started))
         tokens = sum(len(s.logprobs) for s in scores)
-        failed = sum(1 for s in scores if s.error)
-        log.debug(
-            "scored", samples=len(scores), tokens=tokens, failed=failed, ms=round(1e3 * (time.perf_counter() - started))
-        )
+        log.debug("scored", samples=len(scores), tokens=tokens, failed=sum(1 for s in scores if s.error), ms=ms)
         return wire.TeacherResult(scores=scores)
 
     async def close(self) -> None:
