@@ -27,6 +27,9 @@
 #   attention         benchmarks/attention.py: the attention kernels alone: attention_<gpu>.json
 #   scaling           benchmarks/scaling.py: the model curve (10 steps a point) and the length curve
 #                     (staleness 8): scaling_model_<gpu>.json, scaling_length_<gpu>.json
+#   distill           benchmarks/distill.py: configs/distill_1.5b.yaml (1.5B student, 3B-shaped teacher
+#                     role on the same GPU) against the same recipe without a teacher, 10 measured
+#                     steps each: distill_<gpu>.json
 #   gpu-tests         pytest -m gpu tests/gpu: gpu_tests_<gpu>.xml (JUnit)
 #   all               every suite above, in that order
 #
@@ -154,11 +157,16 @@ suite_scaling() {
         --run-root "$RUN_ROOT/scaling_length_$G" --out "$OUT/scaling_length_$G.json"
 }
 
+suite_distill() {
+    step "distill_$G" "$PY" benchmarks/distill.py --config configs/distill_1.5b.yaml --measured-steps 10 \
+        --run-root "$RUN_ROOT/distill_$G" --out "$OUT/distill_$G.json"
+}
+
 suite_gpu_tests() {
     step "gpu_tests_$G" "$PY" -m pytest -m gpu tests/gpu -q -s -o addopts="" --junitxml "$OUT/gpu_tests_$G.xml"
 }
 
-ALL=(recipes moe rollout longtail fixed512 trainer trainer-variants attention scaling gpu-tests)
+ALL=(recipes moe rollout longtail fixed512 trainer trainer-variants attention scaling distill gpu-tests)
 SUITES=()
 while [ $# -gt 0 ]; do
     case "$1" in

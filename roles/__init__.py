@@ -22,6 +22,8 @@ Packages:
 * `rollout`: The rollout role: generation on one vLLM engine, single-turn samples, multi-turn
   episodes against an environment, and agents that own their loop through the OpenAI-compatible
   endpoint.
+* `teacher`: The teacher role of on-policy distillation: a frozen model on vLLM that answers the
+  log-probability of every token of finished samples.
 * `trainer`: The actor-trainer role: `role` (`TrainerRole`, typed against `PolicyEngine`) and
   its two engines, `fsdp_engine` (`FSDPEngine`, on `roles/fsdp`) and `megatron_engine`
   (`MegatronEngine`, on `roles/megatron`), which share the policy-loss options of `policy_loss`.

@@ -51,7 +51,11 @@ Modules:
   new weights, and the glue: the time in the step that no phase covers.
 * `task_sources`: Prompt rows of every `data.source`, for the controller's dataset and the
   launcher's check.
-* `tiny_model`: A tiny random-initialised Qwen2 model and byte-level tokenizer, made on the fly.
+* `teacher_check`: Launch checks of on-policy distillation's teacher: its tokenizer maps every
+  id as the policy's does.
+* `tiny_model`: A tiny random-initialised Qwen2 (or Qwen3-MoE) model and byte-level tokenizer, made on the fly.
+* `tiny_teacher`: A tiny teacher for on-policy distillation on CPU, made on the fly and briefly
+  trained (`algorithm.distill.teacher: tiny`).
 * `user_functions`: User functions named `module:function` (reward functions, multi-turn
   environment factories, tools): loading them and checking, before anything starts, that they
   can be called as the roles call them.

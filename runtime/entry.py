@@ -24,6 +24,7 @@ ROLES = {
     "reward": "roles.reward.role:RewardRole",
     "reward_model": "roles.reward.model_role:RewardModelRole",
     "critic": "roles.critic.role:CriticRole",
+    "teacher": "roles.teacher.role:TeacherRole",
 }
 
 

@@ -85,6 +85,8 @@ def gpu_claims(cfg: RunConfig) -> dict[tuple[int, int], list[Claim]]:
     }
     if cfg.reward.judge.model:
         fractions["reward_model"] = cfg.reward.judge.engine.gpu_memory_utilization
+    if cfg.algorithm.distill.enabled:
+        fractions["teacher"] = cfg.algorithm.distill.engine.gpu_memory_utilization
     for i, e in enumerate(entries(cfg)):
         if e.role not in fractions or not uses_gpu(cfg, e.role):
             continue
@@ -110,6 +112,9 @@ def _fix(claims: list[Claim]) -> str:
     if any(c.role == "reward_model" for c in claims):
         util = "gpu_memory_utilization"
         return f"lower reward.judge.engine.{util} or rollout.engine.{util}, or use other GPUs"
+    if any(c.role == "teacher" for c in claims):
+        util = "gpu_memory_utilization"
+        return f"lower algorithm.distill.engine.{util} or rollout.engine.{util}, or use other GPUs"
     rollouts = sum(1 for c in claims if c.role == "rollout")
     others = sum(c.fraction for c in claims if c.role != "rollout")
     fits = int((1.0 - others) / max(rollouts, 1) * 100 + _EPS) / 100

@@ -24,6 +24,13 @@ def reward_model_dir(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / "reward_model" if path == "tiny" else Path(path)
 
 
+def teacher_dir(cfg: RunConfig) -> Path:
+    """The distillation teacher's HF directory: `algorithm.distill.teacher`, or the tiny
+    teacher made inside the run dir when it is `tiny`."""
+    path = cfg.algorithm.distill.teacher
+    return Path(cfg.run_dir) / "teacher" if path == "tiny" else Path(path)
+
+
 def metrics_path(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / METRICS
 

@@ -59,6 +59,8 @@ class MsgType(IntEnum):
     CHECKPOINT_SAVED = 43
     VALUE_REQUEST = 50
     VALUE_RESULT = 51
+    TEACHER_REQUEST = 60
+    TEACHER_RESULT = 61
 
 
 class Flag(IntEnum):
@@ -456,6 +458,36 @@ class ValueResult(msgspec.Struct, **_msg(MsgType.VALUE_RESULT)):
     ref_logprobs: torch.Tensor | None = None
 
 
+# --- distillation ----------------------------------------------------------------------
+
+
+class TeacherItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One finished sample for the teacher: the prompt's token ids and the response's (every
+    token, environment tokens of a multi-turn sample included: the teacher reads them as context)."""
+
+    sample_id: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+class TeacherRequest(msgspec.Struct, **_msg(MsgType.TEACHER_REQUEST)):
+    items: list[TeacherItem]
+
+
+class TeacherScore(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The teacher's log-probability of each response token of one sample (`len(completion_ids)`
+    of them); with `error`, none (`logprobs` empty) and `reason` says why in a word."""
+
+    sample_id: int
+    logprobs: list[float] = []
+    error: str = ""
+    reason: str = ""
+
+
+class TeacherResult(msgspec.Struct, **_msg(MsgType.TEACHER_RESULT)):
+    scores: list[TeacherScore]
+
+
 Message = (
     Register
     | Registered
@@ -482,6 +514,8 @@ Message = (
     | WeightGroupInit
     | WeightBucketMeta
     | WeightChecksums
+    | TeacherRequest
+    | TeacherResult
 )
 
 MESSAGE_TYPES: dict[int, type] = {

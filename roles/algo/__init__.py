@@ -5,6 +5,7 @@ returns tensors (or python floats for metrics) and never modifies its inputs.
 
 Modules:
 * `advantages`: advantages from rewards, one entry point for every `algorithm.advantage` value.
+* `distill`: on-policy distillation's per-token advantage from a teacher's log-probabilities.
 * `gae`: token-level generalised advantage estimation and masked whitening.
 * `kl`: per-token KL(pi || ref) estimators and KL-coefficient controllers.
 * `losses`: token-level losses: decoupled PPO policy losses, value loss, entropy.

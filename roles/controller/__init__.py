@@ -49,6 +49,8 @@ Modules:
   since the previous step, and the trainer's (and critic's) own numbers.
 * `training`: The training stage: one step at a time, the ledger's next fresh batch through the
   trainer (and critic) ranks.
+* `teaching`: The controller's side of on-policy distillation: the teacher's log-probabilities
+  of every finished sample, asked beside its rewards, and the step's distillation metrics.
 * `validation`: Validation: held-out prompts generated and scored between training requests.
 * `values`: The value stage of PPO with GAE: rewarded groups in, groups with advantages out.
 * `wandb_run`: The wandb run a Tandem run logs to (`metrics.wandb: true`).

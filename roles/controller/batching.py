@@ -16,8 +16,17 @@ from dataclasses import dataclass
 import torch
 
 from roles.algo import compute_advantages
+from roles.algo.distill import combine_advantages, distill_advantages
 from roles.controller.groups import Group, SampleRec
 from transport.wire import TrainBatch
+
+
+@dataclass(frozen=True)
+class Distill:
+    """On-policy distillation's part of the advantage (`algorithm.distill`)."""
+
+    coef: float
+    mode: str  # "replace" or "add"
 
 
 @dataclass
@@ -32,13 +41,37 @@ class BatchStats:
 
 
 def sample_advantages(
-    groups: list[Group], advantage: str, norm_by_std: bool, *, std: str = "unbiased", gamma: float = 1.0
+    groups: list[Group],
+    advantage: str,
+    norm_by_std: bool,
+    *,
+    std: str = "unbiased",
+    gamma: float = 1.0,
+    distill: Distill | None = None,
 ) -> list[torch.Tensor]:
     """Per-token advantages of every sample, in group then sample order, from
     `compute_advantages` (GAE's were computed by it when the critic's values came, see
     roles/controller/ppo.py, and are read from the samples). A per-sample estimator's
     advantage lies on every response token, environment tokens included (the loss mask
-    drops those); "reinforce_pp" sees only the sampled tokens (see `_padded`)."""
+    drops those); "reinforce_pp" sees only the sampled tokens (see `_padded`).
+    With `distill`, each sampled token's `-coef * (behaviour logprob - teacher logprob)`
+    replaces or is added to it (roles/algo/distill.py); a sample the teacher did not score
+    gets no distillation term (its failure is counted as a reward failure)."""
+    task = _task_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma)
+    if distill is None:
+        return task
+    samples = [s for g in groups for s in g.ordered()]
+    out = []
+    for a, s in zip(task, samples, strict=True):
+        teacher = s.teacher_logprobs if s.teacher_logprobs is not None else s.logprobs
+        d = distill_advantages(s.logprobs, teacher, s.mask(), distill.coef)
+        out.append(combine_advantages(a, d, distill.mode))
+    return out
+
+
+def _task_advantages(
+    groups: list[Group], advantage: str, norm_by_std: bool, *, std: str, gamma: float
+) -> list[torch.Tensor]:
     samples = [s for g in groups for s in g.ordered()]
     if advantage == "gae":
         return [_require(s.advantages, "advantages") for s in samples]
@@ -73,9 +106,10 @@ def build_train_batches(
     num_shards: int,
     std: str = "unbiased",
     gamma: float = 1.0,
+    distill: Distill | None = None,
 ) -> tuple[list[TrainBatch], BatchStats]:
     pairs = [(g, s) for g in groups for s in g.ordered()]
-    advs = sample_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma)
+    advs = sample_advantages(groups, advantage, norm_by_std, std=std, gamma=gamma, distill=distill)
     lengths = [len(g.prompt.prompt_ids) + s.length for g, s in pairs]
     shards = assign_shards(lengths, num_shards)
     num_tokens = sum(s.num_sampled for _, s in pairs)

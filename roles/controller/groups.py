@@ -37,6 +37,8 @@ class SampleRec:
     model_reward: float | None = None  # the reward_model role's score (before reward.model_weight), if it gave one
     num_turns: int = 0  # assistant turns (multi-turn); 0 for a single-turn sample
     routed_experts: torch.Tensor | None = None  # uint8|int16 [N, layers, top_k]: vLLM's routing, prompt first
+    teacher_logprobs: torch.Tensor | None = None  # float32 [R] the distillation teacher's, if it gave them
+    teacher_error: str = ""  # why the teacher gave this sample none ("" when it did, or there is no teacher)
 
     @property
     def length(self) -> int:

@@ -2,7 +2,7 @@
 messages; every other role only serves its requests.
 
     Dispatcher ──Generate──▶ rollouts ──Completion──▶ Dispatcher.on_completion
-        ──▶ Scorer (reward, reward_model) ──▶ ValueStage (GAE, with a critic) ──▶ Ledger.complete
+        ──▶ Scorer (reward, reward_model, teacher) ──▶ ValueStage (GAE, with a critic) ──▶ Ledger.complete
         ──▶ StepRunner (Ledger.wait_batch → trainer ranks → Ledger.trained) ──▶ Checkpointer
 
 The ledger (ledger.py) is the one owner of the accounting invariant: every admitted group
@@ -49,6 +49,7 @@ from roles.controller.rest import Rest
 from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.scoring import Scorer, Weights
 from roles.controller.step_metrics import StepRecorder
+from roles.controller.teaching import TeacherMeter, Teaching
 from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
@@ -167,6 +168,10 @@ class Controller(Role):
                 timeout_s=max(600.0, cfg.weight_sync.timeout_s),
                 done=self.ledger.complete,
             )
+        d = cfg.algorithm.distill
+        self.teaching = (
+            Teaching(self.server, self.registry, timeout_s=d.timeout_s, schedule=self.schedule) if d.enabled else None
+        )
         r = cfg.reward
         self.scorer = Scorer(
             self.server,
@@ -181,6 +186,7 @@ class Controller(Role):
             model_timeout_s=r.judge.timeout_s if r.judge.model else r.model.timeout_s,
             weights=Weights(functions=r.function_weight, model=r.model_weight),
             function_names=tuple(r.functions),
+            teacher=self.teaching.score if self.teaching is not None else None,
         )
         self.errors = ErrorRate(cfg.rollout.max_error_fraction, 2 * cfg.trainer.prompts_per_step)
         self.metrics = MetricsSink(metrics_path(cfg), cfg.metrics, self.ctx.run_dir, cfg.name)
@@ -201,6 +207,7 @@ class Controller(Role):
             last_checkpoint=self._last_checkpoint,
             more_metrics=self._prompt_metrics,
             agent=bool(cfg.rollout.agent) or cfg.data.source == "verifiers",
+            batch_metrics=TeacherMeter(self.teaching).metrics if self.teaching is not None else None,
         )
         self.validator: Validator | None = None
         if cfg.validation.every:

@@ -86,6 +86,11 @@ class ScheduleLog:
             }
         )
 
+    def teacher(self, gid: int, teacher: str, seconds: float, tokens: int, failed: int) -> None:
+        """The distillation teacher answered group `gid`: in `seconds`, `tokens` scored,
+        `failed` samples without log-probabilities."""
+        self._emit({"ev": "teacher", "g": gid, "to": teacher, "s": round(seconds, 4), "tok": tokens, "fail": failed})
+
     def scored(self, gid: int) -> None:
         self._emit({"ev": "scored", "g": gid})
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,7 @@ class Scorer:
         weights: Weights | None = None,
         function_names: tuple[str, ...] = (),
         max_magnitude: float = math.inf,
+        teacher: Callable[[Group], Awaitable[None]] | None = None,
     ) -> None:
         """`timeout_s`: the reward role's bound per call; it runs `concurrency` calls at once
         and a sample takes `functions` calls. `model_timeout_s`: the reward_model role's bound
@@ -106,7 +107,11 @@ class Scorer:
         START_SLACK_S: only a wedged role misses it.
         `shaping(length)`: added to each sample's reward (overlong punishment), if given;
         `function_names`: the reward functions, named in the error of a reward request that
-        got no reply (they hang or the role is wedged), not the request's timeout alone."""
+        got no reply (they hang or the role is wedged), not the request's timeout alone.
+        `teacher(group)`: sets the distillation teacher's log-probabilities on the group's samples
+        (roles/controller/teaching.py), asked beside the rewards; a sample it failed gets its
+        error as the reward error (reason `teacher`)."""
+        self.teacher = teacher
         self.shaping = shaping
         self.function_names = function_names
         self.max_magnitude = max_magnitude
@@ -141,7 +146,10 @@ class Scorer:
 
     async def _score(self, group: Group, done: Callable[[Group], None] | None) -> None:
         items = [self._item(group, s) for s in group.ordered()]
-        rule, model = await asyncio.gather(*[self._ask(kind, group.gid, items) for kind in KINDS])
+        asks: list[Awaitable[Any]] = [self._ask(kind, group.gid, items) for kind in KINDS]
+        if self.teacher is not None and done is None:  # validation groups are not trained: no teacher
+            asks.append(self.teacher(group))
+        rule, model, *_ = await asyncio.gather(*asks)
         for s, item in zip(group.ordered(), items, strict=True):
             r, m = rule.get(item.sample_id), model.get(item.sample_id)
             s.model_reward = float(m.reward) if m is not None and not m.error else None
@@ -154,6 +162,8 @@ class Scorer:
                 s.reward_error = (
                     f"the environment's reward is {s.env_reward:g}, beyond reward.max_magnitude={self.max_magnitude:g}"
                 )
+            if s.teacher_error and not s.reward_error:
+                s.reward_error, s.reward_reason = s.teacher_error, "teacher"
             if self.shaping is not None and done is None:
                 s.reward += self.shaping(s.length)
             if not math.isfinite(s.reward):  # only the environment's part can be: the roles send finite scores

@@ -14,7 +14,7 @@ from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
 from transport.wire import FinishReason
 
-_TENSORS = ("values", "advantages", "returns", "token_rewards", "ref_logprobs")
+_TENSORS = ("values", "advantages", "returns", "token_rewards", "ref_logprobs", "teacher_logprobs")
 
 
 class PromptState(msgspec.Struct):

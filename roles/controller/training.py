@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from roles.controller.batching import build_train_batches
+from roles.controller.batching import Distill, build_train_batches
 from roles.controller.groups import Group
 from roles.controller.ledger import Ledger
 from roles.controller.mismatch import MismatchGuard
@@ -64,6 +64,7 @@ class StepRunner:
         last_checkpoint: Callable[[], str] = lambda: "",
         more_metrics: Callable[[], dict[str, float]] = dict,
         agent: bool = False,
+        batch_metrics: Callable[[list[Group]], dict[str, float]] | None = None,
     ) -> None:
         """`critics`: the critic ranks (PPO with GAE) or None; `timeout_s`: a step's bound;
         `before_train(version)`: awaited before each batch goes to the trainer;
@@ -72,7 +73,9 @@ class StepRunner:
         `max_nonfinite_steps`, `last_checkpoint()`: see the module docstring (the latter
         says which checkpoint a resume would continue from, "" when none); `more_metrics()`:
         added to each step's record (the dataset's skipped prompts); `agent`: samples come from
-        an agent, whose turns may be grammar-constrained (mismatch.py)."""
+        an agent, whose turns may be grammar-constrained (mismatch.py); `batch_metrics(groups)`:
+        added too, from the step's trained groups (distillation's)."""
+        self.batch_metrics = batch_metrics
         self.schedule = schedule if schedule is not None else NoSchedule()
         self.ledger = ledger
         self.trainers = trainers
@@ -102,6 +105,8 @@ class StepRunner:
         build: dict[str, Any] = dict(
             step=self.ledger.step, advantage=a.advantage, norm_by_std=a.norm_by_std, std=a.std, gamma=a.gamma
         )
+        if a.distill.enabled:
+            build["distill"] = Distill(coef=a.distill.coef, mode=a.distill.reward)
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
         try:
@@ -139,6 +144,8 @@ class StepRunner:
         self.skipped_total += skipped
         extra["skipped_steps_total"] = float(self.skipped_total)
         extra.update(self.more_metrics())
+        if self.batch_metrics is not None:
+            extra.update(self.batch_metrics(groups))
         self.recorder.record(self.ledger.step, actor, stats, staleness, drops, extra)
         self.mismatch.check(self.ledger.step, actor.metrics.get("kl_behaviour_proximal"), max(staleness, default=0))
         log.info("trained", step=self.ledger.step, uids=[g.prompt.uid for g in groups])

@@ -15,6 +15,7 @@ One module per section, each importable alone; this package re-exports every str
   trainer.py     The actor trainer
   critic.py      The value model
   algorithm.py   Advantages and KL
+  distill.py     On-policy distillation from a teacher role
   reward.py      Reward functions, the reward model and the judge
   run.py         The run's remaining sections (weight sync, checkpoints, placement, transport, metrics,
   load.py       YAML + `@` overlays + dotted overrides -> a checked RunConfig (`load_config`)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from runtime.config.base import STRUCT, Doc
+from runtime.config.distill import DistillConfig
 from runtime.config.trainer import KLConfig
 
 
@@ -36,6 +37,9 @@ class AlgorithmConfig(msgspec.Struct, **STRUCT):
         Doc(description="End the run when a staleness-0 step's kl_behaviour_proximal exceeds this (0: never).", ge=0),
     ] = 0.0
     kl: Annotated[KLConfig, Doc(description="Reference-policy KL.")] = msgspec.field(default_factory=KLConfig)
+    distill: Annotated[
+        DistillConfig, Doc(description="On-policy distillation from a teacher role (docs/distillation.md).")
+    ] = msgspec.field(default_factory=DistillConfig)
     filter_groups: Annotated[
         bool,
         Doc(

@@ -63,7 +63,8 @@ class CheckpointConfig(msgspec.Struct, **STRUCT):
 
 class PlacementEntry(msgspec.Struct, **STRUCT):
     role: Annotated[
-        Literal["controller", "rollout", "trainer", "reward", "critic", "reward_model"], Doc(description="Role kind.")
+        Literal["controller", "rollout", "trainer", "reward", "critic", "reward_model", "teacher"],
+        Doc(description="Role kind."),
     ]
     count: Annotated[int, Doc(description="Processes of this role (trainer: ranks).", ge=0)] = 1
     devices: Annotated[list[int], Doc(description="GPU indices; one per process, or shared when fewer.")] = []

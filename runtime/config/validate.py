@@ -25,6 +25,7 @@ from runtime.gpu_check import (
 )
 from runtime.launch.placement import role_counts
 from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
+from runtime.teacher_check import check_distill
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
 from runtime.wandb_login import wandb_login_problem
 
@@ -125,7 +126,8 @@ def check_config(cfg: RunConfig) -> None:
         )
     _check_length_dist(cfg)
     group_estimators = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
-    if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2:
+    distilling_only = cfg.algorithm.distill.enabled and cfg.algorithm.distill.reward == "replace"  # no task advantage
+    if cfg.algorithm.advantage in group_estimators and cfg.rollout.n < 2 and not distilling_only:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} needs rollout.n >= 2 (a group of one has no baseline "
             "and gets advantage 0); use reinforce_pp or gae with rollout.n=1"
@@ -159,6 +161,7 @@ def check_config(cfg: RunConfig) -> None:
             raise ConfigError(str(exc)) from None
     _check_env(cfg)
     _check_reward_model(cfg, counts.get("reward_model", 0))
+    check_distill(cfg, counts.get("teacher", 0))
     # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)

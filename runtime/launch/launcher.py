@@ -55,11 +55,13 @@ from runtime.launch.supervisor import Proc, Supervisor
 from runtime.logs import get_logger, log_path, setup_logging
 from runtime.memory.model import ShapeError
 from runtime.memory.plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
-from runtime.paths import model_dir, reward_model_dir
+from runtime.paths import model_dir, reward_model_dir, teacher_dir
 from runtime.prompts import check_prompt_lengths
 from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
 from runtime.run_token import ensure_token
+from runtime.teacher_check import check_teacher_tokenizer
 from runtime.tiny_model import make_tiny_model
+from runtime.tiny_teacher import make_tiny_teacher
 from runtime.views.console import Console
 from runtime.views.logfollow import LogFollower
 from runtime.wall_clock import record_start
@@ -75,6 +77,9 @@ def make_models(cfg: RunConfig) -> None:
         make_tiny_model(model_dir(cfg), **t)
     if cfg.reward.model.path == "tiny":  # the policy's shape, another seed
         make_tiny_model(reward_model_dir(cfg), **{**t, "seed": t["seed"] + 1}, classifier=True)
+    if cfg.algorithm.distill.teacher == "tiny":
+        d = cfg.algorithm.distill
+        make_tiny_teacher(teacher_dir(cfg), msgspec.structs.asdict(d.tiny), d.tiny_train_steps)
 
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
@@ -178,6 +183,8 @@ def _check_before_start(cfg: RunConfig, plan: Plan | None) -> None:
     from transformers import AutoTokenizer
 
     check_prompt_lengths(cfg, AutoTokenizer.from_pretrained(str(model_dir(cfg))))
+    if cfg.algorithm.distill.enabled:
+        check_teacher_tokenizer(model_dir(cfg), teacher_dir(cfg))
     if plan is not None:
         check_checkpoint_space(cfg, plan.shape)
 

@@ -46,14 +46,17 @@ class ProcSpec:
 
 
 def entries(cfg: RunConfig) -> list[PlacementEntry]:
-    """The placement's entries, with a critic (gae) and a reward_model (reward.model.path or
-    reward.judge.model) added on one process each when it names none."""
+    """The placement's entries, with a critic (gae), a reward_model (reward.model.path or
+    reward.judge.model) and a teacher (algorithm.distill.teacher) added on one process each
+    when it names none."""
     entries = list(cfg.placement) or list(DEFAULT_PLACEMENT)
     if cfg.algorithm.advantage == "gae" and not any(e.role == "critic" for e in entries):
         entries.append(PlacementEntry(role="critic"))
     r = cfg.reward
     if (r.model.path or r.judge.model) and not any(e.role == "reward_model" for e in entries):
         entries.append(PlacementEntry(role="reward_model"))
+    if cfg.algorithm.distill.enabled and not any(e.role == "teacher" for e in entries):
+        entries.append(PlacementEntry(role="teacher"))
     return entries
 
 

@@ -6,10 +6,11 @@ that figure under it, and the engine fails to start ("Engine core initialization
 failed"; seen with the 7B recipe on one H200). So a torch role whose GPU a rollout shares
 (by `placement`) builds only once each such rollout has started its engine.
 
-A rollout marks its start with `mark_started` (a file under `RUN_DIR/started/`, cleared
-by the launcher with `clear_started` before any role starts); `wait_started` waits for
-the marks of `colocated_rollouts`, bounded by `startup_timeout_s`. A rollout that dies
-before its mark brings the run down through the launcher, as any dead role does.
+A rollout (and a distillation teacher, `ENGINE_ROLES`) marks its start with `mark_started`
+(a file under `RUN_DIR/started/`, cleared by the launcher with `clear_started` before any
+role starts); `wait_started` waits for the marks of `colocated_rollouts`, bounded by
+`startup_timeout_s`. A rollout that dies before its mark brings the run down through the
+launcher, as any dead role does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from runtime.config import RunConfig
 from runtime.gpu_check import placed_processes
 
 POLL_S = 0.25
+ENGINE_ROLES = ("rollout", "teacher")  # roles that start a vLLM engine and mark it
 
 
 def _marks(run_dir: Path) -> Path:
@@ -41,11 +43,12 @@ def mark_started(run_dir: Path, name: str) -> None:
 
 
 def colocated_rollouts(cfg: RunConfig, role: str, rank: int) -> list[str]:
-    """Names of the rollouts that `placement` puts on a GPU (same node, same index) of
-    process `role`-`rank`; processes placed without `devices` never count."""
+    """Names of the rollouts (and distillation teachers, whose vLLM profiles the GPU the
+    same way) that `placement` puts on a GPU (same node, same index) of process
+    `role`-`rank`; processes placed without `devices` never count."""
     procs = placed_processes(cfg)
     mine = {g for p in procs if p.role == role and p.rank == rank for g in p.gpus}
-    return [f"rollout-{p.rank}" for p in procs if p.role == "rollout" and p.gpus & mine]
+    return [f"{p.role}-{p.rank}" for p in procs if p.role in ENGINE_ROLES and p.gpus & mine]
 
 
 async def wait_started(run_dir: Path, names: list[str], timeout_s: float) -> None:

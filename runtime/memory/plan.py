@@ -221,6 +221,20 @@ def _plan_process(
         util = cfg.reward.judge.engine.gpu_memory_utilization
         items = [Item(f"judge vLLM ({util:g})", util * gpu_gb, "awake")]
         return PlannedProcess(proc.name, proc.role, items, VLLM_CONTEXT_GB)
+    if proc.role == "teacher" and gpu_gb and on_gpu:
+        util = cfg.algorithm.distill.engine.gpu_memory_utilization
+        d = cfg.algorithm.distill
+        tokens = max(d.max_batched_tokens, d.engine.max_model_len + 1)
+        items = [
+            Item(f"teacher vLLM ({util:g})", util * gpu_gb, "awake"),
+            # full-vocabulary log-softmax of the prompt tokens of one engine step, beside vLLM's share
+            Item(
+                f"teacher prompt logprobs ({tokens} tokens x {shape.vocab} x 8 B)",
+                tokens * shape.vocab * 8 / GB,
+                "awake",
+            ),
+        ]
+        return PlannedProcess(proc.name, proc.role, items, VLLM_CONTEXT_GB)
     return PlannedProcess(proc.name, proc.role, [], 0.0)
 
 

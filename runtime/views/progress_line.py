@@ -30,10 +30,15 @@ class Field:
 
 
 def step_fields(rec: dict[str, Any], wall: str) -> list[Field]:
-    """A step record's fields as the progress line shows them, in display order."""
+    """A step record's fields as the progress line shows them, in display order; a
+    distillation run's (`distill_kl` in the record) add the reverse KL and the teacher's wait."""
+    teacher = [Field(f"kl {metric(rec, 'distill_kl'):.3f}", 1)] if "distill_kl" in rec else []
+    if "teacher_wait_s" in rec:
+        teacher.append(Field(f"teacher wait {metric(rec, 'teacher_wait_s'):.2f}s", 7))
     return [
         Field(f"v{rec.get('policy_version', '?')}", 5),
         Field(f"reward {metric(rec, 'reward_mean'):.3f}", 1),
+        *teacher,
         Field(f"len {metric(rec, 'response_len_mean'):.1f}", 2),
         Field(f"stale≤{metric(rec, 'staleness_max')}", 4),
         Field(f"drop {metric(rec, 'dropped_stale')}" + _errors(rec), 7),

@@ -17,6 +17,7 @@ KINDS = {  # kind -> (legend name, pattern shape, fixed colour or "" for the ver
     "sync": ("trainer weight sync", "x", "#444444"),
     "weights": ("rollout weight load", "", ""),
     "validation": ("validation round", ".", ""),
+    "teacher": ("teacher scoring (distillation)", "", "#bcbd22"),
     # The lane "step phases": fixed colours, so a phase reads the same in every step.
     "phase_wake": ("step: wake (send → first sample starts)", "", "#17becf"),
     "phase_generate": ("step: generate", "", "#98df8a"),

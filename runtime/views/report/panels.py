@@ -28,6 +28,7 @@ PANELS = (
     "logprob_gap",
     "clip_fraction",
     "kl",
+    "distill",
 )
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 DASH = ("solid", "dash")
@@ -45,6 +46,7 @@ def metric_panels(runs: list[RunData]) -> dict[str, go.Figure]:
         "logprob_gap": _logprob_gap,
         "clip_fraction": _clip,
         "kl": _kl,
+        "distill": _distill,
     }
     return {name: makers[name](runs) for name in PANELS}
 
@@ -204,4 +206,15 @@ def _kl(runs: list[RunData]) -> go.Figure:
             x=0.5,
             y=0.5,
         )
+    return fig
+
+
+def _distill(runs: list[RunData]) -> go.Figure:
+    """On-policy distillation: the per-token reverse KL to the teacher and how long each
+    step waited on the teacher after its last sample (docs/distillation.md)."""
+    fig = _figure("Distillation: reverse KL to the teacher, teacher wait", "nats / seconds")
+    keys = [("distill_kl", "KL(π ‖ π_teacher) per token"), ("teacher_wait_s", "teacher wait (s)")]
+    if not _lines(fig, runs, keys):
+        fig.update_layout(title="Distillation: off (algorithm.distill.teacher unset)", yaxis_title="reward")
+        _lines(fig, runs, [("reward_mean", "reward (shown instead)")])
     return fig

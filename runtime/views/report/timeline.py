@@ -8,7 +8,8 @@ What a caller may rely on:
   groups: over at most 4 lanes `"rollout-0 val · k"`, which may overlap); the trainer's
   step is split into its compute (`train`) and its weight sync (`sync`, the step's last
   `sync_s` seconds); each rollout's weight loads are on `"<rollout> weights"`; validation
-  rounds on `"validation"`. Groups dispatched but never sampled (a crashed run, or one still
+  rounds on `"validation"`; a distillation teacher's scoring of each group (its request, which
+  may overlap others) on `"<teacher> scoring"`. Groups dispatched but never sampled (a crashed run, or one still
   going) end at the last record's time, as `in_flight` (validation groups a round gave up
   on are left out). A span's `version` is the policy
   version it ran with (a group's oldest token; the version a step trained from).
@@ -70,6 +71,7 @@ def build_timeline(schedule: list[dict[str, Any]]) -> Timeline:
     tl.rows += _phases(schedule, t0, tl.spans)
     tl.rows += _weights(schedule, t0, tl.spans)
     tl.rows += _validation(schedule, t0, tl.spans)
+    tl.rows += _teacher(schedule, t0, tl.spans)
     return tl
 
 
@@ -186,3 +188,15 @@ def _validation(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> l
         text = f"validation after step {r['step']} ({r['groups']} prompts) {e - s:.2f}s"
         out.append(Span("validation", s, e, int(r["version"]), "validation", text))
     return ["validation"] if rounds else []
+
+
+def _teacher(schedule: list[dict[str, Any]], t0: float, out: list[Span]) -> list[str]:
+    """A distillation teacher's answer to each group, from its request to its reply."""
+    rows: set[str] = set()
+    for r in (r for r in schedule if r.get("ev") == "teacher"):
+        row = f"{r['to']} scoring"
+        rows.add(row)
+        e = float(r["t"]) - t0
+        text = f"{r['to']} scores group {r['g']}: {r['tok']} tokens in {r['s']}s, {r['fail']} failed"
+        out.append(Span(row, e - float(r["s"]), e, -1, "teacher", text))
+    return sorted(rows)

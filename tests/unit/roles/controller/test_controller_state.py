@@ -45,3 +45,13 @@ def test_batch_stats_count_turns_and_environment_tokens_of_multiturn_samples() -
     assert (stats.num_response_tokens, stats.turns_mean, stats.env_tokens_mean) == (2, 2.0, 1.0)
     _, single = build_train_batches([_group(None)], step=0, advantage="reinforce_pp", norm_by_std=False, num_shards=1)
     assert (single.num_response_tokens, single.turns_mean, single.env_tokens_mean) == (3, None, None)
+
+
+def test_the_teachers_logprobs_survive_a_checkpoint() -> None:
+    """A distillation run resumed with scored samples not yet trained trains them on the
+    teacher's log-probabilities it had (no second request, no lost distillation term)."""
+    g = _group(None)
+    g.samples[0].teacher_logprobs = torch.tensor([-1.0, -0.125, -3.0])
+    s = _round_trip(g)
+    assert s.teacher_logprobs is not None and s.teacher_logprobs.tolist() == [-1.0, -0.125, -3.0]
+    assert _round_trip(_group(None)).teacher_logprobs is None

@@ -71,3 +71,10 @@ def test_a_new_launch_forgets_old_marks(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError, match="rollout-0"):
         asyncio.run(wait_started(tmp_path, ["rollout-0"], timeout_s=0.3))
     clear_started(tmp_path)  # nothing to clear: no error
+
+
+def test_the_distillation_recipe_trainer_waits_for_the_teacher_too() -> None:
+    """The teacher's vLLM profiles the GPU it shares as a rollout's does."""
+    cfg = load_config("configs/distill_1.5b.yaml", [])
+    assert sorted(colocated_rollouts(cfg, "trainer", 0)) == ["rollout-0", "teacher-0"]
+    assert colocated_rollouts(load_config("configs/distill_tiny_cpu.yaml", []), "trainer", 0) == []

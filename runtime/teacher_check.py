@@ -1,0 +1,77 @@
+"""Launch checks of on-policy distillation's teacher (`algorithm.distill.teacher`).
+
+The teacher scores the student's token ids as they are: its tokenizer must map every id to
+the same token as the policy's. `tokenizer_mismatch` names the first id where they differ;
+the launcher refuses such a run in one line (exit 2) before any role starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runtime.config.load import ConfigError
+
+
+def id_to_token(tokenizer: Any) -> dict[int, str]:
+    """Every id the tokenizer knows (added tokens included) and its token string."""
+    table = {int(i): str(tok) for tok, i in tokenizer.get_vocab().items()}
+    for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        table[int(i)] = str(getattr(added, "content", added))
+    return table
+
+
+def tokenizer_mismatch(student: Any, teacher: Any) -> str:
+    """ "" when both tokenizers map every id to the same token, else where they first differ:
+    `token id 7: 'a' in the policy's, 'b' in the teacher's` (`(none)` where one lacks it)."""
+    s, t = id_to_token(student), id_to_token(teacher)
+    for i in sorted(set(s) | set(t)):
+        a, b = s.get(i), t.get(i)
+        if a != b:
+            return f"token id {i}: {_show(a)} in the policy's, {_show(b)} in the teacher's"
+    return ""
+
+
+def _show(token: str | None) -> str:
+    return "(none)" if token is None else repr(token)
+
+
+def check_teacher_tokenizer(policy_dir: Path, teacher_dir: Path) -> None:
+    """ConfigError (one line naming `algorithm.distill.teacher` and the first differing
+    token) when the teacher's tokenizer is not the policy's."""
+    from transformers import AutoTokenizer
+
+    try:
+        teacher = AutoTokenizer.from_pretrained(str(teacher_dir))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"algorithm.distill.teacher '{teacher_dir}': no tokenizer: {exc}".splitlines()[0]) from None
+    why = tokenizer_mismatch(AutoTokenizer.from_pretrained(str(policy_dir)), teacher)
+    if why:
+        raise ConfigError(
+            f"algorithm.distill.teacher '{teacher_dir}': its tokenizer differs from the policy's at {why}; "
+            "the teacher must score the policy's token ids (use a teacher of the same tokenizer family)"
+        )
+
+
+def check_distill(cfg: Any, placed: int) -> None:
+    """`algorithm.distill` against the placement and the rollout (ConfigError, one line):
+    a placed teacher needs a teacher model; the teacher's engine must take every sample the
+    rollout's can produce."""
+    d = cfg.algorithm.distill
+    if placed and not d.enabled:
+        raise ConfigError("placement has a teacher but algorithm.distill.teacher is not set")
+    if not d.enabled:
+        return
+    if d.teacher != "tiny" and not Path(d.teacher).is_dir():
+        raise ConfigError(f"algorithm.distill.teacher '{d.teacher}' is not a directory (an HF causal LM)")
+    if d.reward == "replace" and cfg.algorithm.filter_groups:
+        raise ConfigError(
+            "algorithm.filter_groups drops groups of equal task reward, which algorithm.distill.reward=replace does "
+            "not train on: turn one of them off (or use algorithm.distill.reward=add)"
+        )
+    need = cfg.rollout.engine.max_model_len
+    if d.engine.max_model_len < need:
+        raise ConfigError(
+            f"algorithm.distill.engine.max_model_len ({d.engine.max_model_len}) is below rollout.engine.max_model_len "
+            f"({need}): the teacher must read every prompt and response the rollout produces"
+        )
