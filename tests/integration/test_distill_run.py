@@ -18,25 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration.test_reward_model_run import ready_pid, steps
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/distill_tiny_cpu.yaml"
-
-
-def steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in map(json.loads, path.read_text().splitlines()) if "kind" not in r]
-
-
-def ready_pid(run_dir: Path, name: str) -> int | None:
-    path = run_dir / "logs" / f"{name}.jsonl"
-    if path.exists():
-        for rec in map(json.loads, path.read_text().splitlines()):
-            if rec["event"] == "ready":
-                return int(rec["pid"])
-    return None
 
 
 def launch(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
