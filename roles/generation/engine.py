@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import time
@@ -570,7 +571,7 @@ def engine_kwargs(
     may carry seeds) a CPU engine does not chunk prefills: vLLM rewinds a seeded request's
     generator after a partial prefill, which only a CUDA generator allows (vLLM-CPU's engine
     dies with 'CPU Generator does not use offset'). With `routed_experts` (MoE routing replay)
-    vLLM reports the experts it routed every token to (its V2 model runner does)."""
+    vLLM reports the experts it routed every token to, in the model runner that can."""
     kwargs: dict[str, Any] = dict(
         model=model_path,
         skip_tokenizer_init=not structured_outputs,
@@ -591,7 +592,10 @@ def engine_kwargs(
         kwargs.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=n, max_cpu_loras=n)
     if routed_experts:
         kwargs["enable_return_routed_experts"] = True
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # the runner that reports them
+        if importlib.util.find_spec("vllm.config.aux_output") is not None:
+            # vLLM 0.32 reports routing through its aux-output connector, which only its V2 model
+            # runner has; vLLM 0.26's V1 runner reports it itself (and its V2 cannot).
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     if seeded and _cpu_platform():
         kwargs["enable_chunked_prefill"] = False  # vLLM then batches at least max_model_len tokens
     return kwargs

@@ -1,18 +1,22 @@
 """A mixture of experts on one GPU with routing replay: the tiny Qwen3-MoE recipe with the
 rollout and a 1-rank FSDP2 trainer colocated on GPU 0, vLLM reporting the experts it routed
-every token to, the expert weights going to vLLM over CUDA IPC (`weight_sync.backend=auto`).
+every token to, the expert weights going to vLLM over CUDA IPC (`weight_sync.backend=auto`),
+synchronous (staleness 0: the behaviour/proximal gap is the engines' numerics alone).
 
 * With `algorithm.routing_replay: rollout` every reported token trains on vLLM's experts:
   `routing_mismatch` is 0 on every step, while `router_disagree` says how often the trainer
-  would have routed otherwise; the expert weights reach vLLM (the behaviour/proximal gap
-  stays at engine noise).
-* With `measure` the trainer routes itself and the same disagreement shows as mismatch.
+  would have routed otherwise.
+* With `measure` the trainer routes itself, and the same disagreement shows as mismatch.
+* Replay closes most of the behaviour/proximal gap (on one H100: KL 3e-4..3e-3 with replay,
+  2e-3..1.9e-2 without, on 1-5 % of tokens routed otherwise); the expert weights reach vLLM
+  (a stale expert would open the gap step by step).
 
 Needs vLLM's MoE kernels (a full vLLM wheel): `python -m pytest -m gpu tests/gpu/test_moe_gpu.py`.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -20,11 +24,13 @@ import pytest
 from tests.gpu.test_gpu_run import GPU_ENGINE, launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+STEPS = 6
 ON_GPU0 = (
     "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
     " {role: trainer, count: 1, devices: [0]}]",
     "trainer.device=cuda",
-    "trainer.total_steps=8",
+    f"trainer.total_steps={STEPS}",
+    "rollout.max_staleness=0",
     "model.tiny.num_experts=8",
     "model.tiny.initializer_range=0.2",  # routers far from uniform: routing is decided, not a tie
 )
@@ -34,19 +40,17 @@ def steps(metrics: list[dict]) -> list[dict]:
     return [m for m in metrics if "kind" not in m]
 
 
-def test_replayed_moe_run_trains_on_the_rollouts_experts(tmp_path: Path) -> None:
-    metrics = steps(launch(tmp_path / "replay", *GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=rollout"))
-    assert len(metrics) == 8
-    for m in metrics:
-        assert m["routed_tokens"] > 0, m
-        assert m["routing_mismatch"] == 0.0, m
+def test_replay_trains_on_the_rollouts_experts_and_closes_the_gap(tmp_path: Path) -> None:
+    replayed = steps(launch(tmp_path / "replay", *GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=rollout"))
+    measured = steps(launch(tmp_path / "measure", *GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=measure"))
+    assert len(replayed) == len(measured) == STEPS
+    for m in replayed:
+        assert m["routed_tokens"] > 0 and m["routing_mismatch"] == 0.0, m
         assert 0.0 <= m["router_disagree"] <= 1.0, m
-        assert m["kl_behaviour_proximal"] < 0.05, m
-
-
-def test_measured_moe_run_reports_the_disagreement_as_mismatch(tmp_path: Path) -> None:
-    metrics = steps(launch(tmp_path / "measure", *GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=measure"))
-    assert len(metrics) == 8
-    for m in metrics:
+        assert m["kl_behaviour_proximal"] < 0.01, m
+    for m in measured:
         assert m["routed_tokens"] > 0, m
         assert m["routing_mismatch"] == pytest.approx(m["router_disagree"]), m
+    assert any(m["router_disagree"] > 0 for m in measured)  # the engines do route some tokens apart
+    kl = [statistics.median(m["kl_behaviour_proximal"] for m in run) for run in (replayed, measured)]
+    assert kl[0] < kl[1], kl
