@@ -37,7 +37,12 @@ class SampleState(msgspec.Struct):
     reward_error: str = ""
     loss_mask: list[int] | None = None  # multi-turn: 0 on environment tokens
     num_turns: int = 0
-    routed_experts: list[list[list[int]]] | None = None  # MoE routing replay: [N, layers, top_k]
+    # MoE routing replay: the [N, layers, top_k] indices as raw bytes (base64 in the JSON) in
+    # `routed_dtype` ("uint8" | "int16"), `routed_shape` their shape: 1 or 2 bytes an index, not a
+    # JSON list (a 48-layer top-8 model has 384 of them a token).
+    routed_experts: bytes | None = None
+    routed_shape: list[int] = []
+    routed_dtype: str = ""
 
 
 class GroupState(msgspec.Struct):
@@ -86,7 +91,7 @@ def _sample_state(s: SampleRec) -> SampleState:
         s.reward_error,
         None if s.loss_mask is None else s.loss_mask.tolist(),
         s.num_turns,
-        None if s.routed_experts is None else s.routed_experts.tolist(),
+        *_routing_state(s.routed_experts),
     )
 
 
@@ -106,7 +111,7 @@ def restore_group(gs: GroupState) -> Group:
             reward_error=ss.reward_error,
             loss_mask=None if ss.loss_mask is None else torch.tensor(ss.loss_mask, dtype=torch.uint8),
             num_turns=ss.num_turns,
-            routed_experts=None if ss.routed_experts is None else _routing_tensor(ss.routed_experts),
+            routed_experts=_routing_tensor(ss),
         )
         for k, v in ss.tensors.items():
             setattr(rec, k, torch.tensor(v, dtype=torch.float32))
@@ -114,10 +119,20 @@ def restore_group(gs: GroupState) -> Group:
     return group
 
 
-def _routing_tensor(rows: list[list[list[int]]]) -> torch.Tensor:
-    """The saved routing in the dtype the rollout sends it in (uint8 up to 256 experts)."""
-    t = torch.tensor(rows, dtype=torch.int64)
-    return t.to(torch.uint8 if t.numel() == 0 or int(t.max()) < 256 else torch.int16)
+def _routing_state(routed: torch.Tensor | None) -> tuple[bytes | None, list[int], str]:
+    """(bytes, shape, dtype name) of a sample's routed experts, as `SampleState` keeps them."""
+    if routed is None:
+        return None, [], ""
+    t = routed.contiguous()
+    return t.numpy().tobytes(), list(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+def _routing_tensor(ss: SampleState) -> torch.Tensor | None:
+    """The saved routing, exactly as it was sent (dtype and shape)."""
+    if ss.routed_experts is None:
+        return None
+    dtype = getattr(torch, ss.routed_dtype)
+    return torch.frombuffer(bytearray(ss.routed_experts), dtype=dtype).reshape(ss.routed_shape).clone()
 
 
 def encode(state: ControllerState) -> bytes:

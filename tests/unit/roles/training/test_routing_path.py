@@ -4,13 +4,14 @@ controller checkpoint, mini-batches and micro-batches (packed and padded), row f
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import torch
 
 from roles.controller.batching import build_train_batches, pack_routed_experts
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
-from roles.controller.state import group_state, restore_group
+from roles.controller.state import GroupState, group_state, restore_group
 from roles.generation.engine import Sample
 from roles.rollout.completion import routing_tensor
 from roles.rollout.episode import Trajectory
@@ -126,7 +127,9 @@ def test_training_batches_carry_each_tokens_routing_and_a_mask_of_the_reported_r
 
 def test_a_checkpointed_group_restores_its_routing_exactly() -> None:
     g = _groups()[0]
-    back = restore_group(group_state(g))
+    saved = msgspec.json.encode(group_state(g))  # as the checkpoint's JSON holds it
+    assert b'"routed_dtype":"uint8"' in saved and b'"routed_experts":[' not in saved  # bytes (base64), not lists
+    back = restore_group(msgspec.json.decode(saved, type=GroupState))
     for s in g.ordered():
         got = back.samples[s.index].routed_experts
         assert got is not None and got.dtype == s.routed_experts.dtype and torch.equal(got, s.routed_experts)
