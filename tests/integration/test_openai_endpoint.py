@@ -313,7 +313,7 @@ async def _send_twenty_mb(server: EndpointServer, head: bytes) -> tuple[bytes, b
 
 
 def test_oversized_non_finite_and_slow_requests_cost_one_request(served: Any) -> None:
-    """Issue 64, items 3, 7 and 8: a 20 MB request (under the old 32 MB cap) is refused
+    """a 20 MB request (under the old 32 MB cap) is refused
     before it is read (by its length; a chunked body, whose length nothing bounds before it
     is read, is refused at its headers), and leaves the
     serving process's memory within 1.1x the body cap above where it was; a body longer

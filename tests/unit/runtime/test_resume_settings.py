@@ -1,5 +1,5 @@
 """A resume compares the checkpoint's settings with its own (runtime/resume_settings.py):
-issue 64, item 6: `rollout.n=4` or a smaller batch on resume stalled with no log line
+`rollout.n=4` or a smaller batch on resume stalled with no log line
 until killed, and a changed advantage estimator, staleness, data path or seed was taken
 without a word."""
 

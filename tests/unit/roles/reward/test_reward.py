@@ -184,7 +184,7 @@ async def test_a_non_finite_reward_is_a_failure_that_scores_zero(value: str) -> 
 
 @pytest.mark.parametrize("completion", ["huge", "-huge"])
 async def test_a_reward_beyond_max_magnitude_is_a_failure_under_its_function(completion: str) -> None:
-    """Issue 64, item 7: 1e308 is finite, but a batch of them made the reward mean
+    """1e308 is finite, but a batch of them made the reward mean
     infinite and the loss NaN from step 1, blamed on the loss, never on the function."""
     runner = _runner("huge", "const_one", max_magnitude=1e6)
     total, error, reason = await runner.score(_item(completion=completion))

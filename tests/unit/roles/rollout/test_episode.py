@@ -185,7 +185,7 @@ def test_the_synthetic_task_gives_feedback_then_rewards_the_last_turn() -> None:
 
 
 class Hostile:
-    """An environment that misbehaves in one of the ways issue 64's fault campaign found."""
+    """An environment that misbehaves in one of the ways a fault campaign found."""
 
     def __init__(self, fault: str) -> None:
         self.fault = fault
@@ -227,7 +227,7 @@ class Hostile:
     ],
 )  # fmt: skip
 def test_a_hostile_environment_costs_its_sample_only(fault: str, finish: FinishReason, error: str) -> None:
-    """Issue 64, items 1, 2 and 7: each fault ends the sample with a one-line reason, the
+    """each fault ends the sample with a one-line reason, the
     event loop keeps running throughout (a ticker counts while the environment blocks), and
     no id outside the vocabulary, no 50 MB text and no five million ids reach the sampler."""
     import time

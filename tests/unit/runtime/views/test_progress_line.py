@@ -67,7 +67,7 @@ def test_the_line_never_wraps_and_keeps_its_count_and_eta(width: int) -> None:
 
 
 def test_a_step_with_failed_groups_shows_them_and_who_failed_them() -> None:
-    """Issue 64: a bad episode is counted under a named reason in the step line too."""
+    """A bad episode is counted under a named reason in the step line too."""
     from runtime.views.progress_line import plain_line
 
     rec = {**STEP, "dropped_error": 16, "dropped_error_env": 8, "dropped_error_agent": 0, "dropped_error_generation": 8}
