@@ -45,7 +45,7 @@ def _check_kernels(cfg: RunConfig) -> None:
     if cfg.trainer.kernels != "liger":
         return
     _check_fsdp_gpu_option(cfg, "trainer.kernels=liger", "Liger Kernel's kernels run on GPUs only")
-    if cfg.trainer.compile is True:  # measured on the H200 at 6d23ac7: an AssertionError inside dynamo
+    if cfg.trainer.compile is True:  # measured on the H200: an AssertionError inside dynamo
         raise ConfigError(
             "trainer.kernels=liger cannot run with trainer.compile=true (dynamo fails on Liger's RMSNorm "
             "autograd.Function, torch 2.11; Liger-Kernel issue #174): set one of them back"

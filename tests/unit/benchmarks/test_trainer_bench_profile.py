@@ -1,7 +1,7 @@
 """benchmarks/trainer.py's profile shares count kernels, not the ranges around them: inductor's
 "## Call CompiledFxGraph ##" annotations span the kernels they launch on the GPU timeline,
 and counting them once more read a compiled 1.66 s step as 2.99 s of GPU time, half of it
-"other" (the H200 profile at 6d23ac7, whose kernel names these are)."""
+"other" (an H200 profile, whose kernel names these are)."""
 
 from __future__ import annotations
 
