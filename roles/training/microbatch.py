@@ -109,7 +109,10 @@ def split_micro_batches(batch: TrainBatch, budget: int) -> list[MicroBatch]:
         longest = max(longest, length)
     if current:
         groups.append(current)
-    return [_pad(batch, g) for g in groups]
+    mbs = [_pad(batch, g) for g in groups]
+    for mb in mbs:
+        mb.routing = _padded_routing(batch, list(mb.spans), mb.input_ids_BT.shape[1])
+    return mbs
 
 
 def pack_micro_batches(batch: TrainBatch, budget: int, num_bins: int | None = None) -> list[MicroBatch]:
@@ -152,7 +155,7 @@ def _pad(batch: TrainBatch, spans: list[tuple[int, int]]) -> MicroBatch:
         attn[row, :n] = 1
         for name, out in fields.items():
             out[row, :n] = getattr(batch, name)[start:end]
-    return MicroBatch(ids, attn, fields, spans=tuple(spans), routing=_padded_routing(batch, spans, T))
+    return MicroBatch(ids, attn, fields, spans=tuple(spans))
 
 
 def _padded_routing(
