@@ -160,9 +160,13 @@ class MoeRouting:
         weights = probs.gather(-1, chosen)
         if router.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        if plan is not None and layer not in plan.seen:
-            plan.aux.append(_balance_loss(probs, chosen, self.num_experts, plan.valid))
-            plan.seen.add(layer)
+        if plan is not None:
+            # Computed on every forward, kept from the first: activation recompute in backward
+            # must save the same tensors as the forward did (torch.utils.checkpoint checks).
+            aux = _balance_loss(probs, chosen, self.num_experts, plan.valid)
+            if layer not in plan.seen:
+                plan.aux.append(aux)
+                plan.seen.add(layer)
         return logits, weights.to(logits.dtype), chosen
 
 

@@ -154,3 +154,28 @@ def test_checkpoint_items_are_the_names_and_tensors_transformers_saves(moe_dir: 
     assert set(items) - {"lm_head.weight"} == set(saved)
     for name, tensor in saved.items():
         torch.testing.assert_close(items[name].to(tensor.dtype), tensor, msg=name)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_activation_recompute_gives_the_gradients_of_a_plain_backward(moe_dir: Path, replay: bool) -> None:
+    """`trainer.gradient_checkpointing` recomputes each block in backward: the router must
+    save the same tensors then as in the forward (torch checks and raises otherwise), and the
+    gradients, the load-balancing loss included, are those of a backward without recompute."""
+    ids = torch.randint(0, 259, (1, 12))
+    forced = torch.randint(0, 8, (12, 2, 2))
+
+    def grads(recompute: bool) -> dict[str, torch.Tensor]:
+        model = _load(moe_dir).train()
+        if recompute:
+            model.gradient_checkpointing_enable()
+        routing = MoeRouting(model)
+        with routing.micro_batch(forced, torch.ones(12), replay=replay) as stats:
+            out = model(input_ids=ids, labels=ids)
+            (out.loss + 0.1 * routing.stats().aux_loss).backward()
+        assert float(stats[0].aux_loss) > 0
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, recomputed = grads(False), grads(True)
+    assert any("gate.weight" in n for n in plain) and plain.keys() == recomputed.keys()
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
