@@ -412,8 +412,8 @@ class Policy:
 def setup_policy(cfg: RunConfig, run_root: Path) -> Policy:
     model_path, overrides = setup_model(cfg, run_root)
     hf = json.loads((model_path / "config.json").read_text())
-    if hf.get("num_experts"):  # an MoE: MFU counts the FLOPs of the experts a token is routed to
-        shape = ModelShape.from_hf_config(hf)
+    shape = ModelShape.from_hf_config(hf)
+    if shape.moe:  # an MoE: MFU counts the FLOPs of the experts a token is routed to
         return Policy(shape.num_params, prompt_tokens_mean(cfg, model_path), overrides, shape.active_params)
     return Policy(decoder_param_count(hf), prompt_tokens_mean(cfg, model_path), overrides)
 

@@ -86,3 +86,38 @@ def test_the_plan_names_total_and_active_parameters() -> None:
     cfg = load_config(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80"])
     text = format_plan(launch_plan(cfg, asks_gpus=True))
     assert "2.41B-parameter policy" in text and "mixture of 48 experts (8 a token: 0.71B active)" in text
+
+
+def test_a_mixture_saved_by_transformers_is_planned_as_one(tmp_path: Path) -> None:
+    """transformers 5 writes `num_local_experts` where Qwen3-30B-A3B's hub config says
+    `num_experts`: the plan reads both (it planned the saved bench model as a dense 1.36B)."""
+    from runtime.tiny_model import make_tiny_model
+
+    cfg = load_config(MOE, [])
+    t = cfg.model.tiny
+    path = make_tiny_model(
+        tmp_path / "moe",
+        hidden_size=t.hidden_size,
+        num_layers=t.num_layers,
+        num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads,
+        vocab_size=t.vocab_size,
+        num_experts=t.num_experts,
+        num_experts_per_tok=t.num_experts_per_tok,
+        moe_intermediate_size=t.moe_intermediate_size,
+    )
+    saved = json.loads((path / "config.json").read_text())
+    assert "num_experts" not in saved and saved["num_local_experts"] == cfg.model.tiny.num_experts
+    assert model_shape(load_config(MOE, [f"model.path={path}"])) == model_shape(cfg)
+
+
+def test_the_plan_meets_the_measured_moe_trainer_peak() -> None:
+    """The bench MoE recipe at 4096-token micro-batches (what `auto` chooses on 80 GB, and
+    what ran on one H100): the plan's trainer peak against the peak measured there."""
+    from runtime.memory.plan import launch_plan
+
+    result = json.loads((ROOT / "benchmarks" / "results" / "async_vs_sync_h100x1_moe.json").read_text())
+    measured = result["variants"]["sync"]["cuda_peak_gb"]
+    assert "trainer.micro_batch_tokens=4096" in result["overrides"]
+    cfg = load_config(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80", "trainer.micro_batch_tokens=4096"])
+    assert launch_plan(cfg, asks_gpus=True).trainer_peak_gb() == pytest.approx(measured, rel=0.05)
