@@ -13,7 +13,7 @@ import time
 
 from roles.generation.inproc import EngineDeadError
 from roles.teacher.scorer import TeacherScorer
-from runtime.launch.start_order import mark_started
+from runtime.launch.start_order import engines_before, mark_started, wait_started
 from runtime.logs import get_logger
 from runtime.paths import teacher_dir
 from runtime.role import FatalError, Role
@@ -31,6 +31,13 @@ class TeacherRole(Role):
         path = str(teacher_dir(self.cfg))
         started = time.perf_counter()
         self.scorer = TeacherScorer(d.engine, path, timeout_s=d.timeout_s, max_batched_tokens=d.max_batched_tokens)
+        before = engines_before(self.cfg, self.kind, self.ctx.rank)
+        if before:  # one vLLM profiling this GPU at a time (runtime/launch/start_order.py)
+            log.info("waiting_for_colocated_rollouts", rollouts=before)
+            try:
+                await wait_started(self.ctx.run_dir, before, self.cfg.startup_timeout_s)
+            except TimeoutError as exc:
+                raise FatalError(f"{self.ctx.name} shares its GPU with a rollout that never started: {exc}") from None
         log.info("engine_starting", model=path)
         try:
             await self.scorer.start()

@@ -6,6 +6,10 @@ that figure under it, and the engine fails to start ("Engine core initialization
 failed"; seen with the 7B recipe on one H200). So a torch role whose GPU a rollout shares
 (by `placement`) builds only once each such rollout has started its engine.
 
+Two engines on one GPU count each other's allocations the same way ("No available memory
+for the cache blocks"), so a distillation teacher starts its engine only once the rollouts
+on its GPU have started theirs (`engines_before`).
+
 A rollout (and a distillation teacher, `ENGINE_ROLES`) marks its start with `mark_started`
 (a file under `RUN_DIR/started/`, cleared by the launcher with `clear_started` before any
 role starts); `wait_started` waits for the marks of `colocated_rollouts`, bounded by
@@ -49,6 +53,15 @@ def colocated_rollouts(cfg: RunConfig, role: str, rank: int) -> list[str]:
     procs = placed_processes(cfg)
     mine = {g for p in procs if p.role == role and p.rank == rank for g in p.gpus}
     return [f"{p.role}-{p.rank}" for p in procs if p.role in ENGINE_ROLES and p.gpus & mine]
+
+
+def engines_before(cfg: RunConfig, role: str, rank: int) -> list[str]:
+    """The rollouts a distillation teacher `role`-`rank` waits for before it starts its own
+    engine: two vLLM engines profiling one GPU at once each count the other's allocations as
+    their own and one finds no memory for its KV cache. Empty for every other role."""
+    if role != "teacher":
+        return []
+    return [n for n in colocated_rollouts(cfg, role, rank) if n.startswith("rollout-")]
 
 
 async def wait_started(run_dir: Path, names: list[str], timeout_s: float) -> None:

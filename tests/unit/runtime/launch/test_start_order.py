@@ -12,7 +12,7 @@ import pytest
 
 from runtime.config import PlacementEntry, RunConfig
 from runtime.config.load import load_config
-from runtime.launch.start_order import clear_started, colocated_rollouts, mark_started, wait_started
+from runtime.launch.start_order import clear_started, colocated_rollouts, engines_before, mark_started, wait_started
 
 
 def _cfg(*placement: PlacementEntry) -> RunConfig:
@@ -78,3 +78,13 @@ def test_the_distillation_recipe_trainer_waits_for_the_teacher_too() -> None:
     cfg = load_config("configs/distill_1.5b.yaml", [])
     assert sorted(colocated_rollouts(cfg, "trainer", 0)) == ["rollout-0", "teacher-0"]
     assert colocated_rollouts(load_config("configs/distill_tiny_cpu.yaml", []), "trainer", 0) == []
+
+
+def test_a_teacher_starts_its_engine_after_the_rollouts_on_its_gpu() -> None:
+    """Two vLLM engines profiling one GPU at once: the one H100 run of the distillation recipe
+    failed so ("No available memory for the cache blocks" in the teacher)."""
+    cfg = load_config("configs/distill_1.5b.yaml", [])
+    assert engines_before(cfg, "teacher", 0) == ["rollout-0"]
+    assert engines_before(cfg, "rollout", 0) == []
+    assert engines_before(cfg, "trainer", 0) == []
+    assert engines_before(load_config("configs/distill_tiny_cpu.yaml", []), "teacher", 0) == []
