@@ -46,7 +46,7 @@
 #   --dry-run         print the commands instead of running them
 #
 # The JSON records the commit (`$TANDEM_COMMIT` if set, else git's HEAD) and GPU 0's name. The
-# H200 rows in BENCHMARKS.md ran before the recipes' settings were `auto`; to measure what they
+# H200 rows in BENCHMARKS.md ran with the recipes' GPU settings pinned, not `auto`; to measure what they
 # measured, add the settings they pinned (BENCHMARKS.md, `H200_15B`) to the command by hand.
 set -uo pipefail
 cd "$(dirname "$0")/.."

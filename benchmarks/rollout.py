@@ -65,7 +65,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # vLLM logs to stdout by default; stdout is for this benchmark's one JSON object.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-# The bare engine starts in this process; forked workers hung there on a GPU (2026-11-30).
+# The bare engine starts in this process; forked workers hang there on a GPU.
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from benchmarks.json_out import print_json, provenance

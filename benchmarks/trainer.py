@@ -288,8 +288,8 @@ KERNEL_CLASSES = (  # the first pattern a kernel's name matches names its class
 
 # Ranges, not kernels: inductor's "## Call CompiledFxGraph <hash> ##" and the profiler's
 # own step markers show up on the GPU timeline spanning the kernels they launched, so
-# counting them counts those kernels twice (at 6d23ac7 the compiled 4k step's 1.66 s read
-# as 2.99 s of GPU time, 52 % of it "other").
+# counting them counts those kernels twice (a compiled 4k step of 1.66 s read as 2.99 s of
+# GPU time, 52 % of it "other").
 ANNOTATION = re.compile(r"^## .* ##$|^ProfilerStep#")
 
 

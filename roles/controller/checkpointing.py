@@ -1,6 +1,6 @@
 """Checkpoints, controller side: every trainer and critic rank saves its shards, the
 controller its state (`ControllerState`); then the folder is committed (runtime/checkpoint.py).
-Taken between steps, so no batch is in training; see README "Checkpoints, resume, export".
+Taken between steps, so no batch is in training; see docs/running.md, "Checkpoints, resume, export".
 A save that fails (a rank's error, its timeout, a write of the controller's own) ends the
 run at once with `FatalError` naming the folder, the cause and the last intact checkpoint
 (runtime/checkpoint.py `save_failure`); the checkpoints before it stay as they were."""

@@ -1,4 +1,4 @@
-"""One metrics record per training step (see README "Reading metrics"): the batch's
+"""One metrics record per training step (see docs/metrics.md): the batch's
 rewards, lengths and staleness, drops, throughput and idle ratios over the window since
 the previous step, and the trainer's (and critic's) own numbers."""
 

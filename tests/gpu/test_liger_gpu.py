@@ -8,7 +8,7 @@ and RoPE trains like the one with transformers' kernels.
   gradient norm are those of the `torch` kernels within bf16 noise, and the update of all
   parameters over the steps points the same way (cosine >= 0.9). Not element-wise, nor per
   parameter: Adam turns bf16 noise in a near-zero gradient into a full-lr step of either
-  sign. On the H200 (6d23ac7) entropy and grad norm agreed to 0.5 % while the embedding
+  sign. On an H200 entropy and grad norm agreed to 0.5 % while the embedding
   rows failed an element-wise check, and a per-parameter cosine was 0.82 at worst (a
   k_proj bias, whose gradient is a sum that nearly cancels).
 

@@ -121,7 +121,7 @@ async def test_exported_weights_in_vllm_equal_a_fresh_engine_on_the_export(
     finally:
         await h.stop()
     # The rollout above ran in this process and left CUDA initialised: a forked engine core
-    # cannot use it (2026-11-30: "Cannot re-initialize CUDA in forked subprocess").
+    # cannot use it ("Cannot re-initialize CUDA in forked subprocess").
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     await assert_fresh_engine_agrees(out / "hf", tokens, logprobs)
     shutil.rmtree(out / "hf", ignore_errors=True)

@@ -208,8 +208,8 @@ async def test_gpu_memory_is_flat_over_50_updates(rollout: RoleHarness, trainer:
 async def test_a_zmq_update_writes_every_parameter_too(rollout: RoleHarness, trainer: TrainerSide) -> None:
     """The same check over `zmq` (staged in host memory, the same vLLM `load_weights` into the
     live GPU parameters): a fault both backends show is in the load, not in the IPC path.
-    (Before 8b8fcfe the ipc check failed on `model.embed_tokens.weight`, whose 259 rows vLLM
-    pads to 320, and this one passed: vLLM's reload kept views of the reused ipc buffer,
+    (An ipc check that fails on `model.embed_tokens.weight`, whose 259 rows vLLM pads to 320,
+    while this one passes, points at vLLM's reload keeping views of the reused ipc buffer:
     roles/weights/vllm_reload.py.)"""
     side = TrainerSide(rollout, "zmq", torch.device("cpu"), timeout_s=TIMEOUT_S, bucket_mb=16)
     await side.connect()

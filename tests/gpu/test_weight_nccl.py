@@ -46,7 +46,7 @@ TIMEOUT_S = 20.0
 ROLLOUT_GPU, TRAINER_GPU = "0", 1
 # The comparison test starts a fresh vLLM engine inside this process, which blocks the
 # harness's event loop (the rollout's stand-in controller) for a minute: the rollout must
-# not take that silence for a lost controller (on 2026-11-30 it did, at 10 s, and exited).
+# not take that silence for a lost controller (with a 10 s peer timeout it did, and exited).
 ENGINE = (
     "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.3",
     "transport.peer_timeout_s=600",

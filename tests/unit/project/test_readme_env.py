@@ -1,4 +1,4 @@
-"""The "Environments and tools" example (docs/rollout.md, moved from the README) works as printed: its environment file,
+"""The "Environments and tools" example (docs/rollout.md) works as printed: its environment file,
 imported as `myenv`, runs through the real episode loop (feedback after turn one, reward
 for turn two), and its launch command's config passes the launch-time checks."""
 

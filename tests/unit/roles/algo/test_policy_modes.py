@@ -1,7 +1,7 @@
 """Policy-loss modes, aggregations and rollout correction: hand-computed values, and verl's
 `core_algos` formulas written out as an independent reference (functions named `_verl_*`).
 
-Conventions that differ from verl (README "Algorithms"): our `vanilla` has no dual clip
+Conventions that differ from verl (docs/algorithms.md, "Algorithms"): our `vanilla` has no dual clip
 (verl's `vanilla` always applies `clip_ratio_c`, our `dual-clip` is verl's `vanilla`);
 seq-mean modes divide by the sequences that have a response token (verl: every row of the
 micro-batch) or by the step's global count; `seq-mean-token-sum-norm` divides by
