@@ -44,7 +44,7 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
-    REST = 14
+    SLEEP_BEFORE_STEP = 14
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
@@ -179,7 +179,7 @@ class Ack(msgspec.Struct, **_msg(MsgType.ACK)):
 # --- rollout ---------------------------------------------------------------------------
 
 
-class Rest(msgspec.Struct, **_msg(MsgType.REST)):
+class SleepBeforeStep(msgspec.Struct, **_msg(MsgType.SLEEP_BEFORE_STEP)):
     """Controller -> rollout, in a synchronous run before each training step: every sample
     of `version` the step needs is in, and the next weights this rollout receives are the
     trainer's next version, each tensor of it. A rollout that shares its GPU with a trainer
@@ -499,7 +499,7 @@ Message = (
     | Ack
     | Generate
     | Completion
-    | Rest
+    | SleepBeforeStep
     | WeightBucket
     | WeightsApplied
     | SyncWeights

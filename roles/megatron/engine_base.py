@@ -38,10 +38,10 @@ import torch.distributed as dist
 
 from roles.megatron.checkpoint import load_megatron, save_megatron
 from roles.training.distributed import init_distributed, pick_device
+from roles.training.hf_loading import DTYPES
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
 from roles.training.minibatch import epoch_mini_batches
-from roles.training.models import DTYPES
 from runtime.config import MegatronConfig, OptimConfig, RunConfig
 from transport.wire import TrainBatch
 
