@@ -422,6 +422,15 @@ class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
     routed_mask: torch.Tensor | None = None
 
 
+# The one list of a TrainBatch's per-token fields (one row per packed token, `cu_seqlens[-1]`
+# rows; all but input_ids may be None), in field order: every field but these four, which
+# describe the batch as a whole. Code that handles a subset names it as this list less what
+# it leaves out, and says why.
+TRAIN_BATCH_TOKEN_FIELDS: tuple[str, ...] = tuple(
+    f for f in TrainBatch.__struct_fields__ if f not in ("step", "cu_seqlens", "global_num_tokens", "global_num_seqs")
+)
+
+
 class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):
     """A finished step: the new policy version, the step's metrics, and the rollouts the
     new weights could not reach (elastic runs carry on without them)."""
