@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from roles.controller.peers import Peer, Registry
+from runtime.errors import one_line
 from runtime.logs import get_logger
 from transport import wire
 from transport.rpc import RpcEndpoint
@@ -42,8 +43,6 @@ class SleepBeforeStep:
                 wire.SleepBeforeStep(version=version), peer=peer.identity, timeout=self.timeout_s
             )
         except Exception as exc:  # a timeout, a dead peer, an error reply: the step goes on
-            self.noisy.warning(
-                "sleep_before_step_failed", key=peer.name, rollout=peer.name, error=f"{type(exc).__name__}: {exc}"
-            )
+            self.noisy.warning("sleep_before_step_failed", key=peer.name, rollout=peer.name, error=one_line(exc))
             return f"failed: {exc}"
         return reply.info if isinstance(reply, wire.Ack) else f"unexpected reply {type(reply).__name__}"

@@ -32,6 +32,7 @@ from roles.rollout.completion import completion_message
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
+from runtime.errors import one_line
 from runtime.gpu_check import rollout_sleeps
 from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger, set_policy_version
@@ -199,7 +200,7 @@ class RolloutRole(Role):
             await self._engine_failed(exc)
             return
         except Exception as exc:  # a sample lost here would leave its step waiting forever
-            self.fail(f"sample {index} of request {req.request_id} failed: {type(exc).__name__}: {exc}")
+            self.fail(f"sample {index} of request {req.request_id} failed: {one_line(exc)}")
             return
         if done.error:
             log.warning("request_failed", request_id=req.request_id, sample=index, error=done.error)

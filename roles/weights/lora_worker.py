@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from roles.weights.lora_adapters import write_adapter_dir
+from runtime.errors import one_line
 
 
 def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tens
     try:
         register_from_tensors(manager, int(spec["id"]), tensors, spec["config"])
     except Exception as exc:  # vLLM's private API moved: the path still works
-        error = f"{type(exc).__name__}: {exc}"
+        error = one_line(exc)
     for old in sorted(manager.list_adapters()):
         if old not in spec["keep"]:
             manager.remove_adapter(old)
