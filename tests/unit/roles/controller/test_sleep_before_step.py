@@ -61,7 +61,7 @@ async def controller() -> AsyncIterator[tuple[zmq.asyncio.Context, RpcEndpoint]]
     ctx.destroy(linger=0)
 
 
-async def test_rest_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
+async def test_sleep_before_step_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
     controller: tuple[zmq.asyncio.Context, RpcEndpoint],
 ) -> None:
     ctx, server = controller
@@ -83,7 +83,9 @@ async def test_rest_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
         await r.ep.aclose()
 
 
-async def test_rest_returns_at_once_when_no_rollout_sleeps(controller: tuple[zmq.asyncio.Context, RpcEndpoint]) -> None:
+async def test_sleep_before_step_returns_at_once_when_no_rollout_sleeps(
+    controller: tuple[zmq.asyncio.Context, RpcEndpoint],
+) -> None:
     _, server = controller
     registry = Registry()
     registry.add(b"rollout-0", wire.PeerInfo(role="rollout", rank=0, capabilities={"sleeps": 0}))
