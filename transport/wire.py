@@ -44,7 +44,7 @@ class MsgType(IntEnum):
     PEERS = 8
     GENERATE = 10
     COMPLETION = 11
-    REST = 14
+    SLEEP_BEFORE_STEP = 14
     WEIGHT_BUCKET = 20
     WEIGHTS_APPLIED = 21
     SYNC_WEIGHTS = 22
@@ -179,7 +179,7 @@ class Ack(msgspec.Struct, **_msg(MsgType.ACK)):
 # --- rollout ---------------------------------------------------------------------------
 
 
-class Rest(msgspec.Struct, **_msg(MsgType.REST)):
+class SleepBeforeStep(msgspec.Struct, **_msg(MsgType.SLEEP_BEFORE_STEP)):
     """Controller -> rollout, in a synchronous run before each training step: every sample
     of `version` the step needs is in, and the next weights this rollout receives are the
     trainer's next version, each tensor of it. A rollout that shares its GPU with a trainer
@@ -422,6 +422,15 @@ class TrainBatch(msgspec.Struct, **_msg(MsgType.TRAIN_BATCH)):
     routed_mask: torch.Tensor | None = None
 
 
+# The one list of a TrainBatch's per-token fields (one row per packed token, `cu_seqlens[-1]`
+# rows; all but input_ids may be None), in field order: every field but these four, which
+# describe the batch as a whole. Code that handles a subset names it as this list less what
+# it leaves out, and says why.
+TRAIN_BATCH_TOKEN_FIELDS: tuple[str, ...] = tuple(
+    f for f in TrainBatch.__struct_fields__ if f not in ("step", "cu_seqlens", "global_num_tokens", "global_num_seqs")
+)
+
+
 class TrainResult(msgspec.Struct, **_msg(MsgType.TRAIN_RESULT)):
     """A finished step: the new policy version, the step's metrics, and the rollouts the
     new weights could not reach (elastic runs carry on without them)."""
@@ -499,7 +508,7 @@ Message = (
     | Ack
     | Generate
     | Completion
-    | Rest
+    | SleepBeforeStep
     | WeightBucket
     | WeightsApplied
     | SyncWeights

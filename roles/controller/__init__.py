@@ -14,9 +14,6 @@ Modules:
   samples.
 * `error_rate`: The run's bound on failed sampling: the environment's (and the agent's, and the
   generation's) equivalent of `reward.max_failure_fraction`.
-* `gate`: The staleness gate of async PPO (as in AReaL), as pure bookkeeping.
-* `gatekeeper`: Who may join the run and speak for a role: the controller's checks of control
-  messages.
 * `groups`: Prompt groups (n completions of one prompt) from dispatch to training.
 * `ledger`: The ledger: the one owner of "every admitted group is trained or dropped exactly
   once".
@@ -29,17 +26,20 @@ Modules:
   under grouped names (`actor/loss`, `rollout/reward_mean`: roles/controller/metric_groups.py).
 * `mismatch`: The behaviour / proximal mismatch guard (`algorithm.mismatch_warn`,
   `algorithm.mismatch_stop`).
+* `peer_access`: Who may join the run and speak for a role: the controller's checks of control
+  messages.
 * `peers`: The controller's view of registered roles: identity, info, version, load, busy time.
 * `ppo`: PPO with a critic, controller side: value requests, token rewards (with the optional KL
   penalty) and GAE per sample, as plain functions over groups.
 * `ranks`: The ranks of one SPMD role (trainer or critic), addressed as one.
-* `rest`: Rest: in a synchronous run, rollouts that share a GPU with a trainer rank sleep before
-  each training step, so the trainer steps with their memory.
 * `role`: The controller: one per run, on CPU.
 * `schedule`: The schedule log: RUN_DIR/schedule.jsonl, one compact JSON object per event the
   controller sees, so a person (or `tandem report`) can see *when* things happened.
 * `scoring`: Scoring: complete groups in, rewarded groups out.
+* `sleep_before_step`: SleepBeforeStep: in a synchronous run, rollouts that share a GPU with a
+  trainer rank sleep before each training step, so the trainer steps with their memory.
 * `stale_drops`: A warning when stale drops take a run's long responses (`stale_drops`).
+* `staleness_gate`: The staleness gate of async PPO (as in AReaL), as pure bookkeeping.
 * `state`: The controller's part of a checkpoint, as JSON (msgspec): the ledger (step, gate
   counters, totals, the samples accepted but not trained yet, and the prompts that were in
   flight, generated again on resume so no prompt is skipped), the dataset cursor and the
@@ -47,7 +47,7 @@ Modules:
 * `step_metrics`: One metrics record per training step (see docs/metrics.md): the
   batch's rewards, lengths and staleness, drops, throughput and idle ratios over the window
   since the previous step, and the trainer's (and critic's) own numbers.
-* `training`: The training stage: one step at a time, the ledger's next fresh batch through the
+* `step_runner`: The training stage: one step at a time, the ledger's next fresh batch through the
   trainer (and critic) ranks.
 * `teaching`: The controller's side of on-policy distillation: the teacher's log-probabilities
   of every finished sample, asked beside its rewards, and the step's distillation metrics.

@@ -17,6 +17,7 @@ from roles.controller import state as cstate
 from roles.controller.ranks import RankGroup
 from runtime import checkpoint, resume_settings
 from runtime.base_model import MANIFEST_KEY as BASE_MODEL_KEY
+from runtime.errors import one_line
 from runtime.logs import get_logger
 from runtime.role import FatalError
 from transport import wire
@@ -59,7 +60,7 @@ class Checkpointer:
         try:
             final = await self._save(state, step, self.timeout_s if timeout_s is None else timeout_s)
         except (RemoteError, RequestTimeout, ConnectionError, OSError) as exc:
-            cause = exc.message if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+            cause = exc.message if isinstance(exc, RemoteError) else one_line(exc)
             raise FatalError(checkpoint.save_failure(self.run_dir, step, " ".join(cause.split()))) from None
         self.last_step = step
         log.info("checkpoint_saved", step=step, path=str(final), seconds=round(time.perf_counter() - started, 3))

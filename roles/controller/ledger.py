@@ -38,10 +38,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from roles.controller.dataset import Prompt
-from roles.controller.gate import StalenessGate
 from roles.controller.groups import Group
 from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.stale_drops import StaleDropWatch
+from roles.controller.staleness_gate import StalenessGate
 from roles.controller.state import LedgerState, group_state, restore_group
 from runtime.logs import get_logger
 

@@ -4,7 +4,7 @@ and the dispatcher are told when that changes.
 A caller may rely on:
 * `register` answers every `Register`: `Registered` (the run id, every registered peer,
   the trainer's policy version) or `Error(REFUSED, "registration refused: <why>")` with
-  the gatekeeper's reason (gatekeeper.py). A rollout that registers after `open` (a
+  the reason peer_access.py gives. A rollout that registers after `open` (a
   joiner) is welcomed: the trainers get the new rollout list, then it gets the current
   weights.
 * `wait_all(timeout_s)` returns once every process placement declares is registered, the
@@ -27,8 +27,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from roles.controller.gatekeeper import Gatekeeper
 from roles.controller.groups import Group
+from roles.controller.peer_access import PeerAccess
 from roles.controller.peers import Peer, Registry
 from roles.controller.ranks import RankGroup
 from runtime.logs import get_logger
@@ -91,7 +91,7 @@ class Membership:
         self.run_id = run_id
         self.version = version
         self.host = host
-        self.gatekeeper = Gatekeeper(registry, rules.token, rules.expected, elastic=rules.elastic)
+        self.access = PeerAccess(registry, rules.token, rules.expected, elastic=rules.elastic)
         self.running = False  # after `open`, a registering rollout is a joiner
         self._changed = asyncio.Event()
 
@@ -103,7 +103,7 @@ class Membership:
     def register(self, identity: bytes | None, msg: wire.Register) -> wire.Message:
         """The reply to `msg` (see the module docstring)."""
         assert identity is not None
-        why = self.gatekeeper.refuse_registration(identity, msg)
+        why = self.access.refuse_registration(identity, msg)
         if why is not None:
             return wire.Error(code=wire.ErrorCode.REFUSED, message=f"registration refused: {why}")
         peer = self.registry.add(identity, msg.peer)
@@ -155,7 +155,7 @@ class Membership:
     # --- losses --------------------------------------------------------------------------
     def dead(self, identity: bytes | None, msg: wire.Dead) -> None:
         """A role's `Dead` notice: a lost rollout (elastic) or the end of the run."""
-        if not self.gatekeeper.believe_dead(identity, msg):
+        if not self.access.believe_dead(identity, msg):
             return
         peer = self.registry.get(identity)
         if msg.role == "rollout" and self.rules.elastic and peer is not None:

@@ -20,7 +20,8 @@ from runtime.role import FatalError
 
 log = get_logger("metrics")
 
-REQUIRED_KEYS = (
+# Every step record has these keys: what the recorder measures itself (step_metrics.py) ...
+STEP_KEYS = (
     "step",
     "policy_version",
     "reward_mean",
@@ -35,6 +36,9 @@ REQUIRED_KEYS = (
     "train_busy_s",
     "rollout_idle_ratio",
     "trainer_idle_ratio",
+)
+# ... and these of the trainer's, 0.0 in a step whose trainer did not report them.
+TRAINER_REQUIRED_KEYS = (
     "weight_sync_s",
     "loss",
     "kl_behaviour_proximal",
@@ -43,6 +47,7 @@ REQUIRED_KEYS = (
     "entropy",
     "grad_norm",
 )
+REQUIRED_KEYS = (*STEP_KEYS, *TRAINER_REQUIRED_KEYS)
 
 
 class MetricsSink:

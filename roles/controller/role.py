@@ -45,12 +45,12 @@ from roles.controller.metrics import MetricsSink
 from roles.controller.peers import Peer, Registry
 from roles.controller.ppo import RewardKL
 from roles.controller.ranks import RankGroup
-from roles.controller.rest import Rest
 from roles.controller.schedule import NoSchedule, ScheduleLog
 from roles.controller.scoring import Scorer, Weights
+from roles.controller.sleep_before_step import SleepBeforeStep
 from roles.controller.step_metrics import StepRecorder
+from roles.controller.step_runner import StepRunner
 from roles.controller.teaching import TeacherMeter, Teaching
-from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
 from runtime import addresses, base_model, checkpoint, resume_settings
@@ -202,7 +202,7 @@ class Controller(Role):
             on_rollout_failed=self.membership.rollout_failed,
             max_reward_failures=cfg.reward.max_failure_fraction,
             schedule=self.schedule,
-            before_train=self._rest_before_steps(),
+            before_train=self._sleep_before_steps(),
             max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
             last_checkpoint=self._last_checkpoint,
             more_metrics=self._prompt_metrics,
@@ -447,11 +447,11 @@ class Controller(Role):
         if cause:
             self.fail(cause)
 
-    def _rest_before_steps(self) -> Rest | None:
+    def _sleep_before_steps(self) -> SleepBeforeStep | None:
         """A synchronous run puts rollouts that share a trainer's GPU to sleep before each step."""
         if self.cfg.rollout.max_staleness != 0:
             return None
-        return Rest(self.server, self.registry, timeout_s=self.cfg.rollout.engine.call_timeout_s + 5.0)
+        return SleepBeforeStep(self.server, self.registry, timeout_s=self.cfg.rollout.engine.call_timeout_s + 5.0)
 
     def _unreachable(self, peer: Peer, why: str) -> None:
         """The dispatcher's report (it is built before the membership it reports to)."""

@@ -9,17 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from roles.controller.batching import BatchStats
-from roles.controller.metrics import MetricsSink
+from roles.controller.metrics import TRAINER_REQUIRED_KEYS, MetricsSink
 from transport import wire
 
+# The trainer's metrics a step record copies: the required ones (metrics.py), then the rest.
 TRAINER_KEYS = (
-    "weight_sync_s",
-    "loss",
-    "kl_behaviour_proximal",
-    "importance_weight_max",
-    "clip_fraction",
-    "entropy",
-    "grad_norm",
+    *TRAINER_REQUIRED_KEYS,
     "lr",
     "train_s",
     "kl_ref",
@@ -50,15 +45,6 @@ TRAINER_KEYS = (
     "router_disagree",
     "routing_mismatch",
     "routed_tokens",
-)
-ZERO_DEFAULTS = (
-    "weight_sync_s",
-    "loss",
-    "kl_behaviour_proximal",
-    "importance_weight_max",
-    "clip_fraction",
-    "entropy",
-    "grad_norm",
 )
 
 
@@ -121,7 +107,7 @@ class StepRecorder:
             **{k: m[k] for k in TRAINER_KEYS if k in m},
             **extra,
         }
-        for k in ZERO_DEFAULTS:
+        for k in TRAINER_REQUIRED_KEYS:
             rec.setdefault(k, 0.0)
         if stats.turns_mean is not None:  # multi-turn runs only
             rec.update(turns_mean=stats.turns_mean, env_tokens_mean=stats.env_tokens_mean)

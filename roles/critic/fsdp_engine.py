@@ -19,9 +19,9 @@ from roles.algo import token_logprobs
 from roles.critic.value_rows import as_batch, clipped_value_loss, sequence_spans, unpad_rows
 from roles.fsdp.engine_base import FSDPEngineBase
 from roles.fsdp.wrap import wrap_model_with_fsdp
+from roles.training.hf_loading import DTYPES, load_causal_lm
 from roles.training.metrics import CRITIC_METRICS
 from roles.training.microbatch import MicroBatch
-from roles.training.models import DTYPES, load_causal_lm
 from runtime.config import RunConfig
 from transport.wire import TrainBatch, ValueRequest
 

@@ -22,8 +22,8 @@ from roles.kernels.token_stats import TokenStatsHead, install_token_stats_head
 from roles.kernels.varlen import register_varlen_attention
 from roles.kernels.varlen_cudnn import refuse_where_it_crashes, register_cudnn_attention
 from roles.kernels.varlen_fa4 import register_fa4_attention
+from roles.training.hf_loading import load_causal_lm
 from roles.training.microbatch import MicroBatch
-from roles.training.models import load_causal_lm
 
 _PACKED_BACKENDS = {
     "torch": register_varlen_attention,

@@ -61,7 +61,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from roles.training.models import DTYPES
+from roles.training.hf_loading import DTYPES
 from runtime.config import FSDPConfig
 
 # Wrappers that insert a path component into parameter names (checkpointing, compile, FSDP1).

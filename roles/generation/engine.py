@@ -20,8 +20,8 @@ What a caller may rely on:
   (vLLM level 1) or discards them (level 2: the caller promises that the next update
   replaces every weight); an update wakes the weights, a generate request whatever still
   sleeps. Nothing is ever sampled from discarded weights: a request that comes before an
-  update has reloaded them waits for one (`reload_wait_s`), then fails as `EngineDead`.
-* An engine call that runs out of GPU memory raises `OutOfGpuMemory` (an `EngineDead`).
+  update has reloaded them waits for one (`reload_wait_s`), then fails as `EngineDeadError`.
+* An engine call that runs out of GPU memory raises `OutOfGpuMemory` (an `EngineDeadError`).
 * With `structured_outputs`, vLLM loads the model's tokenizer and a `generate` may carry
   a grammar (vLLM's `StructuredOutputsParams`): the sample's tokens are drawn from the
   constrained distribution, and their logprobs are that distribution's (vLLM applies the
@@ -29,7 +29,7 @@ What a caller may rely on:
 * Bad requests (prompt too long, bad sampling values, a grammar vLLM cannot build) come
   back as samples with `finish_reason=ERROR`, a one-line `error` and `refused` (nothing
   was sampled); they never disturb other requests.
-  A dead engine raises `EngineDead` from every call.
+  A dead engine raises `EngineDeadError` from every call.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roles.generation.inproc import EngineDeadError, Finished, InprocEngine
+from roles.generation.errors import EngineDeadError, OutOfGpuMemory
+from roles.generation.inproc import Finished, InprocEngine
 from roles.weights.errors import StaleUpdate
 from roles.weights.worker_calls import BUCKET_LOADS, PEER_WAITING_CALLS, WorkerCall
 from runtime.config import EngineConfig
-from runtime.errors import TandemError, one_line
+from runtime.errors import one_line
 from runtime.logs import get_logger
 from runtime.memory.gpu import is_out_of_memory
 from transport.wire import FinishReason, SamplingSpec
@@ -57,19 +58,6 @@ log = get_logger("rollout")
 WORKER_EXTENSION = "roles.weights.worker_ext.TandemWorkerExtension"
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's memory tags, woken in this order
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
-
-
-class EngineDead(TandemError, RuntimeError):
-    """vLLM's engine died; the message carries its error."""
-
-
-class OutOfGpuMemory(EngineDead):
-    """An engine call (`what`: "wake_up (kv_cache)", ...) ran out of GPU memory; vLLM is
-    left half-woken or half-loaded, so the rollout cannot go on with it."""
-
-    def __init__(self, what: str, cause: BaseException) -> None:
-        self.what = what
-        super().__init__(f"vLLM {what}: {one_line(cause)}")
 
 
 @dataclass
@@ -470,7 +458,7 @@ class RolloutEngine:
         try:
             await asyncio.wait_for(self._weights_valid.wait(), self.reload_wait_s)
         except TimeoutError:
-            raise EngineDead(
+            raise EngineDeadError(
                 f"vLLM's weights were discarded by a level-2 sleep and no update reloaded them in "
                 f"{self.reload_wait_s:g}s; a request cannot be served (rollout.engine.sleep_level=1 keeps a host copy)"
             ) from None
@@ -490,10 +478,10 @@ class RolloutEngine:
             what = f"wake_up ({', '.join(waking)})"
             try:
                 await self._bounded(self.engine.wake_up(tags=waking), timeout_s, what)
-            except (EngineDead, TimeoutError):
+            except (EngineDeadError, TimeoutError):
                 raise
             except Exception as exc:  # memory half mapped back: nothing more can run on this engine
-                raise EngineDead(f"vLLM {what} failed: {one_line(exc)}") from exc
+                raise EngineDeadError(f"vLLM {what} failed: {one_line(exc)}") from exc
             self._asleep -= set(waking)
             return True
 
@@ -532,9 +520,9 @@ class RolloutEngine:
 
     def _check_alive(self, cause: BaseException | None = None) -> None:
         if self.engine is not None and self.engine.errored:
-            raise EngineDead(f"vLLM engine died: {one_line(cause or self.engine.dead_error)}")
+            raise EngineDeadError(f"vLLM engine died: {one_line(cause or self.engine.dead_error)}")
         if isinstance(cause, EngineDeadError):
-            raise EngineDead(str(cause)) from cause
+            raise cause
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's running and waiting requests and KV-cache use (about a second old)."""

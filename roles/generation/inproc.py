@@ -37,15 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from runtime.errors import TandemError
+from roles.generation.errors import EngineDeadError
 
 T = TypeVar("T")
 STATS_EVERY_S = 1.0
 _STOP = object()
-
-
-class EngineDeadError(TandemError, RuntimeError):
-    """The in-process engine died (a step raised) or was shut down."""
 
 
 @dataclass

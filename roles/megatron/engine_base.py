@@ -38,12 +38,12 @@ import torch.distributed as dist
 
 from roles.megatron.checkpoint import load_megatron, save_megatron
 from roles.training.distributed import init_distributed, pick_device
+from roles.training.hf_loading import DTYPES
 from roles.training.metrics import MetricNames, accumulate, mean_over_steps, reduce_metrics
 from roles.training.microbatch import MicroBatch, dummy_micro_batch, split_micro_batches
 from roles.training.minibatch import epoch_mini_batches
-from roles.training.models import DTYPES
 from runtime.config import MegatronConfig, OptimConfig, RunConfig
-from transport.wire import TrainBatch
+from transport.wire import TRAIN_BATCH_TOKEN_FIELDS, TrainBatch
 
 
 class MegatronEngineBase(ABC):
@@ -281,4 +281,9 @@ def gather_shards(batch: TrainBatch, group: Any, device: torch.device) -> TrainB
     )
 
 
-PER_TOKEN = ("input_ids", "loss_mask", "behaviour_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
+# The per-token fields `gather_shards` gathers: all of a TrainBatch's but the proximal
+# logprobs, which the trainer fills in after the gather (`prepare`), and the routed experts:
+# routing replay trains on the FSDP2 actor only (runtime/config/validate.py refuses it here).
+PER_TOKEN = tuple(
+    f for f in TRAIN_BATCH_TOKEN_FIELDS if f not in ("proximal_logprobs", "routed_experts", "routed_mask")
+)

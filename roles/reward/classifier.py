@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.config import RewardModelConfig
+from runtime.errors import one_line
 from transport import wire
 
 
@@ -75,7 +76,7 @@ class RewardClassifier:
             except TimeoutError:
                 return [(0.0, f"reward model timed out after {self.cfg.timeout_s:g}s")] * len(items)
             except Exception as exc:  # a failed forward fails its request, never the role
-                return [(0.0, f"reward model {type(exc).__name__}: {exc}"[:500])] * len(items)
+                return [(0.0, f"reward model {one_line(exc)}"[:500])] * len(items)
         return [(v, "") for v in values]
 
     def forward(self, items: list[wire.RewardItem]) -> list[float]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from roles.generation.engine import RolloutEngine
 from runtime.config import JudgeConfig
+from runtime.errors import one_line
 from runtime.logs import get_logger
 from runtime.user_functions import load_function
 from transport import wire
@@ -114,7 +115,7 @@ class Judge:
                 raise TypeError(f"{self.cfg.parser} returned {type(value).__name__}, not a number")
             return float(value), ""
         except Exception as exc:  # a parser's failure is the sample's missing score
-            return self._failed("parse", f"judge output not parsed by {self.cfg.parser}: {type(exc).__name__}: {exc}")
+            return self._failed("parse", f"judge output not parsed by {self.cfg.parser}: {one_line(exc)}")
 
     def _failed(self, kind: str, error: str) -> tuple[float, str]:
         self.failures[kind] += 1

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.errors import TandemError
+from runtime.errors import TandemError, one_line
 from runtime.logs import get_logger
 
 log = get_logger("reward")
@@ -92,7 +92,7 @@ def _serve(inbox: Connection, conn: Connection, specs: list[str]) -> None:
         except RewardCallError as exc:
             reply = [False, str(exc)[:500], exc.reason]
         except BaseException as exc:  # a user function's failure is the call's result
-            reply = [False, f"{type(exc).__name__}: {exc}"[:500], "raised"]
+            reply = [False, one_line(exc), "raised"]
         conn.send_bytes(msgspec.msgpack.encode(reply))
 
 

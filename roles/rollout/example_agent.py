@@ -14,6 +14,7 @@ from typing import Any
 
 from roles.rollout.agents import AgentTask
 from roles.rollout.tools import calculator
+from runtime.errors import one_line
 
 MAX_ROUNDS = 2
 TOOLS = [
@@ -54,4 +55,4 @@ async def _run(call: Any) -> str:
         args = json.loads(call.function.arguments or "{}")
         return str(calculator(**args)) if call.function.name == "calculator" else "error: unknown tool"
     except Exception as exc:  # the model's bad call is something it reads, not a crash
-        return f"error: {type(exc).__name__}: {exc}"
+        return f"error: {one_line(exc)}"

@@ -4,7 +4,7 @@ role's engine, the trajectory sent back as one `wire.Completion`.
 What a caller may rely on: `EpisodeRunner.complete` never raises for the environment's
 faults (a factory that raises, an environment that fails, blocks, or answers with ids
 outside the model's vocabulary or text over `rollout.max_observation_bytes`: the
-completion carries the error) and raises `EngineDead` only when the engine died. Each turn is one engine request
+completion carries the error) and raises `EngineDeadError` only when the engine died. Each turn is one engine request
 (`<request_id>.t<turn>`) with the Generate's sampling, `max_tokens` cut to the budget
 left (`turn_sampling`: a seeded Generate's turns draw afresh); the whole sample is
 bounded by `rollout.request_timeout_s`.

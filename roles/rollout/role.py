@@ -11,7 +11,7 @@ Channels:
 
 With `rollout.engine.sleep_when_idle`, a synchronous run (`max_staleness: 0`) whose
 rollout shares a GPU with a trainer rank puts vLLM to sleep when the controller says the
-step's samples are all in (`Rest`, before it hands the trainer the batch), and answers
+step's samples are all in (`SleepBeforeStep`, before it hands the trainer the batch), and answers
 once asleep, so the trainer steps with that memory: at `rollout.engine.sleep_level` 2 the
 weights are discarded (the next update replaces every one), at 1 (and with adapters) they
 are kept in host memory. The next update wakes the weights, the next request the KV cache.
@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roles.generation.engine import EngineDead, LoraServing, OutOfGpuMemory, RolloutEngine, Sample
+from roles.generation.engine import LoraServing, RolloutEngine, Sample
+from roles.generation.errors import EngineDeadError, OutOfGpuMemory
 from roles.rollout.completion import completion_message
 from roles.weights.receiver import WeightReceiver
 from runtime import addresses
 from runtime.checkpoint import read_manifest, resume_dir
+from runtime.errors import one_line
 from runtime.gpu_check import rollout_sleeps
 from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger, set_policy_version
@@ -138,7 +140,7 @@ class RolloutRole(Role):
         info.version = self.engine.version
         info.capabilities["max_num_seqs"] = self.cfg.rollout.engine.max_num_seqs
         info.capabilities["gpu_uuid"] = self.device.get("gpu_uuid", "")
-        info.capabilities["sleeps"] = int(self.sleeps)  # the controller sends `Rest` before each step
+        info.capabilities["sleeps"] = int(self.sleeps)  # the controller sends `SleepBeforeStep` before each step
         return info
 
     async def handle(self, env: Envelope) -> wire.Message | None:
@@ -149,7 +151,7 @@ class RolloutRole(Role):
                 self.samples.add(task)
                 task.add_done_callback(self.samples.discard)
             return None
-        if isinstance(msg, wire.Rest):
+        if isinstance(msg, wire.SleepBeforeStep):
             return await self._rest(msg.version)
         return self.unserved(msg)
 
@@ -166,7 +168,7 @@ class RolloutRole(Role):
         started = time.perf_counter()
         try:
             slept = await self.engine.sleep(self.cfg.rollout.engine.call_timeout_s, level)
-        except EngineDead as exc:
+        except EngineDeadError as exc:
             await self._engine_failed(exc)
             return wire.Ack(info=f"failed: {exc}")
         if not slept:
@@ -194,18 +196,18 @@ class RolloutRole(Role):
                     req.request_id, req.prompt_ids, req.sampling, index, timeout_s=timeout_s
                 )
                 done = _completion(req, index, sample)
-        except EngineDead as exc:
+        except EngineDeadError as exc:
             await self._engine_failed(exc)
             return
         except Exception as exc:  # a sample lost here would leave its step waiting forever
-            self.fail(f"sample {index} of request {req.request_id} failed: {type(exc).__name__}: {exc}")
+            self.fail(f"sample {index} of request {req.request_id} failed: {one_line(exc)}")
             return
         if done.error:
             log.warning("request_failed", request_id=req.request_id, sample=index, error=done.error)
         assert self.controller is not None
         await self.controller.send(done)
 
-    async def _engine_failed(self, exc: EngineDead) -> None:
+    async def _engine_failed(self, exc: EngineDeadError) -> None:
         """End the role with the engine's cause; out of GPU memory, with what the GPU holds."""
         cause = str(exc)
         if isinstance(exc, OutOfGpuMemory):
@@ -225,7 +227,7 @@ class RolloutRole(Role):
     async def _update_failed(self, exc: BaseException) -> str | None:
         """A weight update failed: a dead engine ends the role (its cause, returned, goes to
         the trainer too); any other failure leaves the rollout on its old version."""
-        if not isinstance(exc, EngineDead):
+        if not isinstance(exc, EngineDeadError):
             return None
         await self._engine_failed(exc)
         return self._fatal
@@ -255,7 +257,7 @@ class RolloutRole(Role):
         while True:
             await asyncio.sleep(1.0)
             if self.engine.engine is not None and self.engine.engine.errored:
-                raise EngineDead(f"vLLM engine died: {self.engine.engine.dead_error}")
+                raise EngineDeadError(f"vLLM engine died: {self.engine.engine.dead_error}")
             # The first steps compile and warm kernels: they get the start-up bound.
             stall_s = self.cfg.rollout.stall_timeout_s
             if self.engine.steps_seen < 2:
@@ -263,7 +265,7 @@ class RolloutRole(Role):
             quiet = time.monotonic() - self.engine.last_step_at
             waiting = self.engine.num_active and self.engine.updating is None and not self.engine.sleeping
             if waiting and quiet > stall_s:
-                raise EngineDead(
+                raise EngineDeadError(
                     f"vLLM engine made no progress for {quiet:.0f}s with {self.engine.num_active} samples in flight "
                     f"(rollout.stall_timeout_s={stall_s:g})"
                 )
@@ -271,7 +273,7 @@ class RolloutRole(Role):
                 self.engine.last_step_at = max(self.engine.last_step_at, time.monotonic() - 1.0)
             call = self.engine.oldest_call()
             if call is not None and call[1] > self.cfg.rollout.stall_timeout_s:
-                raise EngineDead(
+                raise EngineDeadError(
                     f"vLLM engine made no progress: its call {call[0]} waited {call[1]:.0f}s "
                     f"(rollout.stall_timeout_s={self.cfg.rollout.stall_timeout_s:g})"
                 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from roles.generation.inproc import EngineDeadError
+from roles.generation.errors import EngineDeadError
 from roles.teacher.scorer import TeacherScorer
 from runtime.launch.start_order import engines_before, mark_started, wait_started
 from runtime.logs import get_logger

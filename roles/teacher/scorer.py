@@ -24,7 +24,8 @@ import uuid
 from typing import Any
 
 from roles.generation.engine import engine_kwargs
-from roles.generation.inproc import EngineDeadError, Finished, InprocEngine
+from roles.generation.errors import EngineDeadError
+from roles.generation.inproc import Finished, InprocEngine
 from runtime.config import EngineConfig
 from runtime.errors import one_line
 from transport import wire

@@ -13,7 +13,7 @@ forward pass, so no second forward is spent on them; with several steps `prepare
 one no-grad forward over the shard first and every update's ratio is taken against it.
 
 The frozen reference policy for `algorithm.kl.use: loss` is held here (the initial
-weights, FSDP-wrapped, no gradients). With `trainer.lora` (roles/training/lora.py) only
+weights, FSDP-wrapped, no gradients). With `trainer.lora` (roles/training/peft_lora.py) only
 PEFT adapters train, the reference is the same model with its adapter disabled, and
 `export_weights` yields only the adapters. All methods are blocking collectives, called from
 one thread (the role runs them in a worker thread so its event loop keeps serving).
@@ -40,12 +40,12 @@ from roles.fsdp.actor_forward import setup_actor_model, token_stats
 from roles.fsdp.engine_base import FSDPEngineBase
 from roles.fsdp.wrap import full_state_dict_items, wrap_model_with_fsdp
 from roles.trainer.policy_loss import policy_loss_options
-from roles.training.lora import apply_lora
+from roles.training.hf_loading import DTYPES
 from roles.training.metrics import ACTOR_METRICS, MOE_METRICS
 from roles.training.microbatch import MicroBatch
-from roles.training.models import DTYPES
 from roles.training.moe import MoeRouting, checkpoint_items, is_moe, model_is_moe
-from roles.weights.lora import is_adapter, peft_name
+from roles.training.peft_lora import apply_lora
+from roles.weights.lora_adapters import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
 from runtime.memory.model import compiles_on_gpu
 from transport.wire import TrainBatch
@@ -192,7 +192,7 @@ class FSDPEngine(FSDPEngineBase):
     def export_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors by HF name in `dtype`, on the engine's device: gathered and cast
         there, never copied to the CPU (a collective: every rank iterates to the end).
-        With LoRA, only the adapter tensors, by PEFT's saved names (roles/weights/lora.py)."""
+        With LoRA, only the adapter tensors, by PEFT's saved names (roles/weights/lora_adapters.py)."""
         self.restore_params()
         if not self.lora:
             for name, tensor in full_state_dict_items(self.model):

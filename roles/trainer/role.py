@@ -21,13 +21,13 @@ import torch
 
 from roles.trainer.fsdp_engine import FSDPEngine
 from roles.training.hf_export import export_hf
-from roles.training.models import DTYPES
+from roles.training.hf_loading import DTYPES
 from roles.training.torch_role import TorchRole
 from roles.training.train_engine import PolicyEngine
 from roles.weights.backend import BackendError, choose_backend, make_transfer
 from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
-from roles.weights.lora import write_adapter_dir
+from roles.weights.lora_adapters import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, WeightSender
 from runtime import addresses
 from runtime.gpu_check import trainer_gives_way

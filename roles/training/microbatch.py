@@ -22,17 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from roles.training.balance import balanced_bins
-from transport.wire import TrainBatch
+from transport.wire import TRAIN_BATCH_TOKEN_FIELDS, TrainBatch
 
-PER_TOKEN = (
-    "loss_mask",
-    "behaviour_logprobs",
-    "advantages",
-    "returns",
-    "old_values",
-    "ref_logprobs",
-    "proximal_logprobs",
-)
+# The per-token fields a micro-batch pads to [B, T] (`MicroBatch.fields`): all of a
+# TrainBatch's but input_ids, which becomes the model input (`input_ids_BT`, `PackedRow`),
+# and the routed experts, which travel in the model input's order (`routing`).
+PER_TOKEN = tuple(f for f in TRAIN_BATCH_TOKEN_FIELDS if f not in ("input_ids", "routed_experts", "routed_mask"))
 
 
 @dataclass

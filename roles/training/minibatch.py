@@ -17,21 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from transport.wire import TrainBatch
-
-# Per-token fields of a TrainBatch (all but input_ids may be None).
-PACKED_FIELDS = (
-    "input_ids",
-    "loss_mask",
-    "behaviour_logprobs",
-    "advantages",
-    "returns",
-    "old_values",
-    "ref_logprobs",
-    "proximal_logprobs",
-    "routed_experts",
-    "routed_mask",
-)
+from transport.wire import TRAIN_BATCH_TOKEN_FIELDS, TrainBatch
 
 
 def select_sequences(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
@@ -42,7 +28,7 @@ def select_sequences(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
     lengths = torch.tensor([len(s) for s in spans], dtype=torch.int64)
     new_cu = torch.zeros(len(seqs) + 1, dtype=batch.cu_seqlens.dtype)
     new_cu[1:] = lengths.cumsum(0)
-    fields = {name: _take(getattr(batch, name), index) for name in PACKED_FIELDS}
+    fields = {name: _take(getattr(batch, name), index) for name in TRAIN_BATCH_TOKEN_FIELDS}
     return TrainBatch(
         step=batch.step,
         cu_seqlens=new_cu,

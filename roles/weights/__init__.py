@@ -11,7 +11,7 @@ Modules:
   shared with the vLLM worker on the same GPU, with no copy.
 * `layout`: The one tensor layout every weight-sync backend shares: named tensors of a bucket
   laid out in one flat uint8 buffer (`wire.TensorSlot` says where each lies).
-* `lora`: LoRA adapters on the weight path (`trainer.lora.rank > 0`).
+* `lora_adapters`: LoRA adapters on the weight path (`trainer.lora.rank > 0`).
 * `lora_worker`: Inside a vLLM worker: a policy version's LoRA adapter, registered from tensors.
 * `receiver`: A rollout's side of every weight-sync backend: the requests on its weights socket.
 * `sender`: Trainer rank 0's side of every weight-sync backend: one version to every rollout.

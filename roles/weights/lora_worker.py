@@ -1,7 +1,7 @@
 """Inside a vLLM worker: a policy version's LoRA adapter, registered from tensors.
 
 `add_adapter(worker, spec, tensors)` makes the tensors of one update (PEFT names, see
-roles/weights/lora.py) adapter `spec["id"]` of the worker's LoRA manager, so a request
+roles/weights/lora_adapters.py) adapter `spec["id"]` of the worker's LoRA manager, so a request
 naming that id runs on it without vLLM reading a file. The worker of rank 0 also writes
 them to `spec["path"]` as a PEFT adapter directory: a request's `LoRARequest` names that
 path, and vLLM reads it only if the adapter is not loaded (the worker's cache evicted it,
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from roles.weights.lora import write_adapter_dir
+from roles.weights.lora_adapters import write_adapter_dir
+from runtime.errors import one_line
 
 
 def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def add_adapter(worker: Any, spec: dict[str, Any], tensors: dict[str, torch.Tens
     try:
         register_from_tensors(manager, int(spec["id"]), tensors, spec["config"])
     except Exception as exc:  # vLLM's private API moved: the path still works
-        error = f"{type(exc).__name__}: {exc}"
+        error = one_line(exc)
     for old in sorted(manager.list_adapters()):
         if old not in spec["keep"]:
             manager.remove_adapter(old)

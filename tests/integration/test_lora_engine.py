@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from roles.trainer.fsdp_engine import FSDPEngine
-from roles.weights.lora import write_adapter_dir
+from roles.weights.lora_adapters import write_adapter_dir
 from runtime.config.load import load_config
 from runtime.export import merge_adapter
 from runtime.lora import adapter_config

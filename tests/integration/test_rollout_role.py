@@ -106,13 +106,13 @@ async def test_older_update_is_refused(rollout: RoleHarness, weights: RpcEndpoin
     assert info.value.code == wire.ErrorCode.REFUSED
 
 
-async def test_rest_is_answered_and_a_rollout_without_sleep_mode_stays_awake(rollout: RoleHarness) -> None:
+async def test_sleep_before_step_is_answered_and_a_rollout_without_sleep_mode_stays_awake(rollout: RoleHarness) -> None:
     """A CPU rollout (no vLLM sleep mode, no trainer on its GPU) tells the controller it does
-    not sleep, and answers a `Rest` at once without touching the engine; generation goes on."""
+    not sleep, and answers a `SleepBeforeStep` at once without touching the engine; generation goes on."""
     assert rollout.peer is not None and rollout.peer.capabilities["sleeps"] == 0
-    reply = await rollout.request(wire.Rest(version=1), timeout=10)
+    reply = await rollout.request(wire.SleepBeforeStep(version=1), timeout=10)
     assert isinstance(reply, wire.Ack) and reply.info == "awake: this rollout does not sleep"
-    await rollout.send(generate("after-rest", 1, 3))
+    await rollout.send(generate("after-sleep-request", 1, 3))
     (c,) = await completions(rollout, 1)
     assert c.token_ids.numel() == 3
 

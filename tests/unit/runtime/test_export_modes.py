@@ -65,7 +65,7 @@ def test_a_lora_export_names_its_base_model_and_loads_alone(tmp_path: Path) -> N
     from peft import AutoPeftModelForCausalLM, LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from roles.weights.lora import write_adapter_dir
+    from roles.weights.lora_adapters import write_adapter_dir
 
     run, model = a_run(tmp_path, "trainer.lora.rank=8")
     lora = load_config(run / "config.yaml").trainer.lora

@@ -37,7 +37,7 @@ def test_export_merge_prints_one_line_and_no_progress_bar(tmp_path: Path) -> Non
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from roles.weights.lora import write_adapter_dir
+    from roles.weights.lora_adapters import write_adapter_dir
     from runtime import checkpoint
     from runtime.base_model import MANIFEST_KEY, identity
     from runtime.lora import adapter_config

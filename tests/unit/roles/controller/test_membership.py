@@ -1,7 +1,7 @@
 """The controller's membership (roles/controller/membership.py) over real ZeroMQ sockets:
 a real ROUTER serves `Register` and `Dead` through `Membership`, and trainer and rollout
 processes are played by real DEALERs that register, receive `Peers` / `SyncWeights` and
-answer them. Registry, gatekeeper and rank group are the real ones; only the dispatcher
+answer them. Registry, peer access and rank group are the real ones; only the dispatcher
 and the role that hold the membership are small recorders."""
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ async def test_an_elastic_run_loses_a_dead_rollout_and_tells_the_trainers(runs: 
     # A Dead for rollout-1 that rollout-0 sends is not believed.
     await rollouts[0].ep.send(wire.Dead(role="rollout", rank=1, cause="forged"))
     await asyncio.sleep(0.2)
-    assert run.pool.lost == [] and run.membership.gatekeeper.refused["dead"] == 1
+    assert run.pool.lost == [] and run.membership.access.refused["dead"] == 1
     await rollouts[1].ep.send(wire.Dead(role="rollout", rank=1, cause="oom"))
     peers = await trainer.next(wire.Peers)
     assert [p.rank for p in peers.peers] == [0]

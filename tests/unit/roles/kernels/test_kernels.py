@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from roles.kernels import block_kernels
-from roles.training.models import load_causal_lm
+from roles.training.hf_loading import load_causal_lm
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
 

