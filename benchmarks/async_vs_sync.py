@@ -97,7 +97,7 @@ from runtime.config import RunConfig
 from runtime.config.load import load_config
 from runtime.config.validate import check_config
 from runtime.launch.placement import entries, role_counts
-from runtime.memory.model import ModelShape
+from runtime.memory.estimate import ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "configs/bench_h200x2.yaml"
@@ -305,7 +305,7 @@ def setup_model(cfg: RunConfig, run_root: Path) -> tuple[Path, list[str]]:
         return Path(cfg.model.path), []
     import msgspec
 
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     path = make_tiny_model(run_root / "model", **msgspec.structs.asdict(cfg.model.tiny))
     return path, [f"model.path={path}"]
@@ -326,7 +326,7 @@ def launch(
 ) -> float:
     """`tandem launch` in a subprocess (`env` added to this process's environment); its wall
     time. A failed run ends the benchmark."""
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(config), *overrides]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(config), *overrides]
     started = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

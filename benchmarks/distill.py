@@ -81,7 +81,7 @@ def teacher_overrides(cfg: RunConfig, run_root: Path) -> list[str]:
         return []
     import msgspec
 
-    from runtime.tiny_teacher import make_tiny_teacher
+    from runtime.tiny.teacher import make_tiny_teacher
 
     path = make_tiny_teacher(run_root / "teacher_model", msgspec.structs.asdict(d.tiny), d.tiny_train_steps)
     return [f"algorithm.distill.teacher={path}"]

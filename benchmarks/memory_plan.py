@@ -56,7 +56,7 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
     from roles.trainer.fsdp_engine import FSDPEngine
     from roles.weights.layout import BucketPacker
     from runtime.memory.plan import build_plan
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     make_batch = _trainer_benchmark().make_batch
 

@@ -102,8 +102,8 @@ def bare_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The engine arguments the rollout role (rank 0) starts vLLM with under `cfg`."""
     from roles.generation.engine import engine_kwargs
     from roles.rollout.agents import serves_agents
-    from runtime.gpu_check import rollout_sleeps
-    from runtime.paths import model_dir
+    from runtime.identity.paths import model_dir
+    from runtime.preflight.gpus import rollout_sleeps
 
     sleeps, structured = rollout_sleeps(cfg, 0), serves_agents(cfg)
     return engine_kwargs(

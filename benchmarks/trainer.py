@@ -92,7 +92,7 @@ import torch.distributed as dist
 from benchmarks.json_out import one_line_error, provenance
 from roles.kernels.varlen import cuda_kernel
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from transport.wire import TrainBatch
 
 H200_BF16_DENSE_TFLOPS = 989.0

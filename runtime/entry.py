@@ -11,8 +11,8 @@ import importlib
 import os
 from pathlib import Path
 
-from runtime.addresses import CONTROLLER_ENV
 from runtime.config.load import load_config
+from runtime.identity.addresses import CONTROLLER_ENV
 from runtime.last_words import say
 from runtime.logs import get_logger, setup_logging
 from runtime.memory.gpu import TITLE_PREFIX

@@ -35,12 +35,13 @@ from typing import Any, ClassVar
 import zmq
 import zmq.asyncio
 
-from runtime import addresses, gc_pauses
+from runtime import gc_pauses
 from runtime.config import RunConfig
 from runtime.errors import TandemError
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from runtime.last_words import say
 from runtime.logs import get_logger, on_write_error
-from runtime.run_token import read_token
 from transport import wire
 from transport.rpc import RemoteError, RpcEndpoint
 from transport.sockets import connect_dealer

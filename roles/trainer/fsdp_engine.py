@@ -47,7 +47,7 @@ from roles.training.models import DTYPES
 from roles.training.moe import MoeRouting, checkpoint_items, is_moe, model_is_moe
 from roles.weights.lora import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
-from runtime.memory.model import compiles_on_gpu
+from runtime.memory.estimate import compiles_on_gpu
 from transport.wire import TrainBatch
 
 

@@ -8,18 +8,20 @@ one-line `ConfigError` naming the key and, where there are any, the valid choice
 One module per section, each importable alone; this package re-exports every struct, so
 `from runtime.config import RunConfig` is the way in:
 
-  base.py       `Doc` and the Struct options every section shares
-  model.py       The policy model
-  data.py        The prompt dataset
-  rollout.py     Generation
-  trainer.py     The actor trainer
-  critic.py      The value model
-  algorithm.py   Advantages and KL
-  distill.py     On-policy distillation from a teacher role
-  reward.py      Reward functions, the reward model and the judge
-  run.py         The run's remaining sections (weight sync, checkpoints, placement, transport, metrics,
-  load.py       YAML + `@` overlays + dotted overrides -> a checked RunConfig (`load_config`)
-  validate.py   the cross-section checks `load_config` runs
+  base.py           `Doc` and the Struct options every section shares
+  model.py          the policy model
+  data.py           the prompt dataset
+  rollout.py        generation
+  trainer.py        the actor trainer
+  critic.py         the value model
+  algorithm.py      advantages and KL
+  distill.py        on-policy distillation from a teacher role
+  reward.py         reward functions, the reward model and the judge
+  run.py            the run's remaining sections (weight sync, checkpoints, placement, transport,
+                    metrics, memory, validation) and `RunConfig`, which holds them all
+  lora_settings.py  what `trainer.lora` means for the roles' settings (adapter config, vLLM's rank)
+  load.py           YAML + `base:` layers + dotted overrides -> a `RunConfig` (`load_config`)
+  validate.py       the checks across sections (`check_config`), which the `tandem` command runs
 """
 
 from __future__ import annotations

@@ -15,19 +15,19 @@ import msgspec
 
 from runtime.config import RunConfig
 from runtime.config.load import ConfigError
-from runtime.ecosystem import check_ecosystem
-from runtime.gpu_check import (
+from runtime.config.lora_settings import VLLM_LORA_RANKS, engine_lora_rank
+from runtime.launch.placement import role_counts
+from runtime.preflight.ecosystem import check_ecosystem
+from runtime.preflight.gpus import (
     check_gpu_memory,
     check_ipc_weight_sync,
     check_nccl_weight_sync,
     placed_processes,
     rollout_sleeps,
 )
-from runtime.launch.placement import role_counts
-from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
-from runtime.teacher_check import check_distill
+from runtime.preflight.teacher import check_distill
+from runtime.preflight.wandb_login import wandb_login_problem
 from runtime.user_functions import load_env_factory, load_function, load_reward_function
-from runtime.wandb_login import wandb_login_problem
 
 
 def _check_fsdp_gpu_option(cfg: RunConfig, setting: str, gpu_only: str) -> None:
@@ -80,7 +80,7 @@ def _check_attention_kernel(cfg: RunConfig) -> None:
 
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
-    check_ecosystem(cfg)  # optional extras, verifiers environments, agents (runtime/ecosystem.py)
+    check_ecosystem(cfg)  # optional extras, verifiers environments, agents (runtime/preflight/ecosystem.py)
     check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)

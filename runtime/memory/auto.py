@@ -38,10 +38,10 @@ import msgspec
 
 from runtime.config import RunConfig
 from runtime.config.load import AUTO_KEYS
-from runtime.gpu_check import placed_processes, rollout_shares_trainer_gpu
 from runtime.launch.placement import wants_gpus
-from runtime.memory.model import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
+from runtime.memory.estimate import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
 from runtime.memory.plan import GPU_HEADROOM_GB, Plan, build_plan, plan_sizes, plans_on_gpus
+from runtime.preflight.gpus import placed_processes, rollout_shares_trainer_gpu
 
 MICRO = "trainer.micro_batch_tokens"
 SHARE = "rollout.engine.gpu_memory_utilization"

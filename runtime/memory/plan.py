@@ -1,6 +1,6 @@
 """The launch-time memory plan: what every GPU and every host will hold, and whether it fits.
 
-`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory/model.py)
+`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory/estimate.py)
 on the GPUs placement gives it and adds them up per phase of the loop:
 
 * a GPU whose rollout sleeps while the trainer steps (synchronous, colocated) must hold the
@@ -28,10 +28,8 @@ import msgspec
 
 from runtime.config import RunConfig
 from runtime.config.load import ConfigError
-from runtime.gpu_check import Placed, placed_processes, rollout_sleeps, uses_gpu
 from runtime.launch.placement import TORCH_WORLDS, wants_gpus
-from runtime.memory.gpu import gpu_totals
-from runtime.memory.model import (
+from runtime.memory.estimate import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_GB,
     GB,
@@ -46,6 +44,8 @@ from runtime.memory.model import (
     vllm_kv_cache_gb,
     weight_sync_items,
 )
+from runtime.memory.gpu import gpu_totals
+from runtime.preflight.gpus import Placed, placed_processes, rollout_sleeps, uses_gpu
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)

@@ -28,7 +28,7 @@ from roles.kernels.varlen_cudnn import cudnn_attention_forward
 from roles.kernels.varlen_fa4 import fa4_attention_forward
 from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
 from tests.helpers.packed_attention import LENGTHS, packed_qkv
 

@@ -25,7 +25,7 @@ import torch
 
 from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu

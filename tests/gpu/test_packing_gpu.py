@@ -28,7 +28,7 @@ from roles.algo import entropy_from_logits, token_logprobs
 from roles.kernels.token_stats import chunked_token_stats
 from roles.kernels.varlen import cuda_kernel, varlen_attention_forward
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import one_rank_cuda_world
 from tests.helpers.packed_attention import LENGTHS, packed_qkv
 

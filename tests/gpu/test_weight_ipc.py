@@ -251,7 +251,7 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     sampler.start()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
+            [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
             cwd=ROOT, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
     finally:

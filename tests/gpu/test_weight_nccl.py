@@ -34,10 +34,10 @@ import torch
 from roles.weights.layout import bucketed
 from roles.weights.sender import ListSource, PushResult, WeightSender
 from roles.weights.transfers import SLACK_S, NcclTransfer, ZmqTransfer
-from runtime import addresses
 from runtime.config import EngineConfig
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 

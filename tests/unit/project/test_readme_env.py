@@ -17,7 +17,7 @@ from roles.rollout.environment import EnvPrompt
 from roles.rollout.episode import run_episode
 from runtime.config.load import load_config
 from runtime.config.validate import check_config
-from runtime.tiny_model import build_tokenizer
+from runtime.tiny.model import build_tokenizer
 from tests.conftest import ROOT
 from tests.unit.roles.rollout.test_episode import ScriptedSampler
 

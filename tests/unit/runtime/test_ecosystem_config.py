@@ -1,4 +1,4 @@
-"""Launch checks of environments from the ecosystem (runtime/ecosystem.py): a missing extra
+"""Launch checks of environments from the ecosystem (runtime/preflight/ecosystem.py): a missing extra
 is named, a verifiers environment Tandem cannot serve is refused in one line, agent
 settings that contradict each other name both keys; reasoning-gym rows are seeded."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
-from runtime.ecosystem import check_ecosystem
+from runtime.preflight.ecosystem import check_ecosystem
 from tests.conftest import ROOT
 
 ENVS = str(ROOT / "tests" / "fixtures" / "verifiers_envs")
@@ -62,7 +62,7 @@ def test_agent_settings_that_contradict_are_refused() -> None:
 
 
 def test_reasoning_gym_rows_are_the_same_for_a_seed(tmp_path: Path) -> None:
-    from runtime.task_sources import ReasoningGymRows
+    from runtime.data.task_sources import ReasoningGymRows
 
     cfg = _cfg("configs/reasoning_gym_tiny_cpu.yaml").data
     a, b, c = ReasoningGymRows(cfg, 0), ReasoningGymRows(cfg, 0), ReasoningGymRows(cfg, 1)
@@ -73,7 +73,7 @@ def test_reasoning_gym_rows_are_the_same_for_a_seed(tmp_path: Path) -> None:
 def test_reasoning_gym_and_math_rewards() -> None:
     from roles.reward.math_verify import math_equal
     from roles.reward.reasoning_gym import score
-    from runtime.task_sources import ReasoningGymRows
+    from runtime.data.task_sources import ReasoningGymRows
 
     row = ReasoningGymRows(_cfg("configs/reasoning_gym_tiny_cpu.yaml").data, 0)[3]
     meta = {"reasoning_gym": row["reasoning_gym"]}

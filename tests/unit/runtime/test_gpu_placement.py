@@ -9,7 +9,7 @@ import pytest
 from runtime.config import PlacementEntry, RunConfig
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
-from runtime.gpu_check import check_gpu_devices, check_gpu_memory, gpu_claims
+from runtime.preflight.gpus import check_gpu_devices, check_gpu_memory, gpu_claims
 from tests.conftest import ROOT
 
 CONTROLLER, REWARD = PlacementEntry(role="controller"), PlacementEntry(role="reward")
@@ -194,7 +194,7 @@ def test_ipc_weight_sync_refuses_separate_gpus_and_a_cpu_trainer() -> None:
 
 
 def test_which_rollouts_share_a_trainer_gpu() -> None:
-    from runtime.gpu_check import rollout_shares_trainer_gpu
+    from runtime.preflight.gpus import rollout_shares_trainer_gpu
 
     assert rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [COLOCATED]), 0)
     assert not rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [SPLIT]), 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config.load import ConfigError, load_config
+from runtime.config.lora_settings import adapter_config, engine_lora_rank, engine_max_loras
 from runtime.config.validate import check_config
-from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
 
 
 @pytest.mark.parametrize(

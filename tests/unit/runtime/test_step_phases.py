@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from roles.controller.ledger import Ledger
 from roles.controller.schedule import ScheduleLog
 from roles.controller.training import batch_times
-from runtime.records import usable_schedule
 from runtime.step_phases import PHASES, StepTimes, gaps, phase_metrics, phase_spans
+from runtime.views.records import usable_schedule
 from runtime.views.report.timeline import build_timeline
 from tests.unit.roles.controller.test_ledger import fill, prompt
 

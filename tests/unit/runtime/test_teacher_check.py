@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
-from runtime.teacher_check import check_distill, tokenizer_mismatch
-from runtime.tiny_model import make_tiny_model
+from runtime.preflight.teacher import check_distill, tokenizer_mismatch
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 
 CONFIG = "configs/distill_tiny_cpu.yaml"
@@ -53,7 +53,7 @@ def test_first_differing_token_is_named(tiny: Path, tmp_path: Path) -> None:
 def test_launch_refuses_a_teacher_of_another_tokenizer_in_one_line(tiny: Path, tmp_path: Path) -> None:
     teacher = _swapped(tiny, tmp_path / "teacher")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", CONFIG, f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", CONFIG, f"run_dir={run_dir}",
            f"model.path={tiny}", f"algorithm.distill.teacher={teacher}"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -61,7 +61,7 @@ def test_bad_validation_options_are_refused_naming_the_key(overrides: list[str],
 
 
 def test_a_missing_validation_file_is_named(tmp_path: Path) -> None:
-    from runtime.inputs import check_inputs
+    from runtime.data.inputs import check_inputs
 
     cfg = load_config("configs/tiny_cpu.yaml", ["validation.every=5", f"validation.data={tmp_path}/val.jsonl"])
     with pytest.raises(ConfigError, match=re.escape(f"validation.data '{tmp_path}/val.jsonl' does not exist")):

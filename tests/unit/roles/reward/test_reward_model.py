@@ -17,7 +17,7 @@ from runtime.config import RewardModelConfig
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
 from runtime.launch.placement import plan_processes
-from runtime.tiny_model import build_tokenizer, make_tiny_model
+from runtime.tiny.model import build_tokenizer, make_tiny_model
 from transport import wire
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}]

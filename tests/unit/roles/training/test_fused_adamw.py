@@ -11,7 +11,7 @@ import torch
 
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import full_params, one_rank_world, toy_batch, toy_engine
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.addresses import channel_options
 from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig, validate
 from runtime.config.load import ConfigError, config_docs, load_config, parse_override, to_yaml
 from runtime.config.validate import check_config
+from runtime.identity.addresses import channel_options
 from tests.conftest import ROOT
 from transport.endpoint import ChannelOptions
 

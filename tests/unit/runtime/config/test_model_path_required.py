@@ -28,7 +28,7 @@ REAL_MODEL_RECIPES = ("grpo_gsm8k", "gsm8k_tool")
 @pytest.mark.parametrize("flags", [[], ["--plan"], ["--plan", "memory.gpu_gb=80"]])
 def test_a_real_model_recipe_without_model_path_is_refused(tmp_path: Path, name: str, flags: list[str]) -> None:
     recipe = ROOT / "configs" / f"{name}.yaml"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(recipe), *flags]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(recipe), *flags]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr

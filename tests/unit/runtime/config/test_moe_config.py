@@ -10,7 +10,7 @@ import pytest
 
 from runtime.config.load import ConfigError, load_config
 from runtime.config.validate import check_config, policy_experts
-from runtime.memory.model import ModelShape, model_shape
+from runtime.memory.estimate import ModelShape, model_shape
 from tests.conftest import ROOT
 
 MOE = ROOT / "configs" / "moe_tiny_cpu.yaml"

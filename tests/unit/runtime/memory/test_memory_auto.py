@@ -12,7 +12,7 @@ import runtime.memory.plan as memory_plan
 from runtime.config import RunConfig
 from runtime.config.load import AUTO_KEYS, ConfigError, load_config, to_yaml
 from runtime.memory.auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, replace
-from runtime.memory.model import model_shape, vllm_weights_gb
+from runtime.memory.estimate import model_shape, vllm_weights_gb
 from runtime.memory.plan import build_plan, check_plan, format_plan, launch_plan
 
 HOST = "memory.host_gb=128"  # a fixed host size, so no test depends on this machine's

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config.load import load_config
-from runtime.memory.model import count_text, model_shape
+from runtime.memory.estimate import count_text, model_shape
 from runtime.memory.plan import smallest_gpu_gb
 from tests.conftest import ROOT
 
@@ -21,7 +21,7 @@ BENCH = sorted((ROOT / "configs").glob("bench_*.yaml"))
 
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "--plan", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "--plan", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

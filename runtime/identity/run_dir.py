@@ -24,7 +24,7 @@ from typing import IO
 
 from runtime.config import RunConfig
 from runtime.config.load import ConfigError
-from runtime.paths import CHECKPOINTS, METRICS
+from runtime.identity.paths import CHECKPOINTS, METRICS
 
 LOCK_FILE = "launch.lock"
 EARLIER = "earlier"

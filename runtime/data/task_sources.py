@@ -2,7 +2,7 @@
 
 `source_rows(cfg, seed)` is a sequence of row dicts (`prompt`, `answer`, other fields go
 to reward functions and environments as `metadata`):
-* `synthetic`, `file`: the copy task, a JSONL / Parquet file (runtime/prompts.py, data_files.py).
+* `synthetic`, `file`: the copy task, a JSONL / Parquet file (runtime/data/prompts.py, data_files.py).
 * `reasoning_gym`: row i is item i of the reasoning-gym task made with the run's seed
   (reasoning-gym makes item i from `seed + i` alone), built when first read: the same
   seed gives the same rows, so the dataset's cursor (epoch, position) resumes exactly.
@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.config import DataConfig
-from runtime.data_files import read_rows
+from runtime.data.data_files import read_rows
 
 MAX_VERIFIERS_TASKS = 100_000  # an infinite taskset is read this far
 
 
 def source_rows(cfg: DataConfig, seed: int) -> Sequence[dict[str, Any]]:
-    from runtime.prompts import synthetic_rows
+    from runtime.data.prompts import synthetic_rows
 
     if cfg.source == "synthetic":
         return synthetic_rows(cfg, seed)
@@ -78,7 +78,7 @@ class ReasoningGymRows(Sequence[dict[str, Any]]):
 
 def verifiers_rows(cfg: DataConfig) -> list[dict[str, Any]]:
     """The verifiers taskset's tasks as rows (see the module docs)."""
-    from runtime.verifiers_tasks import load_taskset, task_messages
+    from runtime.data.verifiers_tasks import load_taskset, task_messages
 
     taskset = load_taskset(cfg.verifiers)
     rows = []

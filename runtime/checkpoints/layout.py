@@ -78,7 +78,7 @@ PART_KEYS = {
 def cannot_serve(checkpoint: Path, cfg: RunConfig) -> str:
     """One line: why the newest intact `checkpoint` cannot serve this run's config, naming
     the key that changed."""
-    from runtime.checkpoint import read_manifest, required_parts
+    from runtime.checkpoints.checkpoint import read_manifest, required_parts
 
     files = read_manifest(checkpoint).get("files", {})
     for part in required_parts(cfg):

@@ -157,7 +157,7 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
     from runtime.config.validate import check_config
-    from runtime.inputs import check_inputs
+    from runtime.data.inputs import check_inputs
     from runtime.launch.placement import PlacementError
 
     try:
@@ -175,7 +175,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _plan(cfg: RunConfig, args: argparse.Namespace) -> int:
     from runtime.launch.placement import wants_gpus
-    from runtime.memory.model import ShapeError
+    from runtime.memory.estimate import ShapeError
     from runtime.memory.plan import check_plan, format_plan, launch_plan
 
     try:
@@ -206,7 +206,7 @@ def _gpu_it_needs(config: str, overrides: list[str]) -> str:
     note under a plan made without a GPU size, and the command that shows its plan."""
     from runtime.config.load import ConfigError, load_config
     from runtime.launch.placement import wants_gpus
-    from runtime.memory.model import ShapeError
+    from runtime.memory.estimate import ShapeError
     from runtime.memory.plan import GPU_HEADROOM_GB, launch_plan
 
     head = "note: no GPU size is known here (no GPU, no memory.gpu_gb), so vLLM's share is 0 and nothing is checked"
@@ -269,7 +269,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from runtime.export import export_checkpoint
+    from runtime.checkpoints.export import export_checkpoint
 
     try:
         path = export_checkpoint(args.run_dir, args.step, args.out_dir, merge=args.merge)
@@ -283,7 +283,7 @@ def _export(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from runtime.run_token import ensure_token
+    from runtime.identity.run_token import ensure_token
     from transport.security import generate_keys
 
     path = generate_keys(Path(args.run_dir) / "keys")

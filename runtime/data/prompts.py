@@ -24,7 +24,7 @@ from typing import Any
 
 from runtime.config import DataConfig, RunConfig
 from runtime.config.load import ConfigError
-from runtime.data_files import read_rows
+from runtime.data.data_files import read_rows
 
 
 def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ def limit_text(cfg: RunConfig) -> str:
 def check_prompt_lengths(cfg: RunConfig, tokenizer: Any) -> None:
     """ConfigError when no training (or validation) prompt fits (see the module docstring)."""
     d = cfg.data
-    from runtime.task_sources import source_rows
+    from runtime.data.task_sources import source_rows
 
     what = {"file": "data.path", "synthetic": "the synthetic data"}.get(d.source, f"the {d.source} data")
     _some_fit(source_rows(d, cfg.seed), tokenizer, cfg, what)
