@@ -54,11 +54,11 @@ from roles.controller.training import StepRunner
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
 from runtime.checkpoints import base_model, checkpoint, resume_settings
+from runtime.config.placement import role_counts
 from runtime.data.prompts import limit_text, prompt_limit
 from runtime.identity import addresses
 from runtime.identity.paths import SCHEDULE, metrics_path, model_dir
 from runtime.identity.run_token import read_token
-from runtime.launch.placement import role_counts
 from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
 from runtime.role import FatalError, Role

@@ -31,6 +31,7 @@ from roles.rollout.completion import completion_message
 from roles.weights.receiver import WeightReceiver
 from runtime.checkpoints.checkpoint import read_manifest, resume_dir
 from runtime.config.lora_settings import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.config.placement import rollout_sleeps
 from runtime.identity import addresses
 from runtime.identity.paths import model_dir
 from runtime.identity.run_token import read_token
@@ -38,7 +39,6 @@ from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger, set_policy_version
 from runtime.memory.estimate import sleep_level
 from runtime.memory.gpu import gpu_memory, gpu_processes, out_of_memory_cause
-from runtime.preflight.gpus import rollout_sleeps
 from runtime.role import Role
 from transport import wire
 from transport.endpoint import Envelope

@@ -30,11 +30,11 @@ from roles.weights.layout import BucketPacker
 from roles.weights.lora import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, WeightSender
 from runtime.config.lora_settings import adapter_config
+from runtime.config.placement import trainer_gives_way
 from runtime.identity import addresses
 from runtime.identity.paths import model_dir
 from runtime.identity.run_token import read_token
 from runtime.logs import get_logger, set_policy_version
-from runtime.preflight.gpus import trainer_gives_way
 from runtime.role import FatalError
 from transport import wire
 from transport.endpoint import Envelope

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import RunConfig
+from runtime.config.placement import role_counts
 from runtime.identity.paths import CHECKPOINTS
-from runtime.launch.placement import role_counts
 from runtime.logs import get_logger
 
 log = get_logger("checkpoint")

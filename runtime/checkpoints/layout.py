@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.launch.placement import role_counts
+from runtime.config.placement import role_counts
 
 LAYOUT_FILE = "megatron-layout.json"
 

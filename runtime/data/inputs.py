@@ -16,8 +16,8 @@ import struct
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
 from runtime.data.data_files import DataError, read_rows
+from runtime.errors import ConfigError
 
 
 def check_inputs(cfg: RunConfig) -> None:

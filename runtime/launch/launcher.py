@@ -43,8 +43,10 @@ from runtime import last_words
 from runtime.checkpoints import base_model, checkpoint, resume_settings
 from runtime.checkpoints.layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError, to_yaml
+from runtime.config.load import to_yaml
+from runtime.config.placement import wants_gpus
 from runtime.data.prompts import check_prompt_lengths
+from runtime.errors import ConfigError
 from runtime.identity import addresses
 from runtime.identity.paths import model_dir, reward_model_dir, teacher_dir
 from runtime.identity.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
@@ -52,7 +54,7 @@ from runtime.identity.run_token import ensure_token
 from runtime.last_words import LastWords
 from runtime.launch.env import ROLE_ENV_DEFAULTS
 from runtime.launch.options import LaunchOptions
-from runtime.launch.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
+from runtime.launch.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus
 from runtime.launch.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
 from runtime.launch.start_order import clear_started
 from runtime.launch.supervisor import Proc, Supervisor

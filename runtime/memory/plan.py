@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.launch.placement import TORCH_WORLDS, wants_gpus
+from runtime.config.placement import TORCH_WORLDS, Placed, placed_processes, rollout_sleeps, uses_gpu, wants_gpus
+from runtime.errors import ConfigError
 from runtime.memory.estimate import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_GB,
@@ -45,7 +45,6 @@ from runtime.memory.estimate import (
     weight_sync_items,
 )
 from runtime.memory.gpu import gpu_totals
-from runtime.preflight.gpus import Placed, placed_processes, rollout_sleeps, uses_gpu
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)

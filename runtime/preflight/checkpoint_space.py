@@ -17,8 +17,8 @@ from pathlib import Path
 
 from runtime.checkpoints.checkpoint import checkpoints_root
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.launch.placement import role_counts
+from runtime.config.placement import role_counts
+from runtime.errors import ConfigError
 from runtime.memory.estimate import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
+from runtime.errors import ConfigError
 
 # package to import -> the extra of pyproject.toml that installs it
 EXTRAS = {

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from runtime.preflight.ecosystem import check_ecosystem
+from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 
 ENVS = str(ROOT / "tests" / "fixtures" / "verifiers_envs")
@@ -35,8 +36,8 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_shipped_recipes_pass_the_launch_checks() -> None:
-    check_config(_cfg("configs/reasoning_gym_tiny_cpu.yaml"))
-    check_config(_cfg("configs/agent_tiny_cpu.yaml"))
+    check_launch(_cfg("configs/reasoning_gym_tiny_cpu.yaml"))
+    check_launch(_cfg("configs/agent_tiny_cpu.yaml"))
 
 
 def test_verifiers_environment_refusals(monkeypatch: pytest.MonkeyPatch) -> None:

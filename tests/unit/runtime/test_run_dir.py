@@ -15,7 +15,8 @@ import pytest
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints.base_model import MANIFEST_KEY, identity
 from runtime.checkpoints.export import export_checkpoint
-from runtime.config.load import ConfigError, load_config, to_yaml
+from runtime.config.load import load_config, to_yaml
+from runtime.errors import ConfigError
 from runtime.identity.run_dir import check_run_dir, lock_run_dir, release_run_dirs
 from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.preflight.teacher import check_distill, tokenizer_mismatch
+from runtime.config.load import load_config
+from runtime.config.validate import check_distill
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
+from runtime.preflight.teacher import tokenizer_mismatch
 from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 
@@ -76,13 +78,13 @@ def test_launch_refuses_a_teacher_of_another_tokenizer_in_one_line(tiny: Path, t
 )
 def test_distill_checks_at_config_time(override: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
-        check_config(load_config(CONFIG, [override]))
+        check_launch(load_config(CONFIG, [override]))
 
 
 def test_the_recipe_passes_the_checks() -> None:
     cfg = load_config(CONFIG, [])
-    check_config(cfg)
+    check_launch(cfg)
     check_distill(cfg, placed=1)
-    check_config(load_config(CONFIG, ["rollout.n=1"]))  # pure distillation needs no group baseline
+    check_launch(load_config(CONFIG, ["rollout.n=1"]))  # pure distillation needs no group baseline
     with pytest.raises(ConfigError, match=r"needs rollout\.n >= 2"):
-        check_config(load_config(CONFIG, ["rollout.n=1", "algorithm.distill.reward=add"]))
+        check_launch(load_config(CONFIG, ["rollout.n=1", "algorithm.distill.reward=add"]))

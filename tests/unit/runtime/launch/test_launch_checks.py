@@ -7,35 +7,36 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import validate
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight import environment
+from runtime.preflight.environment import check_launch
 from runtime.user_functions import load_function
 from runtime.views.summary import end_summary
 from tests.unit.runtime.test_run_dir import fake_checkpoint
 
 
 def check(*overrides: str) -> None:
-    check_config(load_config("configs/tiny_cpu.yaml", list(overrides)))
+    check_launch(load_config("configs/tiny_cpu.yaml", list(overrides)))
 
 
 def test_gpu_only_options_are_refused_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "gpus_present", lambda: False)
+    monkeypatch.setattr(environment, "gpus_present", lambda: False)
     with pytest.raises(ConfigError, match=r"weight_sync\.backend=ipc needs a GPU .* use weight_sync\.backend=zmq"):
         check("weight_sync.backend=ipc")
     with pytest.raises(ConfigError, match=r"fsdp\.cpu_offload=true needs a GPU"):
         check("fsdp.cpu_offload=true")
-    monkeypatch.setattr(validate, "gpus_present", lambda: True)
+    monkeypatch.setattr(environment, "gpus_present", lambda: True)
     check("weight_sync.backend=ipc")  # placement names no GPU: the run time check decides
 
 
 def test_gpus_present_honours_an_emptied_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert not validate.gpus_present()
+    assert not environment.gpus_present()
 
 
 def test_an_enabled_logger_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "LOGGER_PACKAGES", {"tensorboard": "no_such_tb_pkg", "wandb": "no_such_wandb_pkg"})
+    monkeypatch.setattr(environment, "LOGGER_PACKAGES", {"tensorboard": "no_such_tb_pkg", "wandb": "no_such_wandb_pkg"})
     with pytest.raises(ConfigError, match=r"metrics\.tensorboard=true needs .*: pip install no_such_tb_pkg"):
         check("metrics.tensorboard=true")
     with pytest.raises(ConfigError, match=r"metrics\.wandb=true needs .*: pip install no_such_wandb_pkg"):

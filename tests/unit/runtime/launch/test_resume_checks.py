@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from runtime.checkpoints.base_model import identity
-from runtime.config.load import ConfigError, load_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from runtime.launch.launcher import _resume_from
 from runtime.tiny.model import make_tiny_model
 from runtime.views.console import Console

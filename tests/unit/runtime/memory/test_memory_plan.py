@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from runtime.memory.estimate import GB, MIB, ModelShape, model_shape, trainer_memory, weight_sync_items
 from runtime.memory.plan import build_plan, check_plan, format_plan, suggest_fix
 
