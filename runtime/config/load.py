@@ -437,7 +437,7 @@ def _describe(typ: Any, default: Any, prefix: str, out: list[KeyDoc]) -> None:
             _describe(inner, value, f"{prefix}{name}.", out)
             continue
         key, type_name, shown = f"{prefix}{name}", _type_name(inner, hint), _fmt(value)
-        if key in AUTO_KEYS:  # the loader's default, not the schema's (which stands in for it on CPU)
+        if key in AUTO_KEYS:  # the default `tandem launch` settles, not the schema's (which stands in for it on CPU)
             type_name, shown = f"{type_name} \\| auto", f"`{AUTO}`"
         out.append(KeyDoc(key, type_name, shown, desc))
 
@@ -486,7 +486,7 @@ def config_docs() -> str:
         "  key given twice in one mapping (PyYAML would keep the last in silence):",
         "  `configs/x.yaml:9:3: duplicate key 'n' (first given on line 4)`; keys beside a `<<:` merge are fine.",
         "* A key whose type reads `... | auto` takes `auto`, its default: the memory plan gives it the fastest value",
-        "  that fits the GPUs found when the config is loaded (or `memory.gpu_gb`), and `memory.chosen` says what",
+        "  that fits the GPUs `tandem launch` finds (or `memory.gpu_gb`), and `memory.chosen` says what",
         "  and why (docs/memory.md). Where no GPU size is known it takes the CPU value its description names;",
         "  `--print-config` shows what each became.",
         "",

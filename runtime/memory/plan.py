@@ -286,8 +286,8 @@ def plans_on_gpus(cfg: RunConfig, gpu_gb: float, *, asks_gpus: bool) -> bool:
 
 @functools.cache
 def smallest_gpu_gb() -> float:
-    """This machine's smallest GPU in GB, 0 without one; asked once per process (the loader
-    and the launcher both plan with it)."""
+    """This machine's smallest GPU in GB, 0 without one; asked once per process (settling
+    `auto` and the launcher's plan both plan with it)."""
     return min(gpu_totals(), default=0.0)
 
 
