@@ -1,18 +1,18 @@
 """How a run's processes live: the configuration, the checks before a launch, the launcher,
 the Role base, logs, checkpoints, the run directory, and the views a person reads.
 
-Floors, bottom first; a module imports only from its own floor's package or from below
-(tests/unit/project/test_layering.py reads it from the source):
+Floors, bottom first: a package or root module imports only from floors below its own
+(`RUNTIME_FLOORS` in tests/unit/project/test_layering.py, which enforces them):
 
-0. `errors`, `config`: the one error root, and the run configuration (it imports nothing
-   else of `runtime`).
-1. `identity`, `data`, `logs`, `seeds`, `step_phases`, `hf_quiet`, `last_words`, `gc_pauses`,
-   `user_functions`: what the config implies for the run's directory, data and processes.
-2. `memory`, `checkpoints`, `tiny`, `role`: the memory plan, checkpoints, the tiny models and
-   the base of every role process.
-3. `preflight`, `views`: the checks of the machine before a launch, and what a person sees.
-4. `launch`, `entry`: the launcher, and the entry point of one role process.
-5. `cli`: the `tandem` command.
+0. `errors`: the one error root.
+1. `config` (the run configuration: it imports nothing of `runtime` but `errors`), `logs`,
+   `hf_quiet`, `last_words`, `seeds`, `step_phases`, `user_functions`.
+2. `identity`, `data`, `memory`, `tiny`, `gc_pauses`: what the config implies for the run's
+   directory, data and memory, and the tiny models.
+3. `checkpoints`, `role`: checkpoints, and the base of every role process.
+4. `preflight`, `views`: the checks of the machine before a launch, and what a person sees.
+5. `launch`, `entry`: the launcher, and the entry point of one role process.
+6. `cli`: the `tandem` command.
 
 Modules:
 * `cli`: The `tandem` command (`[project.scripts]`); each subcommand imports its heavy modules

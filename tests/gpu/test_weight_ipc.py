@@ -143,7 +143,7 @@ def _die_mid_update(address: str, run_dir: str, version: int) -> None:
     """A trainer that sends bucket 0 of `version` by ipc, then is SIGKILLed."""
     import signal
 
-    from runtime.config.load import load_settled as load
+    from runtime.memory.auto import load_settled as load
     from tests.helpers.harness import RoleHarness as Harness
     from tests.helpers.weights import TrainerSide as Side
 
