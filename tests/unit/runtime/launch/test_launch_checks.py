@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config.load import load_config
+from runtime.config.validate import check_config
 from runtime.errors import ConfigError
 from runtime.preflight import environment
 from runtime.preflight.environment import check_launch
@@ -84,3 +85,12 @@ def test_the_end_summary_names_metrics_model_and_commands(tmp_path: Path) -> Non
     assert f"  model          {ckpt / 'hf'}" in lines
     assert f"  report         tandem report {tmp_path}" in lines
     assert f"  export         tandem export {tmp_path} OUT_DIR" in lines
+
+
+def test_the_config_check_asks_nothing_of_the_environment() -> None:
+    """`check_config` reads the config alone (runtime/config is the bottom floor): a reward
+    function that cannot be imported passes it and is refused by `check_launch`."""
+    cfg = load_config(None, ["reward.functions=[no_such_module_here:score]"])
+    check_config(cfg)
+    with pytest.raises(ConfigError, match="no_such_module_here"):
+        check_launch(cfg)

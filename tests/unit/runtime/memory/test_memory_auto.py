@@ -1,7 +1,7 @@
 """`auto` settings (runtime/memory/auto.py): for a GPU size given to the plan, the bench recipes
 get settings that fit and are not smaller than needed; explicit values win; a config that fits
-at no setting is refused naming its largest consumer; on CPU nothing changes; the recipes'
-old names are refused with the new one."""
+at no setting is refused naming its largest consumer; on CPU nothing changes; loading a recipe
+(`load_config`) settles nothing, `load_settled` (what `tandem launch` loads with) does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import runtime.memory.plan as memory_plan
 from runtime.config import RunConfig
-from runtime.config.load import AUTO_KEYS, to_yaml
+from runtime.config.load import AUTO_KEYS, load_config, to_yaml
 from runtime.errors import ConfigError
 from runtime.memory.auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, load_settled, replace
 from runtime.memory.estimate import model_shape, vllm_weights_gb
@@ -116,6 +116,17 @@ def test_cpu_runs_keep_the_cpu_values(monkeypatch: pytest.MonkeyPatch) -> None:
         assert cfg.memory.chosen == []
     cfg = load_settled("configs/tiny_cpu.yaml")
     assert choose(cfg, list(AUTO_KEYS), 0.0, 0.0)[0] == cfg
+
+
+def test_loading_a_recipe_settles_nothing_and_load_settled_does() -> None:
+    overrides = ["memory.gpu_gb=80", HOST]
+    loaded = load_config("configs/bench_1.5b.yaml", overrides)
+    assert loaded.memory.chosen == [] and loaded.trainer.micro_batch_tokens == RunConfig().trainer.micro_batch_tokens
+    settled = load_settled("configs/bench_1.5b.yaml", overrides)
+    assert len(settled.memory.chosen) == len(AUTO_KEYS)
+    assert settled == _load("bench_1.5b", 80)
+    given = load_settled("configs/bench_1.5b.yaml", [*overrides, "trainer.micro_batch_tokens=2048"])
+    assert given.trainer.micro_batch_tokens == 2048  # a key given a value is kept as given
 
 
 def test_auto_is_refused_where_nothing_chooses_it() -> None:
