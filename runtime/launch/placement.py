@@ -6,7 +6,8 @@ MASTER_ADDR, MASTER_PORT) and GPU roles get CUDA_VISIBLE_DEVICES from `devices`.
 Device indices count the GPUs this launcher sees: under `CUDA_VISIBLE_DEVICES=2,3`,
 `devices: [0]` is physical GPU 2 (as torch, vLLM and Ray read them), so a launch confined
 to some GPUs of a shared machine never lands on the others.
-Impossible placements raise `PlacementError` with a one-line reason.
+Impossible placements raise `PlacementError` with a one-line reason. What the config alone says
+of the placement (its entries, role counts, each process's GPUs) is runtime/config/placement.py's.
 """
 
 from __future__ import annotations
