@@ -94,10 +94,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from benchmarks.json_out import print_json, provenance, read_earlier
 from runtime.config import RunConfig
-from runtime.config.load import load_config
-from runtime.config.validate import check_config
-from runtime.launch.placement import entries, role_counts
-from runtime.memory.model import ModelShape
+from runtime.config.placement import entries, role_counts
+from runtime.memory.auto import load_settled
+from runtime.memory.estimate import ModelShape
+from runtime.preflight.environment import check_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "configs/bench_h200x2.yaml"
@@ -305,7 +305,7 @@ def setup_model(cfg: RunConfig, run_root: Path) -> tuple[Path, list[str]]:
         return Path(cfg.model.path), []
     import msgspec
 
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     path = make_tiny_model(run_root / "model", **msgspec.structs.asdict(cfg.model.tiny))
     return path, [f"model.path={path}"]
@@ -326,7 +326,7 @@ def launch(
 ) -> float:
     """`tandem launch` in a subprocess (`env` added to this process's environment); its wall
     time. A failed run ends the benchmark."""
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(config), *overrides]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(config), *overrides]
     started = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -435,7 +435,7 @@ def run_variant(
 ) -> dict[str, Any]:
     """Launch one variant (`env` added to its environment) and summarise its run; with
     `reuse`, a finished run is summarised without launching it again."""
-    cfg = load_config(config, overrides)
+    cfg = load_settled(config, overrides)
     launch_s = None  # a reused run's launch time is not known here
     if not (reuse and finished(cfg)):
         launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s, env)
@@ -468,7 +468,7 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
     from runtime.memory.plan import launch_plan
 
     written = Path(cfg.run_dir) / "config.yaml"
-    ran = load_config(written) if written.exists() else cfg
+    ran = load_settled(written) if written.exists() else cfg
     plan = launch_plan(ran, asks_gpus=True)
     out: dict[str, Any] = {
         "plan_trainer_peak_gb": plan.trainer_peak_gb(),
@@ -487,7 +487,7 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = Path(args.config).resolve()
-    base = load_config(config, args.overrides)
+    base = load_settled(config, args.overrides)
     stamp = f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_root = (args.run_root or ROOT / "runs" / "async_vs_sync" / stamp).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
@@ -572,10 +572,10 @@ def plan_runs(
             tag = name if args.repeats == 1 and not first else f"{name}-{rep}"
             common = [*args.overrides, *policy.overrides, f"name={config.stem}-{tag}", f"run_dir={run_root / tag}"]
             steps = steps_override(
-                load_config(config, [*args.overrides, *extra]), args.warmup_steps, args.measured_steps
+                load_settled(config, [*args.overrides, *extra]), args.warmup_steps, args.measured_steps
             )
             runs[name] = [*common, *extra, *steps]
-            check_config(load_config(config, runs[name]))
+            check_launch(load_settled(config, runs[name]))
         out.append(runs)
     return out
 

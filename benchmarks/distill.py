@@ -44,9 +44,9 @@ from benchmarks.async_vs_sync import (
 )
 from benchmarks.json_out import print_json, provenance
 from runtime.config import RunConfig
-from runtime.config.load import load_config
-from runtime.config.validate import check_config
-from runtime.launch.placement import entries
+from runtime.config.placement import entries
+from runtime.memory.auto import load_settled
+from runtime.preflight.environment import check_launch
 
 HIDDEN_AT = 0.85  # the teacher counts as hidden when throughput with it is this fraction of without
 
@@ -81,7 +81,7 @@ def teacher_overrides(cfg: RunConfig, run_root: Path) -> list[str]:
         return []
     import msgspec
 
-    from runtime.tiny_teacher import make_tiny_teacher
+    from runtime.tiny.teacher import make_tiny_teacher
 
     path = make_tiny_teacher(run_root / "teacher_model", msgspec.structs.asdict(d.tiny), d.tiny_train_steps)
     return [f"algorithm.distill.teacher={path}"]
@@ -105,7 +105,7 @@ def teacher_figures(run_dir: Path, warmup: int, measured: int) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = Path(args.config).resolve()
-    base = load_config(config, args.overrides)
+    base = load_settled(config, args.overrides)
     if not base.algorithm.distill.enabled:
         raise SystemExit(f"distill: {config.name} sets no algorithm.distill.teacher")
     run_root = (
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, extra in variants_overrides.items():
         runs[name] = [*args.overrides, *policy.overrides, f"name={config.stem}-{name}", f"run_dir={run_root / name}"]
         runs[name] += [*extra, *steps]
-        check_config(load_config(config, runs[name]))  # both checked before either runs
+        check_launch(load_settled(config, runs[name]))  # both checked before either runs
     variants = {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
     variants["teacher"].update(teacher_figures(run_root / "teacher", args.warmup_steps, args.measured_steps))
     ratio = variants["teacher"]["samples_per_s"] / variants["no_teacher"]["samples_per_s"]

@@ -44,7 +44,7 @@ def _launch(run_dir: Path) -> subprocess.Popen[str]:
     cmd = [
         sys.executable,
         "-m",
-        "runtime.views.cli",
+        "runtime.cli",
         "launch",
         "configs/tiny_cpu.yaml",
         f"run_dir={run_dir}",

@@ -7,7 +7,7 @@ process, or vLLM's engine process under a rollout) and reports each name's peak 
 on the GPU (allocator cache, CUDA context, NCCL, vLLM's pools), so a trainer's figure is
 above its `cuda_peak_gb` (the allocator's allocated peak).
 
-    python3 benchmarks/gpu_peaks.py --out peaks.json -- python3 -m runtime.views.cli launch configs/bench_1.5b.yaml
+    python3 benchmarks/gpu_peaks.py --out peaks.json -- python3 -m runtime.cli launch configs/bench_1.5b.yaml
 """
 
 from __future__ import annotations

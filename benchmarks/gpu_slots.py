@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from runtime.config import RunConfig
-from runtime.launch.placement import entries
+from runtime.config.placement import entries
 
 T = TypeVar("T")
 Job = Callable[[dict[str, str]], T]

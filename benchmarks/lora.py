@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from async_vs_sync import H200_BF16_DENSE_TFLOPS, ROOT, Policy, emit, read_metrics, run_variant, setup_policy
 
-from runtime.config.load import load_config
-from runtime.config.validate import check_config
-from runtime.memory.auto import pins
+from runtime.memory.auto import load_settled, pins
+from runtime.preflight.environment import check_launch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def variant(config: Path, overrides: list[str], args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     """async_vs_sync's summary of one run, plus the update's size and the trainer's peak memory."""
     summary = run_variant(config, overrides, args, policy)
-    cfg = load_config(config, overrides)
+    cfg = load_settled(config, overrides)
     records = sorted(read_metrics(Path(cfg.run_dir) / "metrics.jsonl"), key=lambda r: r["step"])
     kept = records[args.warmup_steps : len(records) - summary["cooldown_steps"]]
     peaks = [r["cuda_peak_gb"] for r in records if "cuda_peak_gb" in r]
@@ -71,7 +70,7 @@ def variant(config: Path, overrides: list[str], args: argparse.Namespace, policy
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = Path(args.config).resolve()
-    base = load_config(config, args.overrides)
+    base = load_settled(config, args.overrides)
     run_root = (args.run_root or ROOT / "runs" / "lora" / f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_root.mkdir(parents=True, exist_ok=True)
     policy = setup_policy(base, run_root)
@@ -79,11 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     # LoRA first: on a machine where it cannot run, the benchmark fails before the long full run.
     extra = {"lora": [f"trainer.lora.rank={args.rank}", f"trainer.optim.lr={lr}"], "full": ["trainer.lora.rank=0"]}
     common = [*args.overrides, *policy.overrides, f"rollout.max_staleness={args.staleness}"]
-    chosen = pins(load_config(config, [*common, *extra["full"]]))  # the full run's `auto` settings, for both
+    chosen = pins(load_settled(config, [*common, *extra["full"]]))  # the full run's `auto` settings, for both
     runs = {}
     for name, more in extra.items():
         runs[name] = [*common, *chosen, f"name={config.stem}-{name}", f"run_dir={run_root / name}", *more]
-        check_config(load_config(config, runs[name]))  # a bad variant fails before any run starts
+        check_launch(load_settled(config, runs[name]))  # a bad variant fails before any run starts
     variants = {n: variant(config, o, args, policy) for n, o in runs.items()}
     full, lora = variants["full"], variants["lora"]
 

@@ -112,7 +112,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lora_probe."))
     model_dir = args.model
     if not model_dir:
-        from runtime.tiny_model import make_tiny_model
+        from runtime.tiny.model import make_tiny_model
 
         # head_dim 64: the GPU attention kernels (FA3) do not take the default tiny head_dim 32.
         model_dir = str(make_tiny_model(work / "tiny", hidden_size=256, num_heads=4, num_kv_heads=2))

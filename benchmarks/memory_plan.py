@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.json_out import provenance
-from runtime.config.load import load_config
+from runtime.memory.auto import load_settled
 
 H200_BF16_DENSE_TFLOPS = 989.0
 GB = 1e9
@@ -56,13 +56,13 @@ def measure(config: str, overrides: list[str], steps: int, model_root: Path, pea
     from roles.trainer.fsdp_engine import FSDPEngine
     from roles.weights.layout import BucketPacker
     from runtime.memory.plan import build_plan
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     make_batch = _trainer_benchmark().make_batch
 
     path, *own = config.split("@")
     cuda = torch.cuda.is_available()
-    cfg = load_config(path, [*overrides, *own, f"trainer.device={'cuda' if cuda else 'cpu'}"])
+    cfg = load_settled(path, [*overrides, *own, f"trainer.device={'cuda' if cuda else 'cpu'}"])
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     total_gb = torch.cuda.get_device_properties(device).total_memory / GB if cuda else 0.0
 

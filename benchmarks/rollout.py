@@ -71,9 +71,9 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 from benchmarks.json_out import print_json, provenance
 from roles.controller.dispatch import group_seed
 from runtime.config import RunConfig
-from runtime.config.load import load_config
 from runtime.launch.env import ROLE_ENV_DEFAULTS
 from runtime.logs import setup_logging
+from runtime.memory.auto import load_settled
 
 
 def gpu_present() -> bool:
@@ -102,8 +102,8 @@ def bare_engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The engine arguments the rollout role (rank 0) starts vLLM with under `cfg`."""
     from roles.generation.engine import engine_kwargs
     from roles.rollout.agents import serves_agents
-    from runtime.gpu_check import rollout_sleeps
-    from runtime.paths import model_dir
+    from runtime.config.placement import rollout_sleeps
+    from runtime.identity.paths import model_dir
 
     sleeps, structured = rollout_sleeps(cfg, 0), serves_agents(cfg)
     return engine_kwargs(
@@ -371,7 +371,7 @@ def main() -> None:
     many = "trainer.total_steps=1000000"
     # --seeded: both engines start as a seeded run's do (on a CPU: prefills unchunked).
     fixed = ["rollout.engine.max_num_seqs=256", fit, many, *(["rollout.seeded_sampling=true"] if args.seeded else [])]
-    cfg = load_config(args.config, [*fixed, *args.overrides])
+    cfg = load_settled(args.config, [*fixed, *args.overrides])
     share = cfg.rollout.engine.gpu_memory_utilization
     if 2 * share > 0.95 and gpu_present():
         parser.error(
@@ -379,7 +379,7 @@ def main() -> None:
             "at once on GPU 0, so each may take at most 0.47 (e.g. rollout.engine.gpu_memory_utilization=0.45)"
         )
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-rollout-"))  # after the refusal: none left behind
-    cfg = load_config(args.config, [f"run_dir={run_dir}", *fixed, *args.overrides])
+    cfg = load_settled(args.config, [f"run_dir={run_dir}", *fixed, *args.overrides])
     setup_logging(None, "bench", level="warning")  # stderr: stdout carries only the JSON
     from runtime.launch.launcher import prepare_run_dir
 

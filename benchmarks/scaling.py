@@ -68,8 +68,9 @@ from benchmarks.async_vs_sync import (
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from benchmarks.json_out import provenance, read_earlier
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.errors import ConfigError
+from runtime.memory.auto import load_settled
+from runtime.preflight.environment import check_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN_05B = [
@@ -136,11 +137,11 @@ def points(axis: str, scale: str, sigma: float) -> list[Point]:
 def refusal(cfg: RunConfig) -> str | None:
     """Why the launch would refuse `cfg` (the config checks, then the memory plan on this
     machine's GPUs, or `memory.gpu_gb`); None: it fits."""
-    from runtime.launch.placement import entries
+    from runtime.config.placement import entries
     from runtime.memory.plan import check_plan, launch_plan
 
     try:
-        check_config(cfg)
+        check_launch(cfg)
         check_plan(cfg, launch_plan(cfg, asks_gpus=any(e.devices for e in entries(cfg))))
     except ConfigError as exc:
         return str(exc)
@@ -154,11 +155,11 @@ def run_point(
     memory plan refuses it."""
     config = (ROOT / point.config).resolve()
     base_overrides = point_base_overrides(point, args)
-    base = load_config(config, base_overrides)
+    base = load_settled(config, base_overrides)
     plans = variant_overrides(base, args.staleness, None)
     out: dict[str, Any] = {"point": point.name, "x": point.x, "config": point.config, "overrides": base_overrides}
     for extra in plans.values():
-        why = refusal(load_config(config, [*base_overrides, *extra]))
+        why = refusal(load_settled(config, [*base_overrides, *extra]))
         if why is not None:
             return {**out, "refused": why, "variants": {}}
     root = run_root / point.name
@@ -217,7 +218,7 @@ def imported_point(point: Point, path: Path, args: argparse.Namespace) -> dict[s
     variants = old.get("variants")
     if not isinstance(variants, dict) or set(variants) != {"sync", "async"}:
         raise refuse("its variants are not one sync and one async run")
-    total = load_config(ROOT / point.config, want["overrides"]).trainer.total_steps
+    total = load_settled(ROOT / point.config, want["overrides"]).trainer.total_steps
     measured = variants["sync"].get("steps")  # a point's sync run measures every step after the warm-up
     if measured != total - args.warmup_steps:
         raise refuse(
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.gpus:
         for pt in chosen:
             try:
-                check_one_gpu(load_config(ROOT / pt.config, [*pt.overrides, *args.overrides]), pt.config)
+                check_one_gpu(load_settled(ROOT / pt.config, [*pt.overrides, *args.overrides]), pt.config)
             except ValueError as exc:
                 raise SystemExit(f"scaling: {exc}") from None
     run_root = (args.run_root or ROOT / "runs" / "scaling" / f"{args.axis}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()

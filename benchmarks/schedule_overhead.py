@@ -29,7 +29,7 @@ from benchmarks.json_out import ROOT, provenance
 
 
 def launch(config: str, run_dir: Path, schedule: bool, overrides: list[str]) -> float:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "--quiet", config, f"run_dir={run_dir}"]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "--quiet", config, f"run_dir={run_dir}"]
     cmd += [f"metrics.schedule={'true' if schedule else 'false'}", *overrides]
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

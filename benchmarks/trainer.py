@@ -91,8 +91,8 @@ import torch.distributed as dist
 
 from benchmarks.json_out import one_line_error, provenance
 from roles.kernels.varlen import cuda_kernel
-from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.memory.auto import load_settled
+from runtime.tiny.model import make_tiny_model
 from transport.wire import TrainBatch
 
 H200_BF16_DENSE_TFLOPS = 989.0
@@ -165,7 +165,7 @@ def train_flops(lengths: list[int], num_params: int, hidden: int, layers: int, *
 def engine_loop(model_dir: Path, overrides: list[str]) -> tuple[Any, Callable[[TrainBatch], float]]:
     from roles.trainer.fsdp_engine import FSDPEngine
 
-    engine = FSDPEngine(load_config(None, overrides), model_dir)
+    engine = FSDPEngine(load_settled(None, overrides), model_dir)
     return engine, lambda batch: float(engine.train_step(batch)["loss"])
 
 
@@ -178,7 +178,7 @@ def bare_loop(model_dir: Path, overrides: list[str], device: torch.device, budge
     from roles.algo import entropy_from_logits, ppo_policy_loss, token_logprobs
     from roles.trainer.policy_loss import policy_loss_options
 
-    cfg = load_config(None, overrides)
+    cfg = load_settled(None, overrides)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
     torch.nn.Module.to(model, device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else None

@@ -49,8 +49,8 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 import torch
 
 from runtime.config import RunConfig
-from runtime.config.load import load_config
 from runtime.logs import setup_logging
+from runtime.memory.auto import load_settled
 
 
 def backends(cpu_only: bool) -> list[str]:
@@ -222,7 +222,7 @@ def main() -> None:
     if args.quick:
         args.config, args.updates = "configs/tiny_cpu.yaml", 2
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-weights-"))
-    cfg = load_config(args.config, [f"run_dir={run_dir}", *args.overrides])
+    cfg = load_settled(args.config, [f"run_dir={run_dir}", *args.overrides])
     from runtime.launch.launcher import prepare_run_dir
 
     prepare_run_dir(cfg)

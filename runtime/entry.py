@@ -11,9 +11,10 @@ import importlib
 import os
 from pathlib import Path
 
-from runtime.addresses import CONTROLLER_ENV
 from runtime.config.load import load_config
-from runtime.last_words import say
+from runtime.errors import one_line
+from runtime.identity.addresses import CONTROLLER_ENV
+from runtime.last_words import MAX_CHARS, say
 from runtime.logs import get_logger, setup_logging
 from runtime.memory.gpu import TITLE_PREFIX
 
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         role = role_class(args.role)(ctx)
     except Exception as exc:
-        say(f"{type(exc).__name__}: {exc}")
-        get_logger().error("fatal", cause=f"{type(exc).__name__}: {exc}")
+        cause = one_line(exc, MAX_CHARS)
+        say(cause)
+        get_logger().error("fatal", cause=cause)
         raise SystemExit(1) from None
     role.main()
 

@@ -12,6 +12,10 @@ class TandemError(Exception):
     """A failure Tandem raises on purpose, with a message meant for the person running it."""
 
 
+class ConfigError(TandemError, ValueError):
+    """A config that cannot run; the message is one line naming the key."""
+
+
 def one_line(exc: BaseException | None, limit: int = 500) -> str:
     """`Type: message` on one line (whitespace runs collapsed), at most `limit` characters;
     "unknown error" for None."""

@@ -8,7 +8,7 @@ file never sees half a line unless it catches the writer mid-write.
 
 A float that is NaN or infinite is written as the text "nan", "inf" or "-inf" (JSON has no
 such numbers; msgspec would write null, Python's json an invalid `NaN`), at any depth of a
-field (`json_ready`); metrics.jsonl writes them the same way, and runtime/records.py reads
+field (`json_ready`); metrics.jsonl writes them the same way, and runtime/views/records.py reads
 both back as floats.
 
 A line that cannot be written (disk full, I/O error) never raises into the code that

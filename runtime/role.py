@@ -35,12 +35,13 @@ from typing import Any, ClassVar
 import zmq
 import zmq.asyncio
 
-from runtime import addresses, gc_pauses
+from runtime import gc_pauses
 from runtime.config import RunConfig
-from runtime.errors import TandemError
-from runtime.last_words import say
+from runtime.errors import TandemError, one_line
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
+from runtime.last_words import MAX_CHARS, say
 from runtime.logs import get_logger, on_write_error
-from runtime.run_token import read_token
 from transport import wire
 from transport.rpc import RemoteError, RpcEndpoint
 from transport.sockets import connect_dealer
@@ -187,7 +188,7 @@ class Role:
         try:
             code = uvloop.run(self._lifecycle())
         except BaseException as exc:
-            cause = f"{type(exc).__name__}: {exc}"
+            cause = one_line(exc, MAX_CHARS)
             say(cause)  # first: the log may be what failed
             log.error("fatal", cause=cause)
             code = 1
@@ -223,7 +224,7 @@ class Role:
         except FatalError as exc:
             self.fail(str(exc))
         except Exception as exc:
-            self.fail(f"{type(exc).__name__}: {exc}")
+            self.fail(one_line(exc, MAX_CHARS))
             log.error("traceback", text=traceback.format_exc()[-4000:])
         if self._fatal is not None:
             say(self._fatal)
@@ -296,4 +297,4 @@ class Role:
             return
         exc = task.exception()
         if exc is not None:
-            self.fail(f"task {task.get_name()} died: {type(exc).__name__}: {exc}")
+            self.fail(f"task {task.get_name()} died: {one_line(exc, MAX_CHARS)}")

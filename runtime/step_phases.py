@@ -2,7 +2,7 @@
 generated and the batch was scored, when vLLM slept, the trainer trained and pushed the new
 weights, and the glue: the time in the step that no phase covers.
 
-The controller computes them (roles/controller/training.py) for metrics.jsonl and the
+The controller computes them (roles/controller/step_runner.py) for metrics.jsonl and the
 schedule's `step` record; `tandem report` draws them from the schedule (runtime/views/report).
 
 What a caller may rely on:
@@ -42,7 +42,7 @@ class StepTimes:
     first_sample: float = 0.0  # the batch's first sample arrived
     last_sample: float = 0.0  # the batch's last sample arrived
     ready: float = 0.0  # the batch's last group was scored (queued for training)
-    rest: tuple[float, float] | None = None  # the `Rest` round trip (vLLM sleeps), synchronous runs
+    rest: tuple[float, float] | None = None  # the `SleepBeforeStep` round trip (vLLM sleeps), synchronous runs
     train_sent: float = 0.0  # the batch went to the trainer
     trainer: Mapping[str, float] = field(default_factory=dict)  # busy_s, train_s, weight_sync_s, release_s
 

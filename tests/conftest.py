@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny Qwen2 model + tokenizer, made once for the whole test session."""
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 

@@ -8,7 +8,7 @@ peer cannot complete the handshake with a Curve socket at all; `log_refused_hand
 logs and counts those failures as they happen (a socket monitor on the server).
 
 Local runs (no Curve) authenticate with ZMQ's PLAIN mechanism instead: a client presents
-the run token (runtime/run_token.py) as its password, the same ZAP handler compares it in
+the run token (runtime/identity/run_token.py) as its password, the same ZAP handler compares it in
 constant time and refuses (logs, counts) any other. PLAIN sends the token in clear over
 the connection, which is why it is for ipc:// in a 0700 folder and loopback only; data
 frames are not encrypted, so it costs the data path nothing.

@@ -131,7 +131,7 @@ class Register(msgspec.Struct, **_msg(MsgType.REGISTER)):
 
     peer: PeerInfo
     pid: int = 0
-    token: str = ""  # the run's secret (runtime/run_token.py)
+    token: str = ""  # the run's secret (runtime/identity/run_token.py)
 
 
 class Registered(msgspec.Struct, **_msg(MsgType.REGISTERED)):

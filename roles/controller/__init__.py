@@ -7,7 +7,7 @@ Modules:
 * `budgets`: Response budgets: the `max_tokens` each training group is sampled with.
 * `checkpointing`: Checkpoints, controller side: every trainer and critic rank saves its shards,
   the controller its state (`ControllerState`); then the folder is committed
-  (runtime/checkpoint.py).
+  (runtime/checkpoints/checkpoint.py).
 * `dataset`: Prompt datasets: JSONL / Parquet files or the synthetic copy task, with a resumable
   cursor.
 * `dispatch`: Dispatch: admit prompts through the ledger, send them to rollouts, collect their

@@ -1,9 +1,9 @@
 """Checkpoints, controller side: every trainer and critic rank saves its shards, the
-controller its state (`ControllerState`); then the folder is committed (runtime/checkpoint.py).
+controller its state (`ControllerState`); then the folder is committed (runtime/checkpoints/checkpoint.py).
 Taken between steps, so no batch is in training; see docs/running.md, "Checkpoints, resume, export".
 A save that fails (a rank's error, its timeout, a write of the controller's own) ends the
 run at once with `FatalError` naming the folder, the cause and the last intact checkpoint
-(runtime/checkpoint.py `save_failure`); the checkpoints before it stay as they were."""
+(runtime/checkpoints/checkpoint.py `save_failure`); the checkpoints before it stay as they were."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from roles.controller import state as cstate
 from roles.controller.ranks import RankGroup
-from runtime import checkpoint, resume_settings
-from runtime.base_model import MANIFEST_KEY as BASE_MODEL_KEY
+from runtime.checkpoints import checkpoint, resume_settings
+from runtime.checkpoints.base_model import MANIFEST_KEY as BASE_MODEL_KEY
 from runtime.errors import one_line
 from runtime.logs import get_logger
 from runtime.role import FatalError
@@ -40,8 +40,8 @@ class Checkpointer:
     ) -> None:
         """`ranks`: the groups whose ranks save shards (trainer, critic); `snapshot()`:
         the controller's state now; `base_model`: the run's model identity
-        (runtime/base_model.py), and `settings` the run's settings
-        (runtime/resume_settings.py), recorded in every manifest."""
+        (runtime/checkpoints/base_model.py), and `settings` the run's settings
+        (runtime/checkpoints/resume_settings.py), recorded in every manifest."""
         self.run_dir = run_dir
         self.ranks = ranks
         self.snapshot = snapshot

@@ -3,10 +3,10 @@
 `PromptDataset.next()` returns prompts in a seeded order (reshuffled each epoch when
 `data.shuffle`); `state()` / `restore()` capture the cursor exactly, so a resumed run
 continues with the next prompt that was not yet drawn. Prompts longer than the run's
-limit (runtime/prompts.py `prompt_limit`: `data.max_prompt_tokens`, at most
+limit (runtime/data/prompts.py `prompt_limit`: `data.max_prompt_tokens`, at most
 `rollout.engine.max_model_len - 1`) are skipped, counted in `skipped_too_long` (kept in
 checkpoints; `take_skipped` hands the count since its last call to the step's metrics)
-and logged once per row (`prompt_too_long`). The tokenization is runtime/prompts.py's,
+and logged once per row (`prompt_too_long`). The tokenization is runtime/data/prompts.py's,
 which the launcher's check shares.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import DataConfig
+from runtime.data.prompts import encode
+from runtime.data.task_sources import source_rows
 from runtime.logs import get_logger
-from runtime.prompts import encode
-from runtime.task_sources import source_rows
 
 log = get_logger("controller")
 
@@ -37,7 +37,7 @@ class Prompt:
 
 class PromptDataset:
     def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int = 0, limit: int | None = None) -> None:
-        """`limit`: the longest prompt taken (runtime/prompts.py `prompt_limit`; default
+        """`limit`: the longest prompt taken (runtime/data/prompts.py `prompt_limit`; default
         `data.max_prompt_tokens`)."""
         self.cfg = cfg
         self.limit = cfg.max_prompt_tokens if limit is None else limit

@@ -60,7 +60,7 @@ class MembershipRules:
     """The run's membership settings, from the config and placement."""
 
     expected: dict[str, int]  # processes per role kind (runtime/launch/placement.py:role_counts)
-    token: str  # the run's secret (runtime/run_token.py)
+    token: str  # the run's secret (runtime/identity/run_token.py)
     elastic: bool = False  # rollout.elastic
     elastic_grace_s: float = 60.0  # rollout.elastic_grace_s
     peer_timeout_s: float = 30.0  # transport.peer_timeout_s (only named in the loss's reason)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from roles.controller.metric_groups import grouped
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.config import MetricsConfig
 from runtime.logs import get_logger, json_ready
 from runtime.role import FatalError

@@ -2,7 +2,7 @@
 
 A caller may rely on:
 * `refuse_registration` returns why a `Register` must be refused, or None: the run's
-  secret must be presented (runtime/run_token.py), the role kind must be one placement
+  secret must be presented (runtime/identity/run_token.py), the role kind must be one placement
   declares, its rank one of that kind's ranks (rollouts of an elastic run may also take a
   joiner's rank, 1000 and up), and no live peer may hold that identity or that role and
   rank already.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter
 
 from roles.controller.peers import Registry
+from runtime.identity.run_token import matches
 from runtime.logs import get_logger
-from runtime.run_token import matches
 from transport import wire
 
 log = get_logger("controller")

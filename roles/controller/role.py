@@ -53,14 +53,15 @@ from roles.controller.step_runner import StepRunner
 from roles.controller.teaching import TeacherMeter, Teaching
 from roles.controller.validation import Validator
 from roles.controller.values import ValueStage
-from runtime import addresses, base_model, checkpoint, resume_settings
-from runtime.launch.placement import role_counts
+from runtime.checkpoints import base_model, checkpoint, resume_settings
+from runtime.config.placement import role_counts
+from runtime.data.prompts import limit_text, prompt_limit
+from runtime.identity import addresses
+from runtime.identity.paths import SCHEDULE, metrics_path, model_dir
+from runtime.identity.run_token import read_token
 from runtime.launch.rendezvous import CONTROLLER_FD_ENV, handed_fd
 from runtime.logs import get_logger, set_policy_version
-from runtime.paths import SCHEDULE, metrics_path, model_dir
-from runtime.prompts import limit_text, prompt_limit
 from runtime.role import FatalError, Role
-from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.sockets import bind_router

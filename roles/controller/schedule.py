@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runtime.paths import SCHEDULE_ROTATED
+from runtime.identity.paths import SCHEDULE_ROTATED
 from runtime.step_phases import StepTimes, phase_metrics, phase_spans
 
 FLUSH_S = 1.0

@@ -15,8 +15,8 @@ from pathlib import Path
 from roles.critic.fsdp_engine import CriticEngine
 from roles.training.torch_role import TorchRole
 from roles.training.train_engine import ValueEngine
+from runtime.identity.paths import model_dir
 from runtime.logs import get_logger
-from runtime.paths import model_dir
 from transport import wire
 from transport.endpoint import Envelope
 

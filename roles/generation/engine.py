@@ -75,7 +75,7 @@ class Sample:
 
 @dataclass
 class LoraServing:
-    """vLLM's LoRA settings and where the rollout keeps its adapters (runtime/lora.py)."""
+    """vLLM's LoRA settings and where the rollout keeps its adapters (runtime/config/lora_settings.py)."""
 
     max_rank: int
     max_loras: int

@@ -1,7 +1,7 @@
 """Checkpoints of a Megatron-core engine (actor or critic): one folder, per-rank files.
 
     megatron-layout.json        {"tp", "pp", "world_size"}: written by rank 0, read by the
-                                launcher before anything starts (`runtime/checkpoint_layout.py`)
+                                launcher before anything starts (`runtime/checkpoints/layout.py`)
     megatron-rank<r>.pt         rank r's model shard, optimizer state (the distributed
                                 optimizer's non-parameter part), counters and RNG states:
                                 torch CPU / CUDA, python, numpy and megatron's CUDA RNG
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from roles.megatron.model import unwrap
 from roles.training.rng import rng_state, set_rng_state
-from runtime.checkpoint_layout import LAYOUT_FILE, layout_mismatch
+from runtime.checkpoints.layout import LAYOUT_FILE, layout_mismatch
 
 
 def layout() -> dict[str, int]:

@@ -13,7 +13,7 @@ Modules:
 * `model_role`: The reward_model role: scores completions with a reward model or a generative
   judge.
 * `reasoning_gym`: reasoning-gym's own scorers as a reward (`roles.reward.reasoning_gym:score`),
-  for `data.source: reasoning_gym` (runtime/task_sources.py puts what they need in each row).
+  for `data.source: reasoning_gym` (runtime/data/task_sources.py puts what they need in each row).
 * `role`: The reward role: scores completions with the configured functions (see runner.py).
 * `runner`: Runs reward functions named `module:function` with bounded concurrency and a
   timeout.

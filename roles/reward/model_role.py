@@ -16,8 +16,8 @@ from typing import Any
 from roles.reward.classifier import RewardClassifier
 from roles.reward.judge import Judge
 from roles.reward.role import reward_result
+from runtime.identity.paths import reward_model_dir
 from runtime.logs import get_logger
-from runtime.paths import reward_model_dir
 from runtime.role import FatalError, Role
 from transport import wire
 from transport.endpoint import Envelope

@@ -1,5 +1,5 @@
 """reasoning-gym's own scorers as a reward (`roles.reward.reasoning_gym:score`), for
-`data.source: reasoning_gym` (runtime/task_sources.py puts what they need in each row).
+`data.source: reasoning_gym` (runtime/data/task_sources.py puts what they need in each row).
 
 The reply's answer is what its last `<answer>...</answer>` holds (reasoning-gym's
 `extract_answer`, the format its `default` system prompt asks for); a reply without one

@@ -47,8 +47,8 @@ from roles.rollout.agent_episode import AgentEpisode, CallRefused
 from roles.rollout.chat_render import ChatRenderer
 from roles.rollout.http_guard import ConnectionGuard
 from runtime.errors import one_line
+from runtime.identity.run_token import read_token
 from runtime.logs import get_logger
-from runtime.run_token import read_token
 
 log = get_logger("rollout")
 EPISODE_HEADER = "X-Tandem-Episode"

@@ -30,18 +30,18 @@ from roles.generation.engine import LoraServing, RolloutEngine, Sample
 from roles.generation.errors import EngineDeadError, OutOfGpuMemory
 from roles.rollout.completion import completion_message
 from roles.weights.receiver import WeightReceiver
-from runtime import addresses
-from runtime.checkpoint import read_manifest, resume_dir
+from runtime.checkpoints.checkpoint import read_manifest, resume_dir
+from runtime.config.lora_settings import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.config.placement import rollout_sleeps
 from runtime.errors import one_line
-from runtime.gpu_check import rollout_sleeps
+from runtime.identity import addresses
+from runtime.identity.paths import model_dir
+from runtime.identity.run_token import read_token
 from runtime.launch.start_order import mark_started
 from runtime.logs import get_logger, set_policy_version
-from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.memory.estimate import sleep_level
 from runtime.memory.gpu import gpu_memory, gpu_processes, out_of_memory_cause
-from runtime.memory.model import sleep_level
-from runtime.paths import model_dir
 from runtime.role import Role
-from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint
@@ -120,7 +120,7 @@ class RolloutRole(Role):
         self.spawn("engine-stats", self._log_stats())
 
     def _lora_serving(self) -> LoraServing | None:
-        """vLLM's LoRA settings when the trainer trains adapters (runtime/lora.py)."""
+        """vLLM's LoRA settings when the trainer trains adapters (runtime/config/lora_settings.py)."""
         cfg = self.cfg
         if not cfg.trainer.lora.rank:
             return None

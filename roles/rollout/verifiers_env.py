@@ -5,7 +5,7 @@ taskset made it) is rebuilt as the taskset's own Task and played by verifiers' o
 `Env.run_episode`: its harness (the multi-turn logic), its interception hooks, stop
 conditions and limits, its rubric (`@vf.reward` functions with their weights, judges).
 The one change is where model calls go: every seat's client is the rollout's
-OpenAI-compatible endpoint for this episode (runtime/verifiers_tasks.py refuses at launch
+OpenAI-compatible endpoint for this episode (runtime/data/verifiers_tasks.py refuses at launch
 what could not go there), so each call is sampled by the rollout's engine and recorded
 token-exact in the episode (roles/rollout/agent_episode.py). The episode's reward is the
 weighted sum of its traces' rewards (verifiers' `Trace.reward`).
@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from runtime.config import VerifiersConfig
-from runtime.verifiers_tasks import env_config
+from runtime.data.verifiers_tasks import env_config
 
 KEY_VAR = "TANDEM_OPENAI_API_KEY"  # verifiers' clients read their key from a variable
 

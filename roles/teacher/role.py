@@ -13,9 +13,9 @@ import time
 
 from roles.generation.errors import EngineDeadError
 from roles.teacher.scorer import TeacherScorer
+from runtime.identity.paths import teacher_dir
 from runtime.launch.start_order import engines_before, mark_started, wait_started
 from runtime.logs import get_logger
-from runtime.paths import teacher_dir
 from runtime.role import FatalError, Role
 from transport import wire
 from transport.endpoint import Envelope

@@ -47,7 +47,7 @@ from roles.training.moe import MoeRouting, checkpoint_items, is_moe, model_is_mo
 from roles.training.peft_lora import apply_lora
 from roles.weights.lora_adapters import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
-from runtime.memory.model import compiles_on_gpu
+from runtime.memory.estimate import compiles_on_gpu
 from transport.wire import TrainBatch
 
 

@@ -29,13 +29,13 @@ from roles.weights.ipc import device_uuid
 from roles.weights.layout import BucketPacker
 from roles.weights.lora_adapters import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, WeightSender
-from runtime import addresses
-from runtime.gpu_check import trainer_gives_way
+from runtime.config.lora_settings import adapter_config
+from runtime.config.placement import trainer_gives_way
+from runtime.identity import addresses
+from runtime.identity.paths import model_dir
+from runtime.identity.run_token import read_token
 from runtime.logs import get_logger, set_policy_version
-from runtime.lora import adapter_config
-from runtime.paths import model_dir
 from runtime.role import FatalError
-from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar, TypeVarTuple
 import torch
 
 from roles.training.train_engine import TrainEngine
-from runtime.checkpoint import resume_dir
+from runtime.checkpoints.checkpoint import resume_dir
 from runtime.launch.start_order import colocated_rollouts, wait_started
 from runtime.logs import get_logger
 from runtime.memory.gpu import GB, out_of_memory_cause

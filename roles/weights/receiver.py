@@ -13,7 +13,7 @@
   does not come within `timeout_s` (a trainer that died mid-update) is abandoned:
   generation resumes on the old version (layers loaded before keep the new weights).
 
-Weight messages (checksum requests too) without the run's secret (runtime/run_token.py)
+Weight messages (checksum requests too) without the run's secret (runtime/identity/run_token.py)
 are refused (`REFUSED`) and counted in `refused`, before anything else. An update is
 refused (`Error(REFUSED)`) before any work unless its version is the rollout's own (a
 re-send) or the next one: the trainer publishes every version to every live rollout. The
@@ -42,8 +42,8 @@ from roles.weights.errors import StaleUpdate
 from roles.weights.group import describe
 from roles.weights.staging import WeightStager
 from roles.weights.worker_calls import WorkerCall
+from runtime.identity.run_token import matches
 from runtime.logs import get_logger
-from runtime.run_token import matches
 from transport import wire
 from transport.throttle import Throttled
 

@@ -54,7 +54,7 @@ class ZmqTransfer:
     window = 2  # the rollout stages bucket k while k + 1 travels
 
     def __init__(self, timeout_s: float, *, token: str) -> None:
-        """`token`: the run's secret, carried by every message (runtime/run_token.py)."""
+        """`token`: the run's secret, carried by every message (runtime/identity/run_token.py)."""
         self.timeout_s = timeout_s
         self.token = token
 

@@ -5,21 +5,31 @@ description (`Annotated[..., Meta(description=...)]`); `docs/config.md` is gener
 from them (`tandem config-docs`). `load_config` fails before anything starts, with a
 one-line `ConfigError` naming the key and, where there are any, the valid choices.
 
+This package is the bottom floor of `runtime`: it imports nothing of `runtime` but
+`runtime.errors`, and asks nothing of the machine. The checks of the machine and the
+environment (GPUs, packages, user functions, files) are `runtime.preflight`'s, and `auto`
+keys are settled for this machine by `runtime.memory.auto.load_settled`, which the `tandem`
+command loads a recipe with.
+
 One module per section, each importable alone; this package re-exports every struct, so
 `from runtime.config import RunConfig` is the way in:
 
-  base.py       `Doc` and the Struct options every section shares
-  model.py       The policy model
-  data.py        The prompt dataset
-  rollout.py     Generation
-  trainer.py     The actor trainer
-  critic.py      The value model
-  algorithm.py   Advantages and KL
-  distill.py     On-policy distillation from a teacher role
-  reward.py      Reward functions, the reward model and the judge
-  run.py         The run's remaining sections (weight sync, checkpoints, placement, transport, metrics,
-  load.py       YAML + `@` overlays + dotted overrides -> a checked RunConfig (`load_config`)
-  validate.py   the cross-section checks `load_config` runs
+  base.py           `Doc` and the Struct options every section shares
+  model.py          the policy model
+  data.py           the prompt dataset
+  rollout.py        generation
+  trainer.py        the actor trainer
+  critic.py         the value model
+  algorithm.py      advantages and KL
+  distill.py        on-policy distillation from a teacher role
+  reward.py         reward functions, the reward model and the judge
+  run.py            the run's remaining sections (weight sync, checkpoints, placement, transport,
+                    metrics, memory, validation) and `RunConfig`, which holds them all
+  placement.py      where the config places the run's processes (entries, ranks, GPUs named)
+  gpu_share.py      the checks of the GPUs that placed processes share (memory fractions, weight sync)
+  lora_settings.py  what `trainer.lora` means for the roles' settings (adapter config, vLLM's rank)
+  load.py           YAML + `base:` layers + dotted overrides -> a `RunConfig` (`load_config`)
+  validate.py       the checks across sections (`check_config`), which `tandem launch` runs first
 """
 
 from __future__ import annotations

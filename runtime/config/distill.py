@@ -62,7 +62,7 @@ class DistillConfig(msgspec.Struct, **STRUCT):
         int,
         Doc(
             description="`teacher: tiny`: AdamW steps that teach it to prefer lowercase letters "
-            "(runtime/tiny_teacher.py) before the run; 0 = a random teacher.",
+            "(runtime/tiny/teacher.py) before the run; 0 = a random teacher.",
             ge=0,
         ),
     ] = 30

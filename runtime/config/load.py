@@ -16,10 +16,11 @@ A recipe may leave a key `???` (Hydra's "mandatory"): it loads, but `check_set` 
 until a layer or an override gives the key (`configs/grpo_gsm8k.yaml` so leaves `model.path`).
 `model.path=tiny` asks for the tiny random model by name (it loads as the empty path).
 
-Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets: the
-loader gives each a value for this machine's GPUs (runtime/memory/auto.py), so a loaded
-`RunConfig` holds plain values and `memory.chosen` says what `auto` became and why. A recipe
-under one of its old names (`RENAMED`) is refused, naming the new one.
+Keys in `AUTO_KEYS` also take `auto`, which is what a recipe that leaves them out gets. The
+loader asks nothing of the machine: `load_config` gives them `RunConfig()`'s values (the CPU
+values), and `read_config` also returns which keys were left `auto`, for the launcher to settle
+for this machine's GPUs (runtime/memory/auto.py `load_settled`, which `tandem launch` uses): a
+settled `RunConfig` holds plain values and `memory.chosen` says what `auto` became and why.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import msgspec
 import yaml
 
 from runtime.config import RunConfig
-from runtime.errors import TandemError
+from runtime.errors import ConfigError
 
 ALIASES = {"trainer.fsdp.": "fsdp."}
 AUTO = "auto"
@@ -57,19 +58,17 @@ UNSET_HINTS = {
     )
 }
 TINY = "tiny"  # model.path=tiny: the tiny random model, named (an empty path makes it too)
-RENAMED = {  # recipes are named by model, not GPU: `auto` fits each one to the GPU it runs on
-    "bench_h200x1.yaml": "bench_1.5b.yaml",
-    "bench_h200x1_3b.yaml": "bench_3b.yaml",
-    "bench_h200x1_7b.yaml": "bench_7b.yaml",
-}
-
-
-class ConfigError(TandemError, ValueError):
-    """A config that cannot run; the message is one line naming the key."""
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
-    """Read `path` (or start from defaults), apply `overrides`, validate, return the config."""
+    """Read `path` (or start from defaults), apply `overrides`, check each key and value, return
+    the config; keys left `auto` hold `RunConfig()`'s values."""
+    return read_config(path, overrides)[0]
+
+
+def read_config(path: str | Path | None, overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:  # type: ignore[assignment]
+    """`load_config`'s config, and the `AUTO_KEYS` its recipe and overrides leave `auto` (in
+    `AUTO_KEYS` order), for `runtime.memory.auto.settle`."""
     data, positions = _read_layers(Path(path)) if path else ({}, {})
     if path and "name" not in data:
         data["name"] = Path(path).stem
@@ -85,11 +84,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         cfg.model.path = ""  # asked for by name: the tiny model, as an empty path makes it
     if not cfg.run_dir:
         cfg.run_dir = str(Path("runs") / cfg.name)
-    if auto and not unset_keys(cfg):  # the chooser plans for the model: it waits until model.path is given
-        from runtime.memory.auto import settle  # here: the planner imports this module
-
-        cfg = settle(cfg, auto)
-    return cfg
+    return cfg, auto
 
 
 def unset_keys(cfg: RunConfig) -> list[str]:
@@ -200,9 +195,6 @@ def _read_layers(path: Path, depth: int = 0) -> tuple[dict[str, Any], Positions]
         text = path.read_text()
         data = yaml.load(text, Loader=_RecipeLoader) or {}  # a SafeLoader (see below)
     except FileNotFoundError:
-        if path.name in RENAMED:
-            new = path.with_name(RENAMED[path.name])
-            raise ConfigError(f"config file '{path}' is now '{new}' (recipes are named by model size)") from None
         raise ConfigError(f"config file '{path}' does not exist") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -445,7 +437,7 @@ def _describe(typ: Any, default: Any, prefix: str, out: list[KeyDoc]) -> None:
             _describe(inner, value, f"{prefix}{name}.", out)
             continue
         key, type_name, shown = f"{prefix}{name}", _type_name(inner, hint), _fmt(value)
-        if key in AUTO_KEYS:  # the loader's default, not the schema's (which stands in for it on CPU)
+        if key in AUTO_KEYS:  # the default `tandem launch` settles, not the schema's (which stands in for it on CPU)
             type_name, shown = f"{type_name} \\| auto", f"`{AUTO}`"
         out.append(KeyDoc(key, type_name, shown, desc))
 
@@ -494,7 +486,7 @@ def config_docs() -> str:
         "  key given twice in one mapping (PyYAML would keep the last in silence):",
         "  `configs/x.yaml:9:3: duplicate key 'n' (first given on line 4)`; keys beside a `<<:` merge are fine.",
         "* A key whose type reads `... | auto` takes `auto`, its default: the memory plan gives it the fastest value",
-        "  that fits the GPUs found when the config is loaded (or `memory.gpu_gb`), and `memory.chosen` says what",
+        "  that fits the GPUs `tandem launch` finds (or `memory.gpu_gb`), and `memory.chosen` says what",
         "  and why (docs/memory.md). Where no GPU size is known it takes the CPU value its description names;",
         "  `--print-config` shows what each became.",
         "",

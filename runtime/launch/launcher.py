@@ -39,32 +39,36 @@ from typing import Any
 
 import msgspec
 
-from runtime import addresses, base_model, checkpoint, last_words, resume_settings
-from runtime.checkpoint_layout import cannot_serve, check_adapter_rank, check_resume_layout
-from runtime.checkpoint_space import check_checkpoint_space
+from runtime import last_words
+from runtime.checkpoints import base_model, checkpoint, resume_settings
+from runtime.checkpoints.layout import cannot_serve, check_adapter_rank, check_resume_layout
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError, to_yaml
-from runtime.gpu_check import check_gpu_devices
+from runtime.config.load import to_yaml
+from runtime.config.placement import wants_gpus
+from runtime.data.prompts import check_prompt_lengths
+from runtime.errors import ConfigError
+from runtime.identity import addresses
+from runtime.identity.paths import model_dir, reward_model_dir, teacher_dir
+from runtime.identity.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
+from runtime.identity.run_token import ensure_token
 from runtime.last_words import LastWords
 from runtime.launch.env import ROLE_ENV_DEFAULTS
 from runtime.launch.options import LaunchOptions
-from runtime.launch.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus, wants_gpus
+from runtime.launch.placement import ProcSpec, check_devices, plan_join, plan_processes, visible_gpus
 from runtime.launch.rendezvous import inherited_fds, listen_for_controller, listen_for_worlds
 from runtime.launch.start_order import clear_started
 from runtime.launch.supervisor import Proc, Supervisor
 from runtime.logs import get_logger, log_path, setup_logging
-from runtime.memory.model import ShapeError
+from runtime.memory.estimate import ShapeError
 from runtime.memory.plan import Plan, check_plan, format_plan, launch_plan, plan_rows, plan_summary
-from runtime.paths import model_dir, reward_model_dir, teacher_dir
-from runtime.prompts import check_prompt_lengths
-from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs, set_aside
-from runtime.run_token import ensure_token
-from runtime.teacher_check import check_teacher_tokenizer
-from runtime.tiny_model import make_tiny_model
-from runtime.tiny_teacher import make_tiny_teacher
+from runtime.preflight.checkpoint_space import check_checkpoint_space
+from runtime.preflight.gpus import check_gpu_devices
+from runtime.preflight.teacher import check_teacher_tokenizer
+from runtime.tiny.model import make_tiny_model
+from runtime.tiny.teacher import make_tiny_teacher
 from runtime.views.console import Console
 from runtime.views.logfollow import LogFollower
-from runtime.wall_clock import record_start
+from runtime.views.wall_clock import record_start
 
 log = get_logger("launcher")
 

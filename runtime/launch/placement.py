@@ -6,7 +6,8 @@ MASTER_ADDR, MASTER_PORT) and GPU roles get CUDA_VISIBLE_DEVICES from `devices`.
 Device indices count the GPUs this launcher sees: under `CUDA_VISIBLE_DEVICES=2,3`,
 `devices: [0]` is physical GPU 2 (as torch, vLLM and Ray read them), so a launch confined
 to some GPUs of a shared machine never lands on the others.
-Impossible placements raise `PlacementError` with a one-line reason.
+Impossible placements raise `PlacementError` with a one-line reason. What the config alone says
+of the placement (its entries, role counts, each process's GPUs) is runtime/config/placement.py's.
 """
 
 from __future__ import annotations
@@ -15,17 +16,8 @@ import os
 from dataclasses import dataclass, field
 
 from runtime.config import PlacementEntry, RunConfig
+from runtime.config.placement import TORCH_WORLDS, entries, per_node, role_counts
 from runtime.errors import TandemError
-
-DEFAULT_PLACEMENT = (
-    PlacementEntry(role="controller"),
-    PlacementEntry(role="rollout"),
-    PlacementEntry(role="reward"),
-    PlacementEntry(role="trainer", count=2),
-)
-
-
-TORCH_WORLDS = ("trainer", "critic")  # the roles whose ranks form a torch.distributed world of their own
 
 
 class PlacementError(TandemError, ValueError):
@@ -43,34 +35,6 @@ class ProcSpec:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.rank}"
-
-
-def entries(cfg: RunConfig) -> list[PlacementEntry]:
-    """The placement's entries, with a critic (gae), a reward_model (reward.model.path or
-    reward.judge.model) and a teacher (algorithm.distill.teacher) added on one process each
-    when it names none."""
-    entries = list(cfg.placement) or list(DEFAULT_PLACEMENT)
-    if cfg.algorithm.advantage == "gae" and not any(e.role == "critic" for e in entries):
-        entries.append(PlacementEntry(role="critic"))
-    r = cfg.reward
-    if (r.model.path or r.judge.model) and not any(e.role == "reward_model" for e in entries):
-        entries.append(PlacementEntry(role="reward_model"))
-    if cfg.algorithm.distill.enabled and not any(e.role == "teacher" for e in entries):
-        entries.append(PlacementEntry(role="teacher"))
-    return entries
-
-
-def per_node(cfg: RunConfig) -> list[tuple[PlacementEntry, int]]:
-    """(entry, node) pairs: an entry with `nodes` stands for `count` processes on each."""
-    return [(e, n) for e in entries(cfg) for n in (e.nodes or [e.node])]
-
-
-def role_counts(cfg: RunConfig) -> dict[str, int]:
-    """Processes per role kind over all nodes."""
-    counts: dict[str, int] = {}
-    for e, _ in per_node(cfg):
-        counts[e.role] = counts.get(e.role, 0) + e.count
-    return counts
 
 
 def plan_processes(
@@ -169,11 +133,6 @@ def check_devices(specs: list[ProcSpec], num_gpus: int) -> None:
                 raise PlacementError(f"placement of {s.name}: GPU {d} does not exist (this node has {num_gpus})")
 
 
-def wants_gpus(cfg: RunConfig) -> bool:
-    """Whether the run asks for GPUs: a CUDA trainer, or any entry that names devices."""
-    return cfg.trainer.device == "cuda" or any(e.devices for e in entries(cfg))
-
-
 def visible_gpus() -> int:
     """GPUs torch sees in this process (0 without torch or CUDA)."""
     try:
@@ -182,8 +141,3 @@ def visible_gpus() -> int:
         return torch.cuda.device_count()
     except Exception:
         return 0
-
-
-def getenv_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.strip() else default

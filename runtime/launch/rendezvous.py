@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import socket
 
-from runtime.launch.placement import TORCH_WORLDS, ProcSpec
+from runtime.config.placement import TORCH_WORLDS
+from runtime.launch.placement import ProcSpec
 
 STORE_FD_ENV = "TANDEM_STORE_FD"
 CONTROLLER_FD_ENV = "TANDEM_CONTROLLER_FD"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.gpu_check import placed_processes
+from runtime.config.placement import placed_processes
 
 POLL_S = 0.25
 ENGINE_ROLES = ("rollout", "teacher")  # roles that start a vLLM engine and mark it

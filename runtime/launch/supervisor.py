@@ -23,7 +23,7 @@ from runtime.logs import get_logger
 from runtime.views.console import Console
 from runtime.views.logfollow import LogFollower, last_error
 from runtime.views.summary import end_summary
-from runtime.wall_clock import record_end, wall_label
+from runtime.views.wall_clock import record_end, wall_label
 
 log = get_logger("launcher")
 FAILURE_GRACE_S = 2.0

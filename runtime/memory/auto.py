@@ -1,9 +1,9 @@
 """`auto` settings: for the GPUs of this machine (or `memory.gpu_gb`), the fastest combination
 the memory plan (runtime/memory/plan.py) says fits.
 
-The loader (runtime/config/load.py) hands `settle` the keys a recipe set to `auto` or left out
-(`AUTO_KEYS`); whatever reads the config afterwards sees plain values, and `memory.chosen` says
-what each key became and why. What each becomes:
+`load_settled` (what `tandem launch` loads a recipe with) reads the config and hands `settle` the
+keys a recipe set to `auto` or left out (`AUTO_KEYS`, runtime/config/load.py); whatever reads the
+config afterwards sees plain values, and `memory.chosen` says what each key became and why. What each becomes:
 
 * `rollout.engine.gpu_memory_utilization`: what vLLM's weights, its workspace and a KV cache of
   `max_num_seqs` sequences of `max_model_len` tokens need, no more: a larger share would hold
@@ -32,15 +32,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config.load import AUTO_KEYS
-from runtime.gpu_check import placed_processes, rollout_shares_trainer_gpu
-from runtime.launch.placement import wants_gpus
-from runtime.memory.model import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
+from runtime.config.load import AUTO_KEYS, read_config, unset_keys
+from runtime.config.placement import placed_processes, rollout_shares_trainer_gpu, wants_gpus
+from runtime.memory.estimate import GB, VLLM_WORKSPACE_GB, ModelShape, ShapeError, model_shape, vllm_weights_gb
 from runtime.memory.plan import GPU_HEADROOM_GB, Plan, build_plan, plan_sizes, plans_on_gpus
 
 MICRO = "trainer.micro_batch_tokens"
@@ -73,6 +73,16 @@ class Levers:
         """Sort key, cheapest first: parameter offload costs most, then optimizer offload,
         then half of vLLM's KV cache, then sleeping."""
         return (self.params, self.optimizer, self.kv_half, self.sleep)
+
+
+def load_settled(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
+    """`load_config(path, overrides)` with its `auto` keys settled for this machine (or
+    `memory.gpu_gb`); a recipe that leaves a key `???` is returned unsettled (the chooser plans
+    for the model: it waits until `model.path` is given, and `check_set` refuses it)."""
+    cfg, auto = read_config(path, overrides)
+    if auto and not unset_keys(cfg):
+        cfg = settle(cfg, auto)
+    return cfg
 
 
 def settle(cfg: RunConfig, auto: list[str]) -> RunConfig:

@@ -21,6 +21,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.errors import one_line
+
 GB = 1e9
 TITLE_PREFIX = "tandem:"  # role processes are titled tandem:<role>-<rank>
 _SIZE = r"([0-9.]+) ([KMGT]?i?B)"
@@ -193,4 +195,4 @@ def _gb(number: str, unit: str) -> float:
 
 
 def _short(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return one_line(exc, 300)

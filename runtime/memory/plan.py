@@ -1,6 +1,6 @@
 """The launch-time memory plan: what every GPU and every host will hold, and whether it fits.
 
-`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory/model.py)
+`build_plan(cfg, gpu_gb, host_gb)` places each process's consumers (runtime/memory/estimate.py)
 on the GPUs placement gives it and adds them up per phase of the loop:
 
 * a GPU whose rollout sleeps while the trainer steps (synchronous, colocated) must hold the
@@ -27,11 +27,9 @@ from typing import Any
 import msgspec
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.gpu_check import Placed, placed_processes, rollout_sleeps, uses_gpu
-from runtime.launch.placement import TORCH_WORLDS, wants_gpus
-from runtime.memory.gpu import gpu_totals
-from runtime.memory.model import (
+from runtime.config.placement import TORCH_WORLDS, Placed, placed_processes, rollout_sleeps, uses_gpu, wants_gpus
+from runtime.errors import ConfigError
+from runtime.memory.estimate import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_GB,
     GB,
@@ -46,6 +44,7 @@ from runtime.memory.model import (
     vllm_kv_cache_gb,
     weight_sync_items,
 )
+from runtime.memory.gpu import gpu_totals
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)
@@ -287,8 +286,8 @@ def plans_on_gpus(cfg: RunConfig, gpu_gb: float, *, asks_gpus: bool) -> bool:
 
 @functools.cache
 def smallest_gpu_gb() -> float:
-    """This machine's smallest GPU in GB, 0 without one; asked once per process (the loader
-    and the launcher both plan with it)."""
+    """This machine's smallest GPU in GB, 0 without one; asked once per process (settling
+    `auto` and the launcher's plan both plan with it)."""
     return min(gpu_totals(), default=0.0)
 
 

@@ -26,10 +26,10 @@ from rich.live import Live
 from rich.markup import escape
 
 from runtime.config import RunConfig
-from runtime.records import metric
 from runtime.views.progress_line import ProgressLine, plain_line, step_fields
+from runtime.views.records import metric
 from runtime.views.startup import EngineStarts
-from runtime.wall_clock import clock, run_wall_s, wall_label
+from runtime.views.wall_clock import clock, run_wall_s, wall_label
 
 SHOWN_INFO = {"ready", "run_finished", "checkpoint_saved", "resumed", "worker_joined", "worker_lost"}
 # Info events shown as a phrase rather than `event key=value ...`: start-up progress.
@@ -97,7 +97,7 @@ class Console:
         self.live.update(line, refresh=True)
 
     def _wall(self) -> str:
-        """The run's one wall clock (runtime/wall_clock.py: earlier launches of a resumed run
+        """The run's one wall clock (runtime/views/wall_clock.py: earlier launches of a resumed run
         included), as `tandem watch`, `tandem report` and the end summary show it."""
         recorded = run_wall_s(self.run_dir)
         return wall_label(recorded if recorded is not None else time.monotonic() - self.started)

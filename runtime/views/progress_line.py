@@ -5,7 +5,7 @@ wider than the console: a bar, `step/total`, then as many of `fields` as fit, th
 ETA. The bar, the step count and the ETA are always there; the fields are dropped in order
 of their `rank` (the highest first), so a narrow terminal loses the idle ratios and the drop
 count before the reward. `step_fields(rec, wall)` are a step record's fields, in the order
-they are shown; a NaN or infinite metric shows as `nan` / `inf` (runtime/records.py).
+they are shown; a NaN or infinite metric shows as `nan` / `inf` (runtime/views/records.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console, ConsoleOptions
 from rich.text import Text
 
-from runtime.records import metric
+from runtime.views.records import metric
 
 BAR_MIN, BAR_MAX = 10, 40
 FIELDS_ROOM = 110  # columns kept for the count, every field and the ETA before the bar grows past BAR_MIN

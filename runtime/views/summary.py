@@ -10,9 +10,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from runtime import checkpoint
-from runtime.paths import METRICS
-from runtime.records import metric
+from runtime.checkpoints import checkpoint
+from runtime.identity.paths import METRICS
+from runtime.views.records import metric
 
 SHOWN = ("reward_mean", "response_len_mean", "staleness_mean")
 
@@ -43,7 +43,7 @@ def model_path(run_dir: Path) -> Path | None:
 
 
 def end_summary(run_dir: Path, wall: str) -> list[str]:
-    """The summary's lines; `wall`: the run's wall time as `runtime.wall_clock.wall_label`
+    """The summary's lines; `wall`: the run's wall time as `runtime.views.wall_clock.wall_label`
     writes it (`wall 5m27s`), the figure `tandem watch` and `tandem report` show too."""
     rec = last_step(run_dir)
     head = f"finished: {wall}"
@@ -63,7 +63,7 @@ def end_summary(run_dir: Path, wall: str) -> list[str]:
 def program() -> str:
     """`tandem` as the user can run it again: the path this process was started by
     (`.venv/bin/tandem`) unless `tandem` on PATH is that program (an activated venv); plain
-    `tandem` when it was started otherwise (`python -m runtime.views.cli`, a test)."""
+    `tandem` when it was started otherwise (`python -m runtime.cli`, a test)."""
     started = Path(sys.argv[0])
     on_path = shutil.which("tandem")
     if started.name != "tandem" or (on_path and Path(on_path).resolve() == started.resolve()):

@@ -14,7 +14,7 @@ Callers may rely on this:
   that it waits, and waits for them, as `tail -F` does; a path that is a file is an error),
   or when a `--role` names no log there (the line lists the ones there; with `--follow` a
   role kind that has not written yet is waited for). With `--follow` it polls until the run's launcher has ended
-  (runtime/wall_clock.py: `launcher_done`; it prints what came last, then says so on stderr),
+  (runtime/views/wall_clock.py: `launcher_done`; it prints what came last, then says so on stderr),
   `stop` is set, or Ctrl-C.
 """
 
@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.text import Text
 
 from runtime.logs import LEVELS
-from runtime.wall_clock import launcher_done
+from runtime.views.wall_clock import launcher_done
 
 MAX_VALUE_CHARS = 200
 _HEAD_KEYS = frozenset({"ts", "time", "level", "role", "rank", "pid", "event", "version"})

@@ -26,9 +26,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from runtime.records import metric, skipped_warning
+from runtime.views.records import metric, skipped_warning
+from runtime.views.wall_clock import clock, wall_label
 from runtime.views.watch_state import RunState
-from runtime.wall_clock import clock, wall_label
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -71,7 +71,7 @@ def roles_table(state: RunState, now: float) -> Table:
 
 
 def progress(state: RunState) -> Text:
-    """The step, pace, ETA and the run's wall time (`runtime.wall_clock`, as the launcher's
+    """The step, pace, ETA and the run's wall time (`runtime.views.wall_clock`, as the launcher's
     end summary and `tandem report` show it)."""
     wall = wall_label(state.wall_s())
     if not state.steps:

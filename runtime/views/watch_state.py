@@ -5,7 +5,7 @@ rollout has in flight from schedule.jsonl.
 What a caller may rely on: `RunState(run_dir).poll()` reads only what was appended since
 the previous call (a half-written line waits for its newline; a schedule file that rotated
 is read again from its start), so it can be called every second on a long run. A metrics or
-schedule line that is not JSON or not a valid record (runtime/records.py) is skipped and
+schedule line that is not JSON or not a valid record (runtime/views/records.py) is skipped and
 counted in `num_skipped()`."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.paths import METRICS, SCHEDULE
-from runtime.records import metric, usable_metrics, usable_schedule
+from runtime.identity.paths import METRICS, SCHEDULE
 from runtime.views.logfollow import LogFollower
-from runtime.wall_clock import run_wall_s
+from runtime.views.records import metric, usable_metrics, usable_schedule
+from runtime.views.wall_clock import run_wall_s
 
 FINAL_EVENTS = {"stop_requested": "stopping", "channel_closed": "stopping", "fatal": "failed", "role_died": "failed"}
 
@@ -116,7 +116,7 @@ class RunState:
         return sum(1 for r in self.in_flight.values() if r == rollout)
 
     def wall_s(self) -> float | None:
-        """The run's wall time as of the last `poll` (runtime.wall_clock; None: unknown)."""
+        """The run's wall time as of the last `poll` (runtime.views.wall_clock; None: unknown)."""
         return run_wall_s(self.run_dir, now=self.polled_at or None)
 
     def step_rate(self, window: int = 10) -> float:

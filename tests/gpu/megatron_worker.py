@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import RunConfig
-from runtime.config.load import load_config
+from runtime.memory.auto import load_settled
 from transport.wire import TrainBatch
 
 WORLD = 2
@@ -32,7 +32,7 @@ NUM_SEQS = 12
 
 
 def config(model_dir: str, *overrides: str) -> RunConfig:
-    return load_config(
+    return load_settled(
         "configs/tiny_cpu.yaml",
         [f"model.path={model_dir}", "trainer.device=cuda", "fsdp.use_fsdp=false", "trainer.optim.lr=1e-4",
          "trainer.optim.warmup_steps=0", "trainer.micro_batch_tokens=256", *overrides],

@@ -27,8 +27,8 @@ from roles.kernels.varlen import varlen_attention_forward
 from roles.kernels.varlen_cudnn import cudnn_attention_forward
 from roles.kernels.varlen_fa4 import fa4_attention_forward
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.memory.auto import load_settled
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, one_rank_cuda_world, toy_batch
 from tests.helpers.packed_attention import LENGTHS, packed_qkv
 
@@ -72,7 +72,7 @@ def test_the_engine_trains_with_the_kernel_like_with_torch_kernels(kernel: str, 
     _needs(kernel)
 
     def steps(choice: str) -> list[dict[str, float]]:
-        engine = FSDPEngine(load_config(None, [*ENGINE, f"trainer.attention_kernel={choice}"]), model_dir)
+        engine = FSDPEngine(load_settled(None, [*ENGINE, f"trainer.attention_kernel={choice}"]), model_dir)
         assert engine.model.config._attn_implementation.endswith(choice) == (choice != "torch")
         return [engine.train_step(toy_batch(seed)) for seed in range(3)]
 

@@ -33,7 +33,7 @@ def launch(run_dir: Path, *overrides: str) -> list[dict]:
     cmd = [
         sys.executable,
         "-m",
-        "runtime.views.cli",
+        "runtime.cli",
         "launch",
         "configs/tiny_cpu.yaml",
         f"run_dir={run_dir}",

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.memory.auto import load_settled
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
@@ -48,11 +48,11 @@ def test_liger_kernels_train_like_torchs(model_dir: Path) -> None:
     from transformers.models.qwen2 import modeling_qwen2
 
     opts = [*ENGINE, "trainer.compile=false"]
-    ref = FSDPEngine(load_config(None, opts), model_dir)
+    ref = FSDPEngine(load_settled(None, opts), model_dir)
     start = full_params(ref)
     want = _steps(ref)
     want_params = full_params(ref)
-    liger = FSDPEngine(load_config(None, [*opts, "trainer.kernels=liger"]), model_dir)
+    liger = FSDPEngine(load_settled(None, [*opts, "trainer.kernels=liger"]), model_dir)
     names = [m._get_name() for m in liger.model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
     assert names and all(n.startswith("Liger") for n in names), names
     assert "liger" in modeling_qwen2.apply_rotary_pos_emb.__module__

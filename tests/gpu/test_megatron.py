@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 from tests.gpu.test_gpu_run import GPU_ENGINE, launch
 from tests.helpers.ports import free_port

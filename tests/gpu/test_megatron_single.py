@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 from tests.gpu.test_gpu_run import GPU_ENGINE, launch
 from tests.helpers.ports import free_port
@@ -88,7 +88,7 @@ def test_grpo_killed_after_a_checkpoint_resumes_without_gap_or_repeat(tmp_path: 
         "checkpoint.every=4", "checkpoint.keep=0",
     )  # fmt: skip
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         victim = wait_ready(run, "trainer-0", proc, timeout=300)
@@ -136,7 +136,7 @@ def test_ppo_with_a_megatron_critic_learns_values(tmp_path: Path) -> None:
         " {role: trainer, count: 1, devices: [0]}, {role: critic, count: 1, devices: [0]}]"
     )
     run = tmp_path / "ppo"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/ppo_hybridflow_megatron.yaml",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/ppo_hybridflow_megatron.yaml",
            f"run_dir={run}", *GPU_ENGINE, placement]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -165,7 +165,7 @@ def test_launch_refuses_a_layout_change_in_one_line_before_starting(tmp_path: Pa
 
     run = tmp_path / "run"
     fake_checkpoint(run, {"tp": 1, "pp": 1, "world_size": 2})
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}", *MEGATRON,
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}", *MEGATRON,
            "trainer.megatron.tensor_model_parallel_size=2", "resume=auto"]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr

@@ -22,8 +22,8 @@ from torch.distributed.tensor import DTensor
 
 from roles.fsdp.offload import StreamedAdamW
 from roles.trainer.fsdp_engine import FSDPEngine
-from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.memory.auto import load_settled
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import ONE_GPU_ENGINE, full_params, one_rank_cuda_world, toy_batch
 
 pytestmark = pytest.mark.gpu
@@ -83,8 +83,8 @@ def test_moments_pin_exactly_their_size() -> None:
 
 
 def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
-    plain = FSDPEngine(load_config(None, ENGINE), model_dir)
-    off = FSDPEngine(load_config(None, [*ENGINE, "trainer.offload.optimizer=true", "trainer.offload.chunk_mb=1",
+    plain = FSDPEngine(load_settled(None, ENGINE), model_dir)
+    off = FSDPEngine(load_settled(None, [*ENGINE, "trainer.offload.optimizer=true", "trainer.offload.chunk_mb=1",
                                         "trainer.offload.params=true"]), model_dir)  # fmt: skip
     batches = [toy_batch(seed) for seed in range(3)]
     for batch in batches[:2]:

@@ -32,7 +32,7 @@ def _slept(log: Path) -> bool:
 
 def test_rollout_out_of_memory_at_wake_up_ends_the_run_naming_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "oom"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
            COLOCATED,
            "trainer.device=cuda", "rollout.max_staleness=0", "trainer.total_steps=1000",
            "rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.3"]  # fmt: skip

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from roles.algo import entropy_from_logits, token_logprobs
 from roles.kernels.token_stats import chunked_token_stats
 from roles.kernels.varlen import cuda_kernel, varlen_attention_forward
-from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.memory.auto import load_settled
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import one_rank_cuda_world
 from tests.helpers.packed_attention import LENGTHS, packed_qkv
 
@@ -102,7 +102,7 @@ def _engine(model: Path, *overrides: str):  # -> FSDPEngine
 
     base = ["trainer.device=cuda", "fsdp.param_dtype=float32", "trainer.optim.lr=1e-6"]
     base.append("trainer.micro_batch_tokens=16384")
-    return FSDPEngine(load_config(None, [*base, *overrides]), model)
+    return FSDPEngine(load_settled(None, [*base, *overrides]), model)
 
 
 def _logprobs(engine, batch) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from runtime.config.load import load_config
+from runtime.memory.auto import load_settled
 from tests.helpers.harness import ROOT, RoleHarness, greedy, weight_checksums
 from tests.helpers.weights import TrainerSide
 from transport import wire
@@ -54,7 +54,7 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def rollout(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RoleHarness]:
     run_dir = tmp_path_factory.mktemp("weight-ipc")
-    cfg = load_config(
+    cfg = load_settled(
         "configs/tiny_cpu.yaml",
         [f"run_dir={run_dir}", f"weight_sync.timeout_s={TIMEOUT_S}", "transport.peer_timeout_s=600",
          "trainer.total_steps=1000", *ENGINE, *WIDE],  # the memory test pushes 50 versions: past 40, the run's last
@@ -143,7 +143,7 @@ def _die_mid_update(address: str, run_dir: str, version: int) -> None:
     """A trainer that sends bucket 0 of `version` by ipc, then is SIGKILLed."""
     import signal
 
-    from runtime.config.load import load_config as load
+    from runtime.memory.auto import load_settled as load
     from tests.helpers.harness import RoleHarness as Harness
     from tests.helpers.weights import TrainerSide as Side
 
@@ -251,7 +251,7 @@ def test_colocated_sync_run_sleeps_vllm_and_the_trainer_gets_its_memory(tmp_path
     sampler.start()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
+            [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides],
             cwd=ROOT, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
     finally:

@@ -34,10 +34,10 @@ import torch
 from roles.weights.layout import bucketed
 from roles.weights.sender import ListSource, PushResult, WeightSender
 from roles.weights.transfers import SLACK_S, NcclTransfer, ZmqTransfer
-from runtime import addresses
 from runtime.config import EngineConfig
-from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
+from runtime.memory.auto import load_settled
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 
@@ -74,7 +74,7 @@ def visible(devices: str) -> Iterator[None]:
 
 
 async def start_rollout(run_dir: Path, rank: int = 0, *overrides: str) -> RoleHarness:
-    cfg = load_config(
+    cfg = load_settled(
         "configs/tiny_cpu.yaml", [f"run_dir={run_dir}", f"weight_sync.timeout_s={TIMEOUT_S}", *ENGINE, *overrides]
     )
     harness = RoleHarness(cfg, "rollout", rank)

@@ -17,10 +17,10 @@ from typing import Any
 
 import zmq.asyncio
 
-from runtime import addresses
 from runtime.config import RunConfig
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from runtime.launch.launcher import prepare_run_dir
-from runtime.run_token import read_token
 from transport import wire
 from transport.endpoint import Envelope
 from transport.rpc import RpcEndpoint

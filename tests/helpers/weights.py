@@ -11,8 +11,8 @@ import torch
 from roles.weights.layout import BucketPacker
 from roles.weights.sender import PushResult, ThreadSource, Transfer, WeightSender
 from roles.weights.transfers import IpcTransfer, NcclTransfer, ZmqTransfer
-from runtime import addresses
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from tests.helpers.harness import RoleHarness
 
 

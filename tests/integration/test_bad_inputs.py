@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-LAUNCH = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
+LAUNCH = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
 # LAUNCH as a child of a fresh interpreter that passes on its exit status and stderr and
 # prints the child's peak resident memory (KiB) last on stdout
 MEASURED = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.checkpoint import complete_dirs
+from runtime.checkpoints.checkpoint import complete_dirs
 from tests.conftest import ROOT
 from tests.integration.test_launcher import wait_ready
 
@@ -28,7 +28,7 @@ BASE = ["configs/tiny_cpu.yaml", "checkpoint.every=4", "checkpoint.keep=0", f"tr
 
 
 def tandem(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runtime.views.cli", *args]
+    return [sys.executable, "-m", "runtime.cli", *args]
 
 
 def metrics(run: Path) -> list[dict]:
@@ -166,8 +166,8 @@ def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
     from transformers import AutoModelForCausalLM
 
     from roles.generation.engine import RolloutEngine
+    from runtime.checkpoints.export import consolidate
     from runtime.config import EngineConfig
-    from runtime.export import consolidate
     from transport.wire import SamplingSpec
 
     run, _, _ = crashed_and_resumed

@@ -25,7 +25,7 @@ CONFIG = "configs/distill_tiny_cpu.yaml"
 
 
 def launch(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", CONFIG, f"run_dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", CONFIG, f"run_dir={run_dir}", *overrides]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -27,7 +27,7 @@ def _launch(config: str, run: Path, *overrides: str, env: dict[str, str] | None 
     cmd = [
         sys.executable,
         "-m",
-        "runtime.views.cli",
+        "runtime.cli",
         "launch",
         config,
         f"run_dir={run}",

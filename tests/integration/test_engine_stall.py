@@ -25,7 +25,7 @@ STALL_S = 15.0  # a warm engine's step on a busy 2-core machine is well under th
 def test_a_wedged_engine_ends_the_run_naming_the_stall(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}",
+        sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}",
         "trainer.total_steps=100000", f"rollout.stall_timeout_s={STALL_S}",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

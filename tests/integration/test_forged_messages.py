@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zmq.asyncio
 
-from runtime import addresses
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from tests.conftest import ROOT
 from tests.integration.test_launcher import wait_ready
 from transport import wire
@@ -83,7 +83,7 @@ async def forge(run: Path) -> dict[str, str]:
 
 def test_forged_messages_are_refused_and_the_run_completes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}"]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run}"]
     paced = "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:slow_zero]"  # ~1 s a step
     proc = subprocess.Popen(
         [*cmd, f"trainer.total_steps={STEPS}", paced, "reward.concurrency=16"],  # 16 workers: 64 x 0.25 s

@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 from structlog.testing import capture_logs
 
-from runtime.run_token import ensure_token
+from runtime.identity.run_token import ensure_token
 from transport import wire
 from transport.endpoint import ChannelOptions, Envelope
 from transport.rpc import RequestTimeout, RpcEndpoint
@@ -135,8 +135,8 @@ async def test_a_wrong_token_client_gets_no_reply(server: tuple) -> None:
 
 def test_the_run_token_reaches_every_roles_channel_options(tmp_path: Path) -> None:
     """Every role builds its sockets from `channel_options`: it carries the run token."""
-    from runtime.addresses import channel_options
     from runtime.config import RunConfig
+    from runtime.identity.addresses import channel_options
 
     assert channel_options(RunConfig(), tmp_path).password is None  # no token made yet
     token = ensure_token(tmp_path)

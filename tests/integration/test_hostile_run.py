@@ -25,7 +25,7 @@ STEPS = 3
 def test_a_hostile_environment_and_reward_function_cost_their_samples_only(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [
-        *(sys.executable, "-m", "runtime.views.cli", "launch", "configs/multiturn_tiny_cpu.yaml"),
+        *(sys.executable, "-m", "runtime.cli", "launch", "configs/multiturn_tiny_cpu.yaml"),
         f"run_dir={run}",
         f"trainer.total_steps={STEPS}",
         "rollout.max_staleness=4",  # no group is dropped as stale: every count below is exact

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-TANDEM = [sys.executable, "-m", "runtime.views.cli"]
+TANDEM = [sys.executable, "-m", "runtime.cli"]
 
 
 def launch(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from roles.trainer.fsdp_engine import FSDPEngine
 from roles.weights.lora_adapters import write_adapter_dir
+from runtime.checkpoints.export import merge_adapter
 from runtime.config.load import load_config
-from runtime.export import merge_adapter
-from runtime.lora import adapter_config
+from runtime.config.lora_settings import adapter_config
 from tests.helpers.lora import assert_merged
 from tests.helpers.one_rank import full_params, one_rank_world, toy_batch, toy_engine
 

@@ -59,7 +59,7 @@ def served_base_kl(base: torch.nn.Module, trained: torch.nn.Module, prompt: list
 
 
 def export(run: Path, out: Path, *flags: str) -> None:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "export", str(run), str(out), *flags]
+    cmd = [sys.executable, "-m", "runtime.cli", "export", str(run), str(out), *flags]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 

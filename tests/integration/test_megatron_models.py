@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 from tests.helpers.ports import rendezvous_file
 

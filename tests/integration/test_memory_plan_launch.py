@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-TANDEM = [sys.executable, "-m", "runtime.views.cli", "launch"]
+TANDEM = [sys.executable, "-m", "runtime.cli", "launch"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

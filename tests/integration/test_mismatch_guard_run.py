@@ -22,7 +22,7 @@ SYNC = ("rollout.max_staleness=0", "trainer.prompts_per_step=2", "checkpoint.fin
 
 
 def _launch(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *SYNC,
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}", *SYNC,
            *overrides]  # fmt: skip
     env = {**os.environ, "TANDEM_TEST_CORRUPT_WEIGHTS": "0.5"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -31,7 +31,7 @@ EXACT = ("loss", "grad_norm", "reward_mean", "entropy", "response_len_mean", "ro
 
 
 def launch(run_dir: Path, *overrides: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", RECIPE, f"run_dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", RECIPE, f"run_dir={run_dir}", *overrides]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -84,7 +84,7 @@ def test_the_moe_export_loads_in_transformers(sync_run: tuple[Path, list[dict]],
     from transformers import AutoModelForCausalLM
 
     run, _ = sync_run
-    cmd = [sys.executable, "-m", "runtime.views.cli", "export", str(run), str(tmp_path / "hf")]
+    cmd = [sys.executable, "-m", "runtime.cli", "export", str(run), str(tmp_path / "hf")]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)

@@ -20,7 +20,7 @@ import torch
 from roles.training.moe import checkpoint_items
 from roles.weights.layout import bucketed
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity.run_token import read_token
 from tests.helpers.harness import RoleHarness, weight_checksums
 from tests.integration.test_weight_collective import zmq_push
 

@@ -75,13 +75,13 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, procs
 
 def test_three_hosts_elastic_rollouts(net: Network, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert subprocess.run([sys.executable, "-m", "runtime.views.cli", "keys", str(run)], cwd=ROOT).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "runtime.cli", "keys", str(run)], cwd=ROOT).returncode == 0
     master = net.hosts[0].address
     hold = tmp_path / "hold"
 
     def launcher(node: int, *extra: str) -> subprocess.Popen[str]:
         host = net.hosts[node]
-        argv = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", *overrides(run), *extra]
+        argv = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", *overrides(run), *extra]
         env = {**os.environ, "GLOO_SOCKET_IFNAME": host.ifname, HOLD_ENV: str(hold)}
         return subprocess.Popen(
             host.cmd(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

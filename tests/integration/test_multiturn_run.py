@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def test_multiturn_tiny_run_learns(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/multiturn_tiny_cpu.yaml", f"run_dir={run}"]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/multiturn_tiny_cpu.yaml", f"run_dir={run}"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     metrics = [m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "kind" not in m]

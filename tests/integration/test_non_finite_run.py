@@ -27,9 +27,9 @@ import torch
 import zmq
 import zmq.asyncio
 
-from runtime import addresses
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from tests.conftest import ROOT
 from tests.helpers.rewards import HOLD_ENV
 from tests.integration.test_launcher import wait_ready
@@ -38,7 +38,7 @@ from transport.rpc import RemoteError
 from transport.sockets import connect_dealer
 
 pytestmark = pytest.mark.slow
-TANDEM = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
+TANDEM = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
 STEPS = 14
 FUNCTIONS = (
     "reward.functions=[roles.reward.builtin:copy_task,tests.helpers.rewards:nan_or_inf_sometimes,"

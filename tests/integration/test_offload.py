@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from roles.fsdp.offload import StreamedAdamW, _chunks
 from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import full_params, toy_batch
 from tests.helpers.ports import rendezvous_file
 

@@ -22,7 +22,7 @@ from roles.fsdp.actor_forward import token_stats
 from roles.kernels import logit_kernels
 from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.config.load import load_config
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import one_rank_world
 from transport.wire import TrainBatch
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_ppo_hybridflow_learns_with_a_useful_critic(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/ppo_hybridflow.yaml", f"run_dir={run}"]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/ppo_hybridflow.yaml", f"run_dir={run}"]
     out = subprocess.run([*cmd, "checkpoint.every=20"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     m = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -33,7 +33,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.test_launcher import assert_all_gone, tree, wait_ready
 
-TANDEM = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
+TANDEM = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
 NAMESPACES = (
     shutil.which("unshare") is not None
     and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
@@ -46,7 +46,7 @@ def metric_steps(run: Path) -> list[int]:
 
 
 def seconds(clock: str) -> int:
-    """`1m03s` (runtime/wall_clock.py's format) in seconds."""
+    """`1m03s` (runtime/views/wall_clock.py's format) in seconds."""
     h, _, rest = clock.rpartition("h")
     m, _, sec = rest.rpartition("m")
     return int(h or 0) * 3600 + int(m or 0) * 60 + int(sec.rstrip("s"))

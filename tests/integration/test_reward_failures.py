@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-TANDEM = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml"]
+TANDEM = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml"]
 
 
 def test_a_reward_function_with_an_impossible_signature_is_refused_before_start(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def ready_pid(run_dir: Path, name: str) -> int | None:
 def test_reward_model_scores_reach_metrics_and_its_death_ends_the_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # function_weight 0: a sample's reward is the model's score alone, so reward_mean must equal it
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", CONFIG, f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", CONFIG, f"run_dir={run_dir}",
            "trainer.total_steps=1000",
            "trainer.prompts_per_step=2", "rollout.n=4", "rollout.max_tokens=16", "reward.function_weight=0",
            "reward.model_weight=2"]  # fmt: skip

@@ -17,7 +17,7 @@ from roles.generation.engine import RolloutEngine, Sample
 from roles.weights.errors import StaleUpdate
 from roles.weights.staging import WeightStager
 from runtime.config import EngineConfig
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from transport.wire import FinishReason, SamplingSpec, WeightBucket
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity.run_token import read_token
 from tests.helpers.harness import RoleHarness
 from transport import wire
 from transport.rpc import RemoteError, RpcEndpoint

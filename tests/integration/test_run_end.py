@@ -17,7 +17,7 @@ from tests.integration.test_tiny_run import run_tiny
 
 pytestmark = pytest.mark.slow
 STEPS = 3
-TANDEM = [sys.executable, "-m", "runtime.views.cli"]
+TANDEM = [sys.executable, "-m", "runtime.cli"]
 
 
 def test_a_tiny_run_ends_with_a_model_that_export_accepts(tmp_path: Path) -> None:

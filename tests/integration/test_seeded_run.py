@@ -21,7 +21,7 @@ SAME = ("loss", "grad_norm", "reward_mean", "response_len_mean", "entropy", "kl_
 
 
 def steps(recipe: str, run_dir: Path, *overrides: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", recipe, f"run_dir={run_dir}", *SEEDED, *overrides]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", recipe, f"run_dir={run_dir}", *SEEDED, *overrides]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

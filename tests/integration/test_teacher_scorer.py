@@ -12,7 +12,7 @@ import torch
 
 from roles.teacher.scorer import TeacherScorer
 from runtime.config import EngineConfig
-from runtime.tiny_teacher import make_tiny_teacher
+from runtime.tiny.teacher import make_tiny_teacher
 from transport import wire
 
 pytestmark = pytest.mark.slow

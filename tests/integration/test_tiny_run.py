@@ -29,7 +29,7 @@ def run_tiny(run_dir: Path, *overrides: str) -> tuple[list[dict], str]:
     cmd = [
         sys.executable,
         "-m",
-        "runtime.views.cli",
+        "runtime.cli",
         "launch",
         "configs/tiny_cpu.yaml",
         f"run_dir={run_dir}",
@@ -92,7 +92,7 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     assert val[-1]["val/reward_mean"] > val[0]["val/reward_mean"] + 0.05, [v["val/reward_mean"] for v in val]
     assert all(0.0 <= v["val/pass@1"] <= v["val/mean@1"] <= 1.0 for v in val)
     tail = subprocess.run(
-        [sys.executable, "-m", "runtime.views.cli", "tail", str(tmp_path / "run")],
+        [sys.executable, "-m", "runtime.cli", "tail", str(tmp_path / "run")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -109,7 +109,7 @@ def check_report_and_schedule(run_dir: Path, metrics: list[dict]) -> None:
     from runtime.views.report.load import read_jsonl
     from runtime.views.report.timeline import trained_at
 
-    report = subprocess.run([sys.executable, "-m", "runtime.views.cli", "report", str(run_dir)], cwd=ROOT,
+    report = subprocess.run([sys.executable, "-m", "runtime.cli", "report", str(run_dir)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert report.returncode == 0, report.stderr[-2000:]
     assert (run_dir / "report.html").stat().st_size > 1_000_000

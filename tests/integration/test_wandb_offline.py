@@ -11,7 +11,7 @@ import pytest
 
 from roles.controller.metrics import REQUIRED_KEYS, MetricsSink
 from roles.controller.wandb_run import stored_run_id
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.config import MetricsConfig
 from runtime.config.load import load_config, to_yaml
 

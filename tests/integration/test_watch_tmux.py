@@ -46,7 +46,7 @@ def test_watch_under_tmux_shows_the_role_table_and_quits_on_q_or_ctrl_c(tmp_path
         pytest.fail("no tmux on PATH: run .ci/setup --tests (it installs the Debian package `tmux`)")
     run = live_run(tmp_path, metrics_lines=20)
     session = f"tandem-watch-{uuid.uuid4().hex[:8]}"
-    cmd = f"cd {ROOT} && {sys.executable} -m runtime.views.cli watch {run} --interval 0.5; echo EXITED $?; sleep 60"
+    cmd = f"cd {ROOT} && {sys.executable} -m runtime.cli watch {run} --interval 0.5; echo EXITED $?; sleep 60"
     subprocess.run(tmux(session, "new-session", "-d", "-s", session, "-x", str(width), "-y", "45", cmd), check=True)
     try:
         shown = wait_for(session, "samples/s ~")

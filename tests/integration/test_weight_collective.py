@@ -26,9 +26,9 @@ from roles.weights.group import WeightGroup, connect_store, host_store
 from roles.weights.layout import bucketed
 from roles.weights.sender import ListSource, PushResult, WeightSender
 from roles.weights.transfers import SLACK_S, NcclTransfer
-from runtime import addresses
 from runtime.config.load import load_config
-from runtime.run_token import read_token
+from runtime.identity import addresses
+from runtime.identity.run_token import read_token
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 from transport.rpc import RpcEndpoint

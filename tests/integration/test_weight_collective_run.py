@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_tiny_run_with_the_collective_backend(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
+        sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={run_dir}",
         "weight_sync.backend=nccl", "trainer.total_steps=6",
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

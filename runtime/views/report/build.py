@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from runtime.records import metric, skipped_warning
+from runtime.views.records import metric, skipped_warning
 from runtime.views.report.browser import screenshot
 from runtime.views.report.gantt import timeline_figure
 from runtime.views.report.load import RunData, load_run
 from runtime.views.report.page import render
 from runtime.views.report.panels import metric_panels
 from runtime.views.report.timeline import build_timeline, trained_at
-from runtime.wall_clock import clock, run_wall_s, wall_label
+from runtime.views.wall_clock import clock, run_wall_s, wall_label
 
 
 def build_report(

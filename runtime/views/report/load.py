@@ -1,6 +1,6 @@
 """Reading a run directory for the report: tolerant of a run that crashed or is still
 writing, or a file that is damaged: a line that is not JSON (half-written, truncated,
-binary) or not a valid record (runtime/records.py: a field of the wrong type) is skipped
+binary) or not a valid record (runtime/views/records.py: a field of the wrong type) is skipped
 and counted in `RunData.skipped`.
 
 What a caller may rely on:
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.paths import METRICS, SCHEDULE, SCHEDULE_ROTATED
-from runtime.records import metric, usable_metrics, usable_schedule
+from runtime.identity.paths import METRICS, SCHEDULE, SCHEDULE_ROTATED
+from runtime.views.records import metric, usable_metrics, usable_schedule
 
 
 @dataclass
@@ -36,7 +36,7 @@ class RunData:
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the step records that have `key`; a NaN or infinite value
-        (however it was written: runtime/records.py) is a float, which plotly draws as a gap."""
+        (however it was written: runtime/views/records.py) is a float, which plotly draws as a gap."""
         rows = [(int(r["step"]), float(metric(r, key))) for r in self.steps if key in r]
         return [s for s, _ in rows], [v for _, v in rows]
 

@@ -19,8 +19,9 @@ from benchmarks.async_vs_sync import (
     summarize_run,
     variant_overrides,
 )
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 
 BENCH = ROOT / "configs" / "bench_h200x2.yaml"
@@ -191,10 +192,10 @@ def test_variant_overrides_load_as_configs() -> None:
     ]
     assert colo.rollout.engine.gpu_memory_utilization == 0.5 and colo.trainer.total_steps == 4
     assert colo.weight_sync.backend == "auto" and async_.weight_sync.backend == base.weight_sync.backend
-    check_config(colo)
+    check_launch(colo)
     too_greedy = variant_overrides(base, staleness=2, colocated_util=0.9)["colocated"]
     with pytest.raises(ConfigError, match="GPU 0 of node 0 is over-committed"):
-        check_config(load_config(BENCH, too_greedy))
+        check_launch(load_config(BENCH, too_greedy))
     assert list(variant_overrides(base, staleness=2, colocated_util=None)) == ["sync", "async"]
 
 

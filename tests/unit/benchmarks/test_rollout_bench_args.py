@@ -9,7 +9,7 @@ import pytest
 from benchmarks.rollout import bare_args, bare_engine_kwargs, differing_args
 from roles.generation.engine import engine_kwargs
 from runtime.config.load import load_config
-from runtime.paths import model_dir
+from runtime.identity.paths import model_dir
 
 
 def test_bare_arguments_are_the_roles() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.async_vs_sync import decoder_param_count
 from benchmarks.scaling import points, refusal
-from runtime.config.load import load_config
+from runtime.memory.auto import load_settled
 
 
 def _params(cfg) -> int:  # type: ignore[no-untyped-def]
@@ -25,10 +25,10 @@ def _params(cfg) -> int:  # type: ignore[no-untyped-def]
 def test_model_axis_has_the_four_shapes() -> None:
     pts = points("model", "h200", 1.0)
     assert [p.name for p in pts] == ["0.5b", "1.5b", "3b", "7b"]
-    sizes = [_params(load_config(p.config, p.overrides)) / 1e9 for p in pts]
+    sizes = [_params(load_settled(p.config, p.overrides)) / 1e9 for p in pts]
     # Qwen2.5-0.5B: 0.49B; the 1.5B bench shape 1.54B; 3B 3.09B; 7B 7.62B
     assert sizes == pytest.approx([0.494, 1.544, 3.086, 7.616], rel=0.01)
-    half = load_config(pts[0].config, pts[0].overrides).model.tiny
+    half = load_settled(pts[0].config, pts[0].overrides).model.tiny
     shape = (half.hidden_size, half.num_layers, half.num_heads, half.num_kv_heads, half.intermediate_size)
     assert shape == (896, 24, 14, 2, 4864) and half.vocab_size == 151936
 
@@ -37,7 +37,7 @@ def test_length_axis_budgets_and_room() -> None:
     pts = points("length", "h200", 1.0)
     assert [p.x for p in pts] == [512, 2048, 8192]
     for p in pts:
-        cfg = load_config(p.config, p.overrides)
+        cfg = load_settled(p.config, p.overrides)
         r = cfg.rollout
         assert (r.length_dist.kind, r.length_dist.mean_tokens, r.max_tokens) == ("lognormal", p.x, 4 * p.x)
         assert r.ignore_eos and r.engine.max_model_len > r.max_tokens
@@ -47,10 +47,10 @@ def test_length_axis_budgets_and_room() -> None:
 
 def test_a_point_that_cannot_fit_is_refused_with_the_plans_reason() -> None:
     seven = points("model", "h200", 1.0)[3]
-    why = refusal(load_config(seven.config, [*seven.overrides, "memory.gpu_gb=40", "memory.host_gb=512"]))
+    why = refusal(load_settled(seven.config, [*seven.overrides, "memory.gpu_gb=40", "memory.host_gb=512"]))
     assert why is not None and why.startswith("memory plan: GPU 0 of node 0 needs ")
-    assert refusal(load_config(seven.config, [*seven.overrides, "memory.gpu_gb=141", "memory.host_gb=512"])) is None
-    assert refusal(load_config("configs/tiny_cpu.yaml")) is None
+    assert refusal(load_settled(seven.config, [*seven.overrides, "memory.gpu_gb=141", "memory.host_gb=512"])) is None
+    assert refusal(load_settled("configs/tiny_cpu.yaml")) is None
 
 
 def test_add_to_grows_a_curve_over_sittings(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -3,8 +3,10 @@ another role's modules (only the libraries, e.g. `roles.algo`, `roles.training`,
 `roles.fsdp`, `roles.megatron`, `roles.kernels`, `roles.weights`, `roles.generation`, and
 `runtime` / `transport`), the libraries import no role, the training libraries import one
 way only (`kernels` <- `fsdp`; `training` <- `fsdp`, `megatron`; the two backends never
-each other), `transport` imports neither `runtime` nor `roles`, and there is no import
-circle among `roles` modules."""
+each other), `transport` imports neither `runtime` nor `roles`, there is no import circle
+anywhere in the tree (imports inside functions count), and `runtime`'s packages and root
+modules stand on floors (`RUNTIME_FLOORS`): each imports only from floors below its own, and
+`runtime.config` imports nothing of `runtime` but `runtime.errors`."""
 
 from __future__ import annotations
 
@@ -111,21 +113,93 @@ def test_every_package_says_what_it_holds() -> None:
     assert not missing, missing
 
 
-def test_no_import_circle_among_roles_modules() -> None:
-    graph = {m: d for m, d in imports().items() if m.startswith("roles")}
+def find_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (its first module repeated at the end), or []."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
 
-    def visit(node: str, stack: list[str]) -> None:
+    def visit(node: str, stack: list[str]) -> list[str]:
         state[node] = 1
         for dep in sorted(graph.get(node, ())):
             if dep not in graph:
                 continue
             if state.get(dep) == 1:
-                raise AssertionError(f"import circle: {' -> '.join([*stack[stack.index(dep) :], dep])}")
-            if dep not in state:
-                visit(dep, [*stack, dep])
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state and (circle := visit(dep, [*stack, dep])):
+                return circle
         state[node] = 2
+        return []
 
     for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
+        if module not in state and (circle := visit(module, [module])):
+            return circle
+    return []
+
+
+def test_a_circle_is_found() -> None:
+    """The search on graphs drawn by hand: a circle through three modules, and none."""
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circle_anywhere() -> None:
+    circle = find_circle(imports())
+    assert not circle, f"import circle: {' -> '.join(circle)}"
+
+
+# `runtime`'s rooms (its packages and root modules), bottom floor first. A room imports only
+# from floors below its own: the configuration knows nothing of the machine or the launcher,
+# the checks before a launch know nothing of the launcher, and only the `tandem` command
+# knows every subcommand.
+RUNTIME_FLOORS = (
+    {"errors"},
+    {"config", "logs", "hf_quiet", "last_words", "seeds", "step_phases", "user_functions"},
+    {"identity", "data", "memory", "tiny", "gc_pauses"},
+    {"checkpoints", "role"},
+    {"preflight", "views"},
+    {"launch", "entry"},
+    {"cli"},
+)
+
+
+def _room(module: str) -> str:
+    """`runtime.memory.plan` -> `memory`; `runtime.role` -> `role`."""
+    return module.split(".")[1]
+
+
+def test_every_runtime_room_has_a_floor() -> None:
+    rooms = {p.stem for p in (ROOT / "runtime").glob("*.py") if p.stem != "__init__"}
+    rooms |= {p.name for p in (ROOT / "runtime").iterdir() if (p / "__init__.py").is_file()}
+    placed = [room for floor in RUNTIME_FLOORS for room in floor]
+    assert sorted(placed) == sorted(set(placed)), "a room on two floors"
+    assert rooms == set(placed), rooms ^ set(placed)
+    loose = [p.stem for p in (ROOT / "runtime").glob("*.py") if p.stem != "__init__"]
+    assert len(loose) <= 12, f"{len(loose)} modules at the root of runtime/ (group them by concern): {sorted(loose)}"
+
+
+def test_runtime_imports_only_downward() -> None:
+    floor = {room: i for i, rooms in enumerate(RUNTIME_FLOORS) for room in rooms}
+    bad = [
+        (module, dep)
+        for module, deps in imports().items()
+        if module.startswith("runtime.")
+        for dep in deps
+        if dep.startswith("runtime.") and _room(dep) != _room(module) and floor[_room(dep)] >= floor[_room(module)]
+    ]
+    assert not bad, bad
+
+
+def test_runtime_config_imports_only_the_error_root() -> None:
+    bad = [
+        (module, dep)
+        for module, deps in imports().items()
+        if module == "runtime.config" or module.startswith("runtime.config.")
+        for dep in deps
+        if dep.split(".")[0] == "runtime" and dep.split(".")[:2] not in (["runtime", "config"], ["runtime", "errors"])
+    ]
+    assert not bad, bad
+
+
+def test_the_runtime_root_imports_nothing() -> None:
+    """`from runtime import gc_pauses` draws an arrow to `runtime` itself: its `__init__` holds
+    only its docstring, so that arrow carries no import."""
+    assert not imports().get("runtime"), imports().get("runtime")

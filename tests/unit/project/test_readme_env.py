@@ -16,8 +16,8 @@ import pytest
 from roles.rollout.environment import EnvPrompt
 from roles.rollout.episode import run_episode
 from runtime.config.load import load_config
-from runtime.config.validate import check_config
-from runtime.tiny_model import build_tokenizer
+from runtime.preflight.environment import check_launch
+from runtime.tiny.model import build_tokenizer
 from tests.conftest import ROOT
 from tests.unit.roles.rollout.test_episode import ScriptedSampler
 
@@ -59,4 +59,4 @@ def test_readme_launch_command_passes_the_launch_checks(myenv: None) -> None:
     argv = shlex.split(command)
     config, overrides = argv[argv.index("launch") + 1], argv[argv.index("launch") + 2 :]
     assert overrides == ["rollout.env=myenv:factory"]
-    check_config(load_config(ROOT / config, overrides))
+    check_launch(load_config(ROOT / config, overrides))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import checkpoint
-from runtime.checkpoint_layout import LAYOUT_FILE, check_resume_layout, configured_layouts
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints.layout import LAYOUT_FILE, check_resume_layout, configured_layouts
 from runtime.config.load import load_config
 from tests.conftest import ROOT
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.config.load import load_config
 
 

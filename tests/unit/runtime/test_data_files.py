@@ -1,4 +1,4 @@
-"""runtime/data_files.py's one-line refusals that say what to do: a relative path that is
+"""runtime/data/data_files.py's one-line refusals that say what to do: a relative path that is
 not there names the directory it was read from, a directory is told as one, and a Parquet
 file without pyarrow names the extra that installs it (it was an import traceback)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.data_files import DataError, read_rows
+from runtime.data.data_files import DataError, read_rows
 
 
 def test_a_missing_relative_path_names_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

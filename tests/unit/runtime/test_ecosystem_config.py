@@ -1,4 +1,4 @@
-"""Launch checks of environments from the ecosystem (runtime/ecosystem.py): a missing extra
+"""Launch checks of environments from the ecosystem (runtime/preflight/ecosystem.py): a missing extra
 is named, a verifiers environment Tandem cannot serve is refused in one line, agent
 settings that contradict each other name both keys; reasoning-gym rows are seeded."""
 
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.ecosystem import check_ecosystem
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.ecosystem import check_ecosystem
+from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 
 ENVS = str(ROOT / "tests" / "fixtures" / "verifiers_envs")
@@ -35,8 +36,8 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_shipped_recipes_pass_the_launch_checks() -> None:
-    check_config(_cfg("configs/reasoning_gym_tiny_cpu.yaml"))
-    check_config(_cfg("configs/agent_tiny_cpu.yaml"))
+    check_launch(_cfg("configs/reasoning_gym_tiny_cpu.yaml"))
+    check_launch(_cfg("configs/agent_tiny_cpu.yaml"))
 
 
 def test_verifiers_environment_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +63,7 @@ def test_agent_settings_that_contradict_are_refused() -> None:
 
 
 def test_reasoning_gym_rows_are_the_same_for_a_seed(tmp_path: Path) -> None:
-    from runtime.task_sources import ReasoningGymRows
+    from runtime.data.task_sources import ReasoningGymRows
 
     cfg = _cfg("configs/reasoning_gym_tiny_cpu.yaml").data
     a, b, c = ReasoningGymRows(cfg, 0), ReasoningGymRows(cfg, 0), ReasoningGymRows(cfg, 1)
@@ -73,7 +74,7 @@ def test_reasoning_gym_rows_are_the_same_for_a_seed(tmp_path: Path) -> None:
 def test_reasoning_gym_and_math_rewards() -> None:
     from roles.reward.math_verify import math_equal
     from roles.reward.reasoning_gym import score
-    from runtime.task_sources import ReasoningGymRows
+    from runtime.data.task_sources import ReasoningGymRows
 
     row = ReasoningGymRows(_cfg("configs/reasoning_gym_tiny_cpu.yaml").data, 0)[3]
     meta = {"reasoning_gym": row["reasoning_gym"]}

@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import checkpoint
-from runtime.base_model import MANIFEST_KEY, identity
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints.base_model import MANIFEST_KEY, identity
 from runtime.config.load import load_config, to_yaml
-from runtime.lora import adapter_config
-from runtime.tiny_model import make_tiny_model
+from runtime.config.lora_settings import adapter_config
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def export(run: Path, out: Path, *, umask: int) -> None:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "export", str(run), str(out)]
+    cmd = [sys.executable, "-m", "runtime.cli", "export", str(run), str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, umask=umask)
     assert done.returncode == 0, done.stderr[-2000:]
 

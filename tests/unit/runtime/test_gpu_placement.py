@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import PlacementEntry, RunConfig
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.gpu_check import check_gpu_devices, check_gpu_memory, gpu_claims
+from runtime.config.gpu_share import check_gpu_memory, gpu_claims
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
+from runtime.preflight.gpus import check_gpu_devices
 from tests.conftest import ROOT
 
 CONTROLLER, REWARD = PlacementEntry(role="controller"), PlacementEntry(role="reward")
@@ -38,7 +40,7 @@ def _split(util: float = 0.85) -> RunConfig:
 @pytest.mark.parametrize("name", ["tiny_cpu.yaml", "ppo_hybridflow.yaml", "grpo_gsm8k.yaml"])
 def test_cpu_recipes_pass_without_a_gpu(name: str) -> None:
     cfg = load_config(ROOT / "configs" / name)
-    check_config(cfg)
+    check_launch(cfg)
     check_gpu_devices(cfg, device_count=0)
     assert gpu_claims(cfg) == {}
 
@@ -102,7 +104,7 @@ def test_memory_claims_per_gpu() -> None:
     totals = {gpu: round(sum(c.fraction for c in claims), 6) for gpu, claims in gpu_claims(cfg).items()}
     assert totals == {(0, 0): 0.3, (0, 1): 0.5, (0, 2): 0.4}
     assert [c.entry for c in gpu_claims(cfg)[(0, 2)]] == ["placement[2] (trainer)", "placement[3] (critic)"]
-    check_config(cfg)
+    check_launch(cfg)
 
 
 def test_rollout_and_trainer_sharing_a_gpu_must_leave_the_trainer_a_fifth() -> None:
@@ -135,18 +137,18 @@ def test_same_index_on_two_nodes_is_two_gpus() -> None:
         util=0.9,
     )
     assert set(gpu_claims(cfg)) == {(0, 0), (1, 0)}
-    check_config(cfg)
+    check_launch(cfg)
 
 
 def test_check_config_refuses_an_over_committed_gpu() -> None:
     cfg = _cfg(PlacementEntry(role="rollout", devices=[0]), PlacementEntry(role="trainer", devices=[0]), util=0.9)
     with pytest.raises(ConfigError, match="GPU 0 of node 0 is over-committed"):
-        check_config(cfg)
+        check_launch(cfg)
 
 
 def test_bench_h200x2_recipe_loads_and_validates() -> None:
     cfg = load_config(ROOT / "configs" / "bench_h200x2.yaml", [])
-    check_config(cfg)
+    check_launch(cfg)
     t = cfg.model.tiny
     assert (t.hidden_size, t.num_layers, t.num_heads, t.num_kv_heads, t.intermediate_size) == (1536, 28, 12, 2, 8960)
     assert cfg.model.path == "" and cfg.data.source == "synthetic"
@@ -166,13 +168,13 @@ def test_nccl_weight_sync_refuses_a_rollout_on_trainer_rank0s_gpu() -> None:
         " {role: trainer, count: 2, devices: [0, 1]}]"
     )
     with pytest.raises(ConfigError, match="NCCL cannot hold two ranks on one GPU"):
-        check_config(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=nccl"]))
-    check_config(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=zmq"]))
+        check_launch(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=nccl"]))
+    check_launch(load_config("configs/tiny_cpu.yaml", [colocated, "weight_sync.backend=zmq"]))
     split = (
         "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
         " {role: trainer, count: 1, devices: [1]}]"
     )
-    check_config(load_config("configs/tiny_cpu.yaml", [split, "weight_sync.backend=nccl"]))
+    check_launch(load_config("configs/tiny_cpu.yaml", [split, "weight_sync.backend=nccl"]))
 
 
 COLOCATED = (
@@ -186,15 +188,15 @@ SPLIT = (
 
 
 def test_ipc_weight_sync_refuses_separate_gpus_and_a_cpu_trainer() -> None:
-    check_config(load_config("configs/tiny_cpu.yaml", [COLOCATED, "weight_sync.backend=ipc"]))
+    check_launch(load_config("configs/tiny_cpu.yaml", [COLOCATED, "weight_sync.backend=ipc"]))
     with pytest.raises(ConfigError, match=r"weight_sync.backend=ipc: placement\[2\] \(rollout\) is on GPU \[0\]"):
-        check_config(load_config("configs/tiny_cpu.yaml", [SPLIT, "weight_sync.backend=ipc"]))
+        check_launch(load_config("configs/tiny_cpu.yaml", [SPLIT, "weight_sync.backend=ipc"]))
     with pytest.raises(ConfigError, match=r"ipc needs trainer\.device=cuda or auto"):
-        check_config(load_config("configs/tiny_cpu.yaml", ["weight_sync.backend=ipc", "trainer.device=cpu"]))
+        check_launch(load_config("configs/tiny_cpu.yaml", ["weight_sync.backend=ipc", "trainer.device=cpu"]))
 
 
 def test_which_rollouts_share_a_trainer_gpu() -> None:
-    from runtime.gpu_check import rollout_shares_trainer_gpu
+    from runtime.config.placement import rollout_shares_trainer_gpu
 
     assert rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [COLOCATED]), 0)
     assert not rollout_shares_trainer_gpu(load_config("configs/tiny_cpu.yaml", [SPLIT]), 0)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.lora import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.config.load import load_config
+from runtime.config.lora_settings import adapter_config, engine_lora_rank, engine_max_loras
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 
 @pytest.mark.parametrize(
@@ -22,7 +23,7 @@ def test_vllm_gets_a_rank_it_offers_and_a_slot_per_version_in_flight(
     overrides: list[str], rank: int, loras: int
 ) -> None:
     cfg = load_config("configs/tiny_cpu.yaml", overrides)
-    check_config(cfg)
+    check_launch(cfg)
     assert (engine_lora_rank(cfg), engine_max_loras(cfg)) == (rank, loras)
 
 
@@ -52,5 +53,5 @@ def test_the_adapter_config_is_what_peft_reads() -> None:
 )  # fmt: skip
 def test_bad_lora_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:
-        check_config(load_config("configs/tiny_cpu.yaml", overrides))
+        check_launch(load_config("configs/tiny_cpu.yaml", overrides))
     assert "\n" not in str(err.value)

@@ -1,5 +1,5 @@
 """NaN and infinities are written as the text "nan" / "inf" / "-inf" in metrics.jsonl and in
-every JSON log: valid JSON that runtime/records.py reads back as floats, where
+every JSON log: valid JSON that runtime/views/records.py reads back as floats, where
 msgspec wrote null and Python's json an invalid `NaN`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from roles.controller.metrics import REQUIRED_KEYS, MetricsSink
 from runtime.config import MetricsConfig
 from runtime.logs import get_logger, json_ready, setup_logging
-from runtime.records import metric, usable_metrics
+from runtime.views.records import metric, usable_metrics
 
 
 def test_json_ready_replaces_non_finite_floats_at_any_depth() -> None:

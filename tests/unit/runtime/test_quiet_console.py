@@ -25,7 +25,7 @@ def python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_making_the_tiny_model_draws_no_progress_bar(tmp_path: Path) -> None:
-    done = python("from runtime.tiny_model import make_tiny_model; make_tiny_model('m')", tmp_path)
+    done = python("from runtime.tiny.model import make_tiny_model; make_tiny_model('m')", tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not any(bar in done.stderr + done.stdout for bar in BARS), done.stderr
     assert (tmp_path / "m" / "model.safetensors").is_file()
@@ -38,9 +38,9 @@ def test_export_merge_prints_one_line_and_no_progress_bar(tmp_path: Path) -> Non
     from transformers import AutoModelForCausalLM
 
     from roles.weights.lora_adapters import write_adapter_dir
-    from runtime import checkpoint
-    from runtime.base_model import MANIFEST_KEY, identity
-    from runtime.lora import adapter_config
+    from runtime.checkpoints import checkpoint
+    from runtime.checkpoints.base_model import MANIFEST_KEY, identity
+    from runtime.config.lora_settings import adapter_config
 
     run, model = a_run(tmp_path, "trainer.lora.rank=8")
     lora = load_config(run / "config.yaml").trainer.lora
@@ -52,7 +52,7 @@ def test_export_merge_prints_one_line_and_no_progress_bar(tmp_path: Path) -> Non
     checkpoint.commit(tmp, 20, {"version": 20, MANIFEST_KEY: identity(model)})
 
     out = tmp_path / "merged"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "export", str(run), str(out), "--merge"]
+    cmd = [sys.executable, "-m", "runtime.cli", "export", str(run), str(out), "--merge"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == f"tandem: wrote {out}\n"

@@ -1,4 +1,4 @@
-"""A resume compares the checkpoint's settings with its own (runtime/resume_settings.py):
+"""A resume compares the checkpoint's settings with its own (runtime/checkpoints/resume_settings.py):
 `rollout.n=4` or a smaller batch on resume stalled with no log line
 until killed, and a changed advantage estimator, staleness, data path or seed was taken
 without a word."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
+from runtime.checkpoints.resume_settings import compare, settings
 from runtime.config import RunConfig
-from runtime.resume_settings import compare, settings
 
 
 def _with(**changes: object) -> dict[str, object]:

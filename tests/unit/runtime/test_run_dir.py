@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime import checkpoint
-from runtime.base_model import MANIFEST_KEY, identity
-from runtime.config.load import ConfigError, load_config, to_yaml
-from runtime.export import export_checkpoint
-from runtime.run_dir import check_run_dir, lock_run_dir, release_run_dirs
-from runtime.tiny_model import make_tiny_model
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints.base_model import MANIFEST_KEY, identity
+from runtime.checkpoints.export import export_checkpoint
+from runtime.config.load import load_config, to_yaml
+from runtime.errors import ConfigError
+from runtime.identity.run_dir import check_run_dir, lock_run_dir, release_run_dirs
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 
 HOLD = "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
@@ -45,7 +46,7 @@ def test_a_second_launch_is_refused_naming_the_holder_and_a_dead_holder_leaves_n
 def test_a_cli_launch_into_a_locked_run_dir_exits_2_in_one_line(tmp_path: Path) -> None:
     lock_run_dir(tmp_path)
     try:
-        cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}"]
+        cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}"]
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         release_run_dirs()

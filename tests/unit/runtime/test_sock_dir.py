@@ -1,4 +1,4 @@
-"""A run's ipc socket directory (runtime/addresses.py) is this user's, mode 0700: made so,
+"""A run's ipc socket directory (runtime/identity/addresses.py) is this user's, mode 0700: made so,
 a pre-existing one with a wider mode is narrowed, and a symlink is refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import addresses
+from runtime.identity import addresses
 
 
 def test_socket_directory_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from roles.controller.metrics import REQUIRED_KEYS, MetricsSink
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.config import MetricsConfig
 from runtime.role import FatalError
 from tests.unit.runtime.test_run_dir import fake_checkpoint

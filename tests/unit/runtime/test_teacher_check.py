@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.teacher_check import check_distill, tokenizer_mismatch
-from runtime.tiny_model import make_tiny_model
+from runtime.config.load import load_config
+from runtime.config.validate import check_distill
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
+from runtime.preflight.teacher import tokenizer_mismatch
+from runtime.tiny.model import make_tiny_model
 from tests.conftest import ROOT
 
 CONFIG = "configs/distill_tiny_cpu.yaml"
@@ -53,7 +55,7 @@ def test_first_differing_token_is_named(tiny: Path, tmp_path: Path) -> None:
 def test_launch_refuses_a_teacher_of_another_tokenizer_in_one_line(tiny: Path, tmp_path: Path) -> None:
     teacher = _swapped(tiny, tmp_path / "teacher")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", CONFIG, f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", CONFIG, f"run_dir={run_dir}",
            f"model.path={tiny}", f"algorithm.distill.teacher={teacher}"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -76,13 +78,13 @@ def test_launch_refuses_a_teacher_of_another_tokenizer_in_one_line(tiny: Path, t
 )
 def test_distill_checks_at_config_time(override: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
-        check_config(load_config(CONFIG, [override]))
+        check_launch(load_config(CONFIG, [override]))
 
 
 def test_the_recipe_passes_the_checks() -> None:
     cfg = load_config(CONFIG, [])
-    check_config(cfg)
+    check_launch(cfg)
     check_distill(cfg, placed=1)
-    check_config(load_config(CONFIG, ["rollout.n=1"]))  # pure distillation needs no group baseline
+    check_launch(load_config(CONFIG, ["rollout.n=1"]))  # pure distillation needs no group baseline
     with pytest.raises(ConfigError, match=r"needs rollout\.n >= 2"):
-        check_config(load_config(CONFIG, ["rollout.n=1", "algorithm.distill.reward=add"]))
+        check_launch(load_config(CONFIG, ["rollout.n=1", "algorithm.distill.reward=add"]))

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytest.importorskip("wandb")
-ASK = "from runtime.wandb_login import wandb_login_problem; print(wandb_login_problem())"
+ASK = "from runtime.preflight.wandb_login import wandb_login_problem; print(wandb_login_problem())"
 
 
 def _problem(home: Path, **env: str) -> str:

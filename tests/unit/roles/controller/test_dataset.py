@@ -10,14 +10,14 @@ import pytest
 
 from roles.controller.dataset import Prompt, PromptDataset
 from runtime.config import DataConfig
-from runtime.data_files import DataError
+from runtime.data.data_files import DataError
 
 ROWS = [{"prompt": f"question {i}", "answer": str(i), "source": "unit"} for i in range(10)]
 
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    from runtime.tiny_model import build_tokenizer
+    from runtime.tiny.model import build_tokenizer
 
     return build_tokenizer()
 
@@ -111,8 +111,9 @@ def test_a_skipped_prompt_is_counted_for_the_step_and_logged_once_per_row(tok: A
 def test_the_launch_check_refuses_data_where_no_prompt_fits(tok: Any, tmp_path: Path) -> None:
     """The check runs before anything starts (the launcher raises it: exit 2, one line),
     as the run's limit counts: data.max_prompt_tokens, at most max_model_len - 1."""
-    from runtime.config.load import ConfigError, load_config
-    from runtime.prompts import check_prompt_lengths, prompt_limit
+    from runtime.config.load import load_config
+    from runtime.data.prompts import check_prompt_lengths, prompt_limit
+    from runtime.errors import ConfigError
 
     cfg = load_config("configs/tiny_cpu.yaml", ["data.max_prompt_tokens=5", "data.chat_template=false"])
     with pytest.raises(ConfigError, match=r"every prompt of the synthetic data \(4096 rows\) is longer than "

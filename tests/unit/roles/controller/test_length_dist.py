@@ -10,8 +10,9 @@ import pytest
 
 from roles.controller.budgets import lognormal_max_tokens, mixed_max_tokens, response_budget
 from runtime.config import LengthDistConfig
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 TINY = "configs/tiny_cpu.yaml"
 
@@ -79,4 +80,4 @@ def test_response_budget_picks_the_configured_policy() -> None:
 )  # fmt: skip
 def test_bad_values_are_refused_naming_the_field(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        check_config(load_config(TINY, overrides))
+        check_launch(load_config(TINY, overrides))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from roles.controller.budgets import mixed_max_tokens
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 
 def test_budgets_are_log_uniform_within_bounds_and_fixed_per_group() -> None:
@@ -22,4 +23,4 @@ def test_budgets_are_log_uniform_within_bounds_and_fixed_per_group() -> None:
 
 def test_a_minimum_above_max_tokens_is_refused_naming_both_keys() -> None:
     with pytest.raises(ConfigError, match=r"rollout.length_mix_min \(40\) must not exceed rollout.max_tokens \(16\)"):
-        check_config(load_config("configs/tiny_cpu.yaml", ["rollout.length_mix_min=40", "rollout.max_tokens=16"]))
+        check_launch(load_config("configs/tiny_cpu.yaml", ["rollout.length_mix_min=40", "rollout.max_tokens=16"]))

@@ -12,8 +12,9 @@ import torch
 from roles.controller.dataset import Prompt
 from roles.controller.groups import Group, SampleRec
 from roles.controller.validation import summarize
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 
 def _group(gid: int, rewards: list[float], lengths: list[int], versions: list[tuple[int, int]]) -> Group:
@@ -57,11 +58,11 @@ def test_an_empty_round_says_so() -> None:
 )
 def test_bad_validation_options_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_config(load_config("configs/tiny_cpu.yaml", overrides))
+        check_launch(load_config("configs/tiny_cpu.yaml", overrides))
 
 
 def test_a_missing_validation_file_is_named(tmp_path: Path) -> None:
-    from runtime.inputs import check_inputs
+    from runtime.data.inputs import check_inputs
 
     cfg = load_config("configs/tiny_cpu.yaml", ["validation.every=5", f"validation.data={tmp_path}/val.jsonl"])
     with pytest.raises(ConfigError, match=re.escape(f"validation.data '{tmp_path}/val.jsonl' does not exist")):

@@ -14,8 +14,9 @@ import pytest
 
 from roles.kernels import block_kernels
 from roles.training.hf_loading import load_causal_lm
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 ONE_GPU = "placement=[{role: controller}, {role: rollout, devices: [0]}, {role: reward}, {role: trainer, devices: [0]}]"
 
@@ -63,15 +64,15 @@ def test_liger_patched_modules_pass_the_check(tiny_model_dir: Path) -> None:
 
 def test_launch_refuses_liger_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger needs trainer.device=cuda"):
-        check_config(load_config(None, ["trainer.kernels=liger", "trainer.device=cpu"]))
+        check_launch(load_config(None, ["trainer.kernels=liger", "trainer.device=cpu"]))
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger cannot run with trainer.compile=true"):
         liger_compiled = ["trainer.kernels=liger", "trainer.device=cuda", "trainer.compile=true", ONE_GPU]
-        check_config(load_config(None, liger_compiled))
+        check_launch(load_config(None, liger_compiled))
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger applies to the FSDP actor only"):
-        check_config(load_config(None, ["trainer.kernels=liger", "trainer.backend=megatron"]))
+        check_launch(load_config(None, ["trainer.kernels=liger", "trainer.backend=megatron"]))
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(ConfigError, match=r"^trainer.kernels=liger needs the liger-kernel package"):
-        check_config(load_config(None, ["trainer.kernels=liger", "trainer.device=cuda", ONE_GPU]))
+        check_launch(load_config(None, ["trainer.kernels=liger", "trainer.device=cuda", ONE_GPU]))
     with pytest.raises(ConfigError, match=r"trainer\.kernels"):
         load_config(None, ["trainer.kernels=apex"])
 

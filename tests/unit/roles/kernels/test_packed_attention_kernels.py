@@ -30,8 +30,9 @@ from roles.kernels import varlen_cudnn
 from roles.kernels.varlen import varlen_attention_forward
 from roles.kernels.varlen_cudnn import cudnn_attention_forward, cudnn_varlen
 from roles.kernels.varlen_fa4 import fa4_attention_forward, fa4_varlen
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 from tests.helpers.one_rank import ONE_GPU_ENGINE
 
 T, H, HKV, D = 37, 6, 2, 16
@@ -102,11 +103,11 @@ def test_launch_refuses_the_kernel_where_it_cannot_run(kernel: str, monkeypatch:
     option = [f"trainer.attention_kernel={kernel}"]
     field = rf"^trainer.attention_kernel={kernel}"
     with pytest.raises(ConfigError, match=rf"{field} applies to the FSDP actor only"):
-        check_config(load_config(None, [*option, "trainer.backend=megatron"]))
+        check_launch(load_config(None, [*option, "trainer.backend=megatron"]))
     with pytest.raises(ConfigError, match=rf"{field} needs trainer.packing=true"):
-        check_config(load_config(None, [*option, "trainer.packing=false", *ONE_GPU_ENGINE]))
+        check_launch(load_config(None, [*option, "trainer.packing=false", *ONE_GPU_ENGINE]))
     with pytest.raises(ConfigError, match=rf"{field} needs trainer.device=cuda"):
-        check_config(load_config(None, [*option, "trainer.device=cpu"]))
+        check_launch(load_config(None, [*option, "trainer.device=cpu"]))
     if kernel == "fa4":
 
         def missing(name: str) -> importlib.metadata.Distribution:
@@ -114,13 +115,13 @@ def test_launch_refuses_the_kernel_where_it_cannot_run(kernel: str, monkeypatch:
 
         monkeypatch.setattr(importlib.metadata, "distribution", missing)
         with pytest.raises(ConfigError, match=rf"{field} needs the flash-attn-4 package"):
-            check_config(load_config(None, [*option, *ONE_GPU_ENGINE]))
+            check_launch(load_config(None, [*option, *ONE_GPU_ENGINE]))
     else:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 8907)
         with pytest.raises(ConfigError, match=rf"{field} needs cuDNN 9 or later \(this torch has cuDNN 8907\)"):
-            check_config(load_config(None, [*option, *ONE_GPU_ENGINE]))
+            check_launch(load_config(None, [*option, *ONE_GPU_ENGINE]))
         monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
-        check_config(load_config(None, [*option, *ONE_GPU_ENGINE]))  # accepted
+        check_launch(load_config(None, [*option, *ONE_GPU_ENGINE]))  # accepted
     with pytest.raises(ConfigError, match=r"trainer\.attention_kernel"):
         load_config(None, ["trainer.attention_kernel=fa3"])

@@ -14,10 +14,11 @@ from roles.controller.scoring import Bound, Weights, combine
 from roles.reward.classifier import RewardClassifier, sample_text
 from roles.reward.judge import fill, parse_score
 from runtime.config import RewardModelConfig
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from runtime.launch.placement import plan_processes
-from runtime.tiny_model import build_tokenizer, make_tiny_model
+from runtime.preflight.environment import check_launch
+from runtime.tiny.model import build_tokenizer, make_tiny_model
 from transport import wire
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}]
@@ -88,7 +89,7 @@ def test_the_template_gets_the_users_prompt_the_response_and_the_answer() -> Non
 
 # --- config and placement ---------------------------------------------------------------
 def _check(*overrides: str) -> None:
-    check_config(load_config(None, list(overrides)))
+    check_launch(load_config(None, list(overrides)))
 
 
 def test_reward_model_config_errors_name_their_key(tmp_path: Path) -> None:

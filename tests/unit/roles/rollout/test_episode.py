@@ -11,7 +11,7 @@ import pytest
 from roles.generation.engine import Sample
 from roles.rollout.environment import EnvPrompt, Step, Turn
 from roles.rollout.episode import run_episode
-from runtime.tiny_model import build_tokenizer
+from runtime.tiny.model import build_tokenizer
 from transport.wire import FinishReason
 
 PROMPT = EnvPrompt(prompt_ids=[1, 2, 3], text="abc", answer="x")

@@ -13,7 +13,7 @@ from roles.kernels.varlen_cudnn import refuse_where_it_crashes
 from roles.trainer.fsdp_engine import compiles
 from runtime.config import TrainerConfig
 from runtime.config.load import load_config
-from runtime.config.validate import check_config
+from runtime.preflight.environment import check_launch
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 ONE_GPU = "placement=[{role: controller}, {role: rollout, devices: [0]}, {role: reward}, {role: trainer, devices: [0]}]"
@@ -39,7 +39,7 @@ def test_an_explicit_value_wins() -> None:
 
 def test_liger_with_auto_passes_the_launch_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())  # liger-kernel "installed"
-    check_config(load_config(None, ["trainer.kernels=liger", "trainer.device=cuda", ONE_GPU]))
+    check_launch(load_config(None, ["trainer.kernels=liger", "trainer.device=cuda", ONE_GPU]))
 
 
 def test_cudnn_attention_is_refused_on_an_h100_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
-from runtime.tiny_model import make_tiny_model
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
+from runtime.tiny.model import make_tiny_model
 from tests.helpers.one_rank import full_params, one_rank_world, toy_batch, toy_engine
 
 
@@ -44,6 +45,6 @@ def test_fused_adamw_steps_to_the_default_steps_weights(model_dir: Path) -> None
 
 def test_fused_where_it_cannot_act_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^trainer.optim.implementation=fused cannot step an offloaded optimizer"):
-        check_config(load_config(None, ["trainer.optim.implementation=fused", "trainer.offload.optimizer=true"]))
+        check_launch(load_config(None, ["trainer.optim.implementation=fused", "trainer.offload.optimizer=true"]))
     with pytest.raises(ConfigError, match=r"^trainer.optim.implementation=fused has no effect"):
-        check_config(load_config(None, ["trainer.optim.implementation=fused", "trainer.backend=megatron"]))
+        check_launch(load_config(None, ["trainer.optim.implementation=fused", "trainer.backend=megatron"]))

@@ -15,7 +15,7 @@ from roles.training.moe import MoeRouting, checkpoint_items, find_routers, is_mo
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     return make_tiny_model(
         tmp_path_factory.mktemp("moe") / "tiny_moe", hidden_size=64, num_heads=2, num_experts=8, initializer_range=0.2

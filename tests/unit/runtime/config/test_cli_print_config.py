@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

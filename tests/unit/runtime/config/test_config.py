@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime.addresses import channel_options
-from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig, validate
-from runtime.config.load import ConfigError, config_docs, load_config, parse_override, to_yaml
-from runtime.config.validate import check_config
+from runtime.config import MixedPrecisionConfig, PlacementEntry, RunConfig
+from runtime.config.load import config_docs, load_config, parse_override, to_yaml
+from runtime.errors import ConfigError
+from runtime.identity.addresses import channel_options
+from runtime.preflight import environment
+from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 from transport.endpoint import ChannelOptions
 
@@ -154,7 +156,7 @@ def test_to_yaml_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_recipe_parses_and_passes_checks(path: Path) -> None:
     cfg = load_config(path)
-    check_config(cfg)
+    check_launch(cfg)
     assert cfg.name
 
 
@@ -169,7 +171,7 @@ def _megatron(*overrides: str) -> RunConfig:
 @pytest.fixture
 def megatron_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cross-field checks below hold whether or not megatron-core is installed here."""
-    monkeypatch.setattr(validate, "megatron_core_installed", lambda: True)
+    monkeypatch.setattr(environment, "megatron_core_installed", lambda: True)
 
 
 def test_transport_keys_reach_the_channel_options(tmp_path: Path) -> None:
@@ -181,9 +183,9 @@ def test_transport_keys_reach_the_channel_options(tmp_path: Path) -> None:
 
 
 def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "megatron_core_installed", lambda: False)
+    monkeypatch.setattr(environment, "megatron_core_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"trainer\.backend=megatron needs megatron-core: pip install"):
-        check_config(_megatron("fsdp.use_fsdp=false"))
+        check_launch(_megatron("fsdp.use_fsdp=false"))
 
 
 @pytest.mark.usefixtures("megatron_engine")
@@ -202,12 +204,12 @@ def test_megatron_backend_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -
 )
 def test_megatron_refuses_what_it_cannot_do(overrides: tuple[str, ...], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
-        check_config(_megatron("fsdp.use_fsdp=false", *overrides))
+        check_launch(_megatron("fsdp.use_fsdp=false", *overrides))
 
 
 @pytest.mark.usefixtures("megatron_engine")
 def test_distributed_optimizer_checkpoints_are_accepted() -> None:
-    check_config(
+    check_launch(
         _megatron("fsdp.use_fsdp=false", "trainer.megatron.use_distributed_optimizer=true", "checkpoint.every=5")
     )
 
@@ -233,14 +235,14 @@ def _megatron_critic(*overrides: str) -> RunConfig:
 )
 def test_megatron_critic_refuses_what_it_cannot_do(overrides: tuple[str, ...], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
-        check_config(_megatron_critic(*overrides))
-    check_config(_megatron_critic())  # an FSDP2 actor beside a Megatron critic
+        check_launch(_megatron_critic(*overrides))
+    check_launch(_megatron_critic())  # an FSDP2 actor beside a Megatron critic
 
 
 def test_megatron_critic_needs_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "megatron_core_installed", lambda: False)
+    monkeypatch.setattr(environment, "megatron_core_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"critic\.backend=megatron needs megatron-core"):
-        check_config(_megatron_critic())
+        check_launch(_megatron_critic())
 
 
 @pytest.mark.usefixtures("megatron_engine")
@@ -248,9 +250,9 @@ def test_megatron_refuses_fsdp_full_shard() -> None:
     with pytest.raises(
         ConfigError, match=r"fsdp\.use_fsdp=false or fsdp\.sharding_strategy=NO_SHARD \(got FULL_SHARD\)"
     ):
-        check_config(_megatron())
-    check_config(_megatron("fsdp.use_fsdp=false"))
-    check_config(_megatron("fsdp.sharding_strategy=NO_SHARD"))
+        check_launch(_megatron())
+    check_launch(_megatron("fsdp.use_fsdp=false"))
+    check_launch(_megatron("fsdp.sharding_strategy=NO_SHARD"))
 
 
 @pytest.mark.usefixtures("megatron_engine")
@@ -262,35 +264,35 @@ def test_megatron_world_size_must_be_a_multiple_of_tp_times_pp() -> None:
         "trainer.megatron.pipeline_model_parallel_size=2",
     )
     with pytest.raises(ConfigError, match=r"trainer world size 2 is not a multiple of .* = 4"):
-        check_config(bad)
-    check_config(_megatron("fsdp.use_fsdp=false", "trainer.megatron.tensor_model_parallel_size=2"))
+        check_launch(bad)
+    check_launch(_megatron("fsdp.use_fsdp=false", "trainer.megatron.tensor_model_parallel_size=2"))
 
 
 def test_file_source_needs_a_path() -> None:
     with pytest.raises(ConfigError, match=r"data\.source=file needs data\.path"):
-        check_config(load_config(None, ["data.source=file"]))
+        check_launch(load_config(None, ["data.source=file"]))
 
 
 def test_max_tokens_must_leave_room_in_the_model_length() -> None:
     with pytest.raises(
         ConfigError, match=r"rollout\.max_tokens \(64\) must be below rollout\.engine\.max_model_len \(64\)"
     ):
-        check_config(load_config(None, ["rollout.max_tokens=64", "rollout.engine.max_model_len=64"]))
-    check_config(load_config(None, ["rollout.max_tokens=63", "rollout.engine.max_model_len=64"]))
+        check_launch(load_config(None, ["rollout.max_tokens=64", "rollout.engine.max_model_len=64"]))
+    check_launch(load_config(None, ["rollout.max_tokens=63", "rollout.engine.max_model_len=64"]))
 
 
 def test_critic_without_gae_and_bad_reward_spec_are_refused() -> None:
     cfg = load_config(None)
     cfg.placement = [PlacementEntry(role="controller"), PlacementEntry(role="critic")]
     with pytest.raises(ConfigError, match=r"critic but algorithm\.advantage is not gae"):
-        check_config(cfg)
+        check_launch(cfg)
     with pytest.raises(ConfigError, match=r"'mymodule\.fn' must be module:function"):
-        check_config(load_config(None, ["reward.functions=[mymodule.fn]"]))
+        check_launch(load_config(None, ["reward.functions=[mymodule.fn]"]))
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
 def test_group_estimators_refuse_groups_of_one(estimator: str) -> None:
     cfg = load_config(None, [f"algorithm.advantage={estimator}", "rollout.n=1"])
     with pytest.raises(ConfigError, match=rf"algorithm.advantage={estimator} needs rollout.n >= 2"):
-        check_config(cfg)
-    check_config(load_config(None, ["algorithm.advantage=reinforce_pp", "rollout.n=1"]))
+        check_launch(cfg)
+    check_launch(load_config(None, ["algorithm.advantage=reinforce_pp", "rollout.n=1"]))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from tests.conftest import ROOT
 
 TINY = ROOT / "configs" / "tiny_cpu.yaml"

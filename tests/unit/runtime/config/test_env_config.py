@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 from runtime.user_functions import env_factory_takes_context, load_env_factory
 from tests.conftest import ROOT
 
@@ -25,7 +26,7 @@ def two_args(a: object, b: object) -> object:
 
 
 def check(*overrides: str) -> None:
-    check_config(load_config(None, list(overrides)))
+    check_launch(load_config(None, list(overrides)))
 
 
 def test_a_valid_multiturn_config_passes() -> None:
@@ -72,11 +73,11 @@ def test_factories_take_no_argument_or_the_context() -> None:
 def test_gsm8k_tool_recipe_is_a_checked_multiturn_config() -> None:
     path = ROOT / "configs" / "gsm8k_tool.yaml"
     cfg = load_config(path, ["model.path=/models/Qwen2.5-1.5B-Instruct"])
-    check_config(cfg)
+    check_launch(cfg)
     assert cfg.rollout.env == "roles.rollout.tool_env:factory"
     assert cfg.rollout.tools == ["roles.rollout.tools:calculator"]
     assert cfg.reward.functions == ["roles.reward.builtin:gsm8k_exact_match"]  # from its base, grpo_gsm8k
     assert '"name": "calculator"' in cfg.data.system_prompt  # the model is told the call format
     assert cfg.data.max_prompt_tokens + cfg.rollout.max_total_tokens < cfg.rollout.engine.max_model_len
     with pytest.raises(ConfigError, match=r"rollout\.max_total_tokens \(1280\) must be below"):
-        check_config(load_config(path, ["rollout.engine.max_model_len=1024"]))
+        check_launch(load_config(path, ["rollout.engine.max_model_len=1024"]))

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config, check_inert_options
+from runtime.config.load import load_config
+from runtime.config.validate import check_inert_options
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 
 TINY = ROOT / "configs" / "tiny_cpu.yaml"
@@ -43,7 +45,7 @@ CASES = [
 @pytest.mark.parametrize(("inert", "acting", "line"), CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_an_option_the_mode_ignores_is_refused_in_one_line(inert: list[str], acting: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as err:
-        check_config(load_config(TINY, inert))
+        check_launch(load_config(TINY, inert))
     message = str(err.value)
     assert message.startswith(line) and message.endswith("; remove it") and "\n" not in message
     check_inert_options(load_config(TINY, [*inert, *acting]))  # the mode that reads it accepts it

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.config.load import ConfigError, check_set, load_config, unset_keys
+from runtime.config.load import check_set, unset_keys
+from runtime.errors import ConfigError
+from runtime.memory.auto import load_settled
 from tests.conftest import ROOT
 
 TINY_RECIPES = ("tiny_cpu", "multiturn_tiny_cpu", "multiturn_tool_sleep_cpu", "reward_model_tiny_cpu",
@@ -28,7 +30,7 @@ REAL_MODEL_RECIPES = ("grpo_gsm8k", "gsm8k_tool")
 @pytest.mark.parametrize("flags", [[], ["--plan"], ["--plan", "memory.gpu_gb=80"]])
 def test_a_real_model_recipe_without_model_path_is_refused(tmp_path: Path, name: str, flags: list[str]) -> None:
     recipe = ROOT / "configs" / f"{name}.yaml"
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", str(recipe), *flags]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", str(recipe), *flags]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -41,17 +43,17 @@ def test_a_real_model_recipe_without_model_path_is_refused(tmp_path: Path, name:
 @pytest.mark.parametrize("name", REAL_MODEL_RECIPES)
 def test_model_path_given_or_tiny_by_name_is_accepted(name: str) -> None:
     recipe = ROOT / "configs" / f"{name}.yaml"
-    assert unset_keys(load_config(recipe)) == ["model.path"]
-    given = load_config(recipe, ["model.path=/models/Qwen2.5-1.5B-Instruct"])
+    assert unset_keys(load_settled(recipe)) == ["model.path"]
+    given = load_settled(recipe, ["model.path=/models/Qwen2.5-1.5B-Instruct"])
     check_set(given, recipe)
-    tiny = load_config(recipe, ["model.path=tiny"])
+    tiny = load_settled(recipe, ["model.path=tiny"])
     check_set(tiny, recipe)
     assert tiny.model.path == ""  # the tiny model, made under the run directory
 
 
 @pytest.mark.parametrize("name", TINY_RECIPES)
 def test_the_recipes_made_for_the_tiny_model_keep_it_as_their_default(name: str) -> None:
-    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    cfg = load_settled(ROOT / "configs" / f"{name}.yaml")
     check_set(cfg, name)
     assert cfg.model.path == ""
 
@@ -68,11 +70,11 @@ def says_it_trains_a_random_model(recipe: Path) -> bool:
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_a_recipe_that_trains_a_random_model_by_default_says_so(recipe: Path) -> None:
-    cfg = load_config(recipe)
+    cfg = load_settled(recipe)
     if cfg.model.path == "" and not unset_keys(cfg):  # no model.path given: the tiny model, shaped by model.tiny
         assert says_it_trains_a_random_model(recipe), f"{recipe.name}: leave model.path ??? or say it is random"
 
 
 def test_check_set_names_the_key_and_the_recipe() -> None:
     with pytest.raises(ConfigError, match=r"^model\.path is not set: my\.yaml leaves it \?\?\? for you to give"):
-        check_set(load_config(ROOT / "configs" / "grpo_gsm8k.yaml"), "my.yaml")
+        check_set(load_settled(ROOT / "configs" / "grpo_gsm8k.yaml"), "my.yaml")

@@ -8,25 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config, policy_experts
-from runtime.memory.model import ModelShape, model_shape
+from runtime.errors import ConfigError
+from runtime.memory.auto import load_settled
+from runtime.memory.estimate import ModelShape, model_shape
+from runtime.preflight.environment import check_launch, policy_experts
 from tests.conftest import ROOT
 
 MOE = ROOT / "configs" / "moe_tiny_cpu.yaml"
 
 
 def refusal(path: Path, *overrides: str) -> str:
-    cfg = load_config(path, list(overrides))
+    cfg = load_settled(path, list(overrides))
     with pytest.raises(ConfigError) as err:
-        check_config(cfg)
+        check_launch(cfg)
     assert "\n" not in str(err.value)
     return str(err.value)
 
 
 def test_the_moe_recipe_passes_and_is_a_mixture() -> None:
-    cfg = load_config(MOE)
-    check_config(cfg)
+    cfg = load_settled(MOE)
+    check_launch(cfg)
     assert policy_experts(cfg) == 8
 
 
@@ -67,7 +68,7 @@ def test_a_model_directorys_config_says_whether_it_is_a_mixture(tmp_path: Path) 
         "tie_word_embeddings": False,
     }  # Qwen3-30B-A3B's config.json
     (tmp_path / "config.json").write_text(json.dumps(config))
-    cfg = load_config(MOE, [f"model.path={tmp_path}"])
+    cfg = load_settled(MOE, [f"model.path={tmp_path}"])
     assert policy_experts(cfg) == 128
     shape = model_shape(cfg)
     assert shape.num_params == pytest.approx(30.5e9, rel=0.01)  # "30B"
@@ -83,7 +84,7 @@ def test_a_dense_shape_is_unchanged_by_the_expert_fields() -> None:
 def test_the_plan_names_total_and_active_parameters() -> None:
     from runtime.memory.plan import format_plan, launch_plan
 
-    cfg = load_config(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80"])
+    cfg = load_settled(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80"])
     text = format_plan(launch_plan(cfg, asks_gpus=True))
     assert "2.41B-parameter policy" in text and "mixture of 48 experts (8 a token: 0.71B active)" in text
 
@@ -91,9 +92,9 @@ def test_the_plan_names_total_and_active_parameters() -> None:
 def test_a_mixture_saved_by_transformers_is_planned_as_one(tmp_path: Path) -> None:
     """transformers 5 writes `num_local_experts` where Qwen3-30B-A3B's hub config says
     `num_experts`: the plan reads both (it planned the saved bench model as a dense 1.36B)."""
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
-    cfg = load_config(MOE, [])
+    cfg = load_settled(MOE, [])
     t = cfg.model.tiny
     path = make_tiny_model(
         tmp_path / "moe",
@@ -108,7 +109,7 @@ def test_a_mixture_saved_by_transformers_is_planned_as_one(tmp_path: Path) -> No
     )
     saved = json.loads((path / "config.json").read_text())
     assert "num_experts" not in saved and saved["num_local_experts"] == cfg.model.tiny.num_experts
-    assert model_shape(load_config(MOE, [f"model.path={path}"])) == model_shape(cfg)
+    assert model_shape(load_settled(MOE, [f"model.path={path}"])) == model_shape(cfg)
 
 
 def test_the_plan_meets_the_measured_moe_trainer_peak() -> None:
@@ -119,5 +120,5 @@ def test_the_plan_meets_the_measured_moe_trainer_peak() -> None:
     result = json.loads((ROOT / "benchmarks" / "results" / "async_vs_sync_h100x1_moe.json").read_text())
     measured = result["variants"]["sync"]["cuda_peak_gb"]
     assert "trainer.micro_batch_tokens=4096" in result["overrides"]
-    cfg = load_config(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80", "trainer.micro_batch_tokens=4096"])
+    cfg = load_settled(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80", "trainer.micro_batch_tokens=4096"])
     assert launch_plan(cfg, asks_gpus=True).trainer_peak_gb() == pytest.approx(measured, rel=0.05)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.config.validate import check_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.preflight.environment import check_launch
 
 BENCH = "configs/bench_1.5b.yaml"  # rollout and trainer colocated on GPU 0
 
 
 def _check(*overrides: str, config: str | None = BENCH) -> None:
-    check_config(load_config(config, list(overrides)))
+    check_launch(load_config(config, list(overrides)))
 
 
 def test_optimizer_offload_is_accepted_for_the_fsdp2_actor() -> None:

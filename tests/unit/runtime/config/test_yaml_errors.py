@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from tests.conftest import ROOT
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

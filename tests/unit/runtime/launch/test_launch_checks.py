@@ -7,35 +7,37 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import validate
-from runtime.config.load import ConfigError, load_config
+from runtime.config.load import load_config
 from runtime.config.validate import check_config
+from runtime.errors import ConfigError
+from runtime.preflight import environment
+from runtime.preflight.environment import check_launch
 from runtime.user_functions import load_function
 from runtime.views.summary import end_summary
 from tests.unit.runtime.test_run_dir import fake_checkpoint
 
 
 def check(*overrides: str) -> None:
-    check_config(load_config("configs/tiny_cpu.yaml", list(overrides)))
+    check_launch(load_config("configs/tiny_cpu.yaml", list(overrides)))
 
 
 def test_gpu_only_options_are_refused_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "gpus_present", lambda: False)
+    monkeypatch.setattr(environment, "gpus_present", lambda: False)
     with pytest.raises(ConfigError, match=r"weight_sync\.backend=ipc needs a GPU .* use weight_sync\.backend=zmq"):
         check("weight_sync.backend=ipc")
     with pytest.raises(ConfigError, match=r"fsdp\.cpu_offload=true needs a GPU"):
         check("fsdp.cpu_offload=true")
-    monkeypatch.setattr(validate, "gpus_present", lambda: True)
+    monkeypatch.setattr(environment, "gpus_present", lambda: True)
     check("weight_sync.backend=ipc")  # placement names no GPU: the run time check decides
 
 
 def test_gpus_present_honours_an_emptied_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert not validate.gpus_present()
+    assert not environment.gpus_present()
 
 
 def test_an_enabled_logger_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validate, "LOGGER_PACKAGES", {"tensorboard": "no_such_tb_pkg", "wandb": "no_such_wandb_pkg"})
+    monkeypatch.setattr(environment, "LOGGER_PACKAGES", {"tensorboard": "no_such_tb_pkg", "wandb": "no_such_wandb_pkg"})
     with pytest.raises(ConfigError, match=r"metrics\.tensorboard=true needs .*: pip install no_such_tb_pkg"):
         check("metrics.tensorboard=true")
     with pytest.raises(ConfigError, match=r"metrics\.wandb=true needs .*: pip install no_such_wandb_pkg"):
@@ -83,3 +85,12 @@ def test_the_end_summary_names_metrics_model_and_commands(tmp_path: Path) -> Non
     assert f"  model          {ckpt / 'hf'}" in lines
     assert f"  report         tandem report {tmp_path}" in lines
     assert f"  export         tandem export {tmp_path} OUT_DIR" in lines
+
+
+def test_the_config_check_asks_nothing_of_the_environment() -> None:
+    """`check_config` reads the config alone (runtime/config is the bottom floor): a reward
+    function that cannot be imported passes it and is refused by `check_launch`."""
+    cfg = load_config(None, ["reward.functions=[no_such_module_here:score]"])
+    check_config(cfg)
+    with pytest.raises(ConfigError, match="no_such_module_here"):
+        check_launch(cfg)

@@ -6,7 +6,8 @@ import pytest
 
 from runtime.config import PlacementEntry, RunConfig
 from runtime.config.load import load_config
-from runtime.launch.placement import PlacementError, ProcSpec, check_devices, plan_processes, role_counts
+from runtime.config.placement import role_counts
+from runtime.launch.placement import PlacementError, ProcSpec, check_devices, plan_processes
 
 
 def _cfg(*placement: PlacementEntry, advantage: str = "grpo") -> RunConfig:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.base_model import identity
-from runtime.config.load import ConfigError, load_config
+from runtime.checkpoints.base_model import identity
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
 from runtime.launch.launcher import _resume_from
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 from runtime.views.console import Console
 from tests.conftest import ROOT
 from tests.unit.runtime.test_run_dir import fake_checkpoint
@@ -56,7 +57,7 @@ def test_a_changed_tiny_model_is_refused_and_left_as_it_was(tmp_path: Path) -> N
 def test_a_finished_run_says_so_and_exits_0_at_once(tmp_path: Path) -> None:
     fake_checkpoint(tmp_path, 20, FULL)
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}",
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "configs/tiny_cpu.yaml", f"run_dir={tmp_path}",
            "resume=auto", "trainer.total_steps=10"]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

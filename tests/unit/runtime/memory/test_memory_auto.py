@@ -1,7 +1,7 @@
 """`auto` settings (runtime/memory/auto.py): for a GPU size given to the plan, the bench recipes
 get settings that fit and are not smaller than needed; explicit values win; a config that fits
-at no setting is refused naming its largest consumer; on CPU nothing changes; the recipes'
-old names are refused with the new one."""
+at no setting is refused naming its largest consumer; on CPU nothing changes; loading a recipe
+(`load_config`) settles nothing, `load_settled` (what `tandem launch` loads with) does."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import pytest
 
 import runtime.memory.plan as memory_plan
 from runtime.config import RunConfig
-from runtime.config.load import AUTO_KEYS, ConfigError, load_config, to_yaml
-from runtime.memory.auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, replace
-from runtime.memory.model import model_shape, vllm_weights_gb
+from runtime.config.load import AUTO_KEYS, load_config, to_yaml
+from runtime.errors import ConfigError
+from runtime.memory.auto import FAST_MICRO_BATCH, MAX_MICRO_BATCH, choose, load_settled, replace
+from runtime.memory.estimate import model_shape, vllm_weights_gb
 from runtime.memory.plan import build_plan, check_plan, format_plan, launch_plan
 
 HOST = "memory.host_gb=128"  # a fixed host size, so no test depends on this machine's
 RECIPES = ["bench_1.5b", "bench_3b", "bench_7b_lora"]
-BY_SIZE = "(recipes are named by model size)"
 
 
 def _load(recipe: str, gpu_gb: float, *overrides: str) -> RunConfig:
-    return load_config(f"configs/{recipe}.yaml", [f"memory.gpu_gb={gpu_gb}", HOST, *overrides])
+    return load_settled(f"configs/{recipe}.yaml", [f"memory.gpu_gb={gpu_gb}", HOST, *overrides])
 
 
 def _fits(cfg: RunConfig) -> bool:
@@ -110,28 +110,28 @@ def test_cpu_runs_keep_the_cpu_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory_plan, "smallest_gpu_gb", lambda: 0.0)
     default = RunConfig()
     for recipe in ("configs/tiny_cpu.yaml", None, "configs/bench_1.5b.yaml"):
-        cfg = load_config(recipe)
+        cfg = load_settled(recipe)
         for key in AUTO_KEYS:
             assert _get(cfg, key) == _get(default, key), (recipe, key)
         assert cfg.memory.chosen == []
-    cfg = load_config("configs/tiny_cpu.yaml")
+    cfg = load_settled("configs/tiny_cpu.yaml")
     assert choose(cfg, list(AUTO_KEYS), 0.0, 0.0)[0] == cfg
 
 
-def test_the_old_recipe_names_are_refused_with_the_new_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    for old, new in (("bench_h200x1", "bench_1.5b"), ("bench_h200x1_3b", "bench_3b"), ("bench_h200x1_7b", "bench_7b")):
-        with pytest.raises(ConfigError) as info:
-            load_config(f"configs/{old}.yaml")
-        assert str(info.value) == f"config file 'configs/{old}.yaml' is now 'configs/{new}.yaml' " + BY_SIZE
-    layered = tmp_path / "mine.yaml"
-    layered.write_text("base: bench_h200x1.yaml\n")
-    with pytest.raises(ConfigError, match=r"bench_h200x1\.yaml' is now '.*bench_1\.5b\.yaml'"):
-        load_config(layered)
+def test_loading_a_recipe_settles_nothing_and_load_settled_does() -> None:
+    overrides = ["memory.gpu_gb=80", HOST]
+    loaded = load_config("configs/bench_1.5b.yaml", overrides)
+    assert loaded.memory.chosen == [] and loaded.trainer.micro_batch_tokens == RunConfig().trainer.micro_batch_tokens
+    settled = load_settled("configs/bench_1.5b.yaml", overrides)
+    assert len(settled.memory.chosen) == len(AUTO_KEYS)
+    assert settled == _load("bench_1.5b", 80)
+    given = load_settled("configs/bench_1.5b.yaml", [*overrides, "trainer.micro_batch_tokens=2048"])
+    assert given.trainer.micro_batch_tokens == 2048  # a key given a value is kept as given
 
 
 def test_auto_is_refused_where_nothing_chooses_it() -> None:
     with pytest.raises(ConfigError, match=r"reward\.judge\.engine\.gpu_memory_utilization"):
-        load_config(None, ["reward.judge.engine.gpu_memory_utilization=auto"])
+        load_settled(None, ["reward.judge.engine.gpu_memory_utilization=auto"])
 
 
 def _get(cfg: object, dotted: str) -> object:
@@ -145,7 +145,7 @@ def test_a_lever_comes_before_a_micro_batch_below_the_floor() -> None:
     and on the GPU only 1024-token micro-batches fit (6.6 % MFU measured); sleeping vLLM
     (synchronous) or half its KV cache (asynchronous) keeps 16384."""
     for staleness in (0, 2):
-        cfg = load_config("configs/bench_3b.yaml", [f"rollout.max_staleness={staleness}", "memory.gpu_gb=85.52"])
+        cfg = load_settled("configs/bench_3b.yaml", [f"rollout.max_staleness={staleness}", "memory.gpu_gb=85.52"])
         assert cfg.trainer.micro_batch_tokens >= FAST_MICRO_BATCH, cfg.memory.chosen
         assert cfg.rollout.engine.sleep_when_idle == (staleness == 0)
 
@@ -153,7 +153,7 @@ def test_a_lever_comes_before_a_micro_batch_below_the_floor() -> None:
 def test_a_lora_run_keeps_vllm_awake() -> None:
     """vLLM's wake-up after an adapter update failed on the GPU, so `auto` never sleeps a
     LoRA run's vLLM: the 7.62B LoRA recipe, synchronous, on an H100 fits awake instead."""
-    cfg = load_config("configs/bench_7b_lora.yaml", ["rollout.max_staleness=0", "memory.gpu_gb=85.52"])
+    cfg = load_settled("configs/bench_7b_lora.yaml", ["rollout.max_staleness=0", "memory.gpu_gb=85.52"])
     assert cfg.rollout.engine.sleep_when_idle is False
     assert any("stays awake under LoRA" in line for line in cfg.memory.chosen)
     assert not list(build_plan(cfg, 85.52, 0.0).problems())

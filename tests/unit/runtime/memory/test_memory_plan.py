@@ -1,4 +1,4 @@
-"""The launch-time memory plan's arithmetic (runtime/memory/model.py, runtime/memory/plan.py):
+"""The launch-time memory plan's arithmetic (runtime/memory/estimate.py, runtime/memory/plan.py):
 parameter counts against real models, what each setting moves, the phases of a colocated
 GPU, and the one-line refusal with a fix that fits."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config.load import ConfigError, load_config
-from runtime.memory.model import GB, MIB, ModelShape, model_shape, trainer_memory, weight_sync_items
+from runtime.config.load import load_config
+from runtime.errors import ConfigError
+from runtime.memory.estimate import GB, MIB, ModelShape, model_shape, trainer_memory, weight_sync_items
 from runtime.memory.plan import build_plan, check_plan, format_plan, suggest_fix
 
 H200_GB = 150.1  # 140 GiB, as nvidia-smi reports an H200
@@ -30,7 +31,7 @@ def test_parameter_count_equals_a_built_model(tmp_path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runtime.tiny_model import make_tiny_model
+    from runtime.tiny.model import make_tiny_model
 
     over = ["model.tiny.hidden_size=64", "model.tiny.num_layers=3", "model.tiny.num_heads=4",
             "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=96", "model.tiny.vocab_size=1000"]  # fmt: skip
@@ -186,7 +187,7 @@ def test_kv_cache_smaller_than_one_sequence_is_a_problem() -> None:
 def test_pinned_host_memory_rounds_to_a_power_of_two() -> None:
     """torch's pinned allocator (vLLM's sleep backup) takes the next power of two: 2.02x
     measured on torch 2.11 for the 7B MLP's 271.6 MB fp32 tensor."""
-    from runtime.memory.model import pinned_bytes
+    from runtime.memory.estimate import pinned_bytes
 
     assert pinned_bytes(18944 * 3584 * 4) == 1 << 29
     assert pinned_bytes(1 << 20) == 1 << 20 and pinned_bytes((1 << 20) + 1) == 1 << 21 and pinned_bytes(0) == 0
@@ -199,7 +200,7 @@ def test_pinned_host_memory_rounds_to_a_power_of_two() -> None:
 def test_sleep_level_2_keeps_no_host_copy_of_the_weights() -> None:
     """At level 2 (the default) a sleeping vLLM discards its weights: its host share is the
     process alone, and the GPU phases are those of level 1. Adapter runs sleep at level 1."""
-    from runtime.memory.model import sleep_level
+    from runtime.memory.estimate import sleep_level
 
     sync = ["rollout.max_staleness=0"]
     level2 = build_plan(_bench_7b(*sync), 150.8, 137.4)

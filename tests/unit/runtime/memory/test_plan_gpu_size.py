@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.load import load_config
-from runtime.memory.model import count_text, model_shape
+from runtime.memory.auto import load_settled
+from runtime.memory.estimate import count_text, model_shape
 from runtime.memory.plan import smallest_gpu_gb
 from tests.conftest import ROOT
 
@@ -21,7 +21,7 @@ BENCH = sorted((ROOT / "configs").glob("bench_*.yaml"))
 
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "launch", "--plan", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "launch", "--plan", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -52,7 +52,7 @@ def test_a_plan_with_a_gpu_size_or_without_gpus_has_no_such_note() -> None:
 
 @pytest.mark.parametrize("recipe", BENCH, ids=lambda p: p.stem)
 def test_the_bench_recipes_comments_give_the_models_size_as_the_plan_does(recipe: Path) -> None:
-    shape = model_shape(load_config(recipe, ["memory.gpu_gb=141"]))
+    shape = model_shape(load_settled(recipe, ["memory.gpu_gb=141"]))
     text = "\n".join(line for line in recipe.read_text().splitlines() if line.lstrip().startswith("#"))
     for count in re.findall(r"(\d+\.\d+B)(?: parameters| model|-parameter)", text):
         assert count == count_text(shape.num_params), (recipe.name, count)

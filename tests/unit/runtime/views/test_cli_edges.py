@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.views.cli import build_parser
+from runtime.cli import build_parser
 from runtime.views.tail import run_tail
 from tests.conftest import ROOT
 from tests.unit.runtime.views.test_tail import parse, record, write
 
 
 def tandem(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 

@@ -19,8 +19,8 @@ import pytest
 from rich.console import Console as RichConsole
 
 from runtime.config.load import load_config
-from runtime.records import metric, usable_metrics
 from runtime.views.console import Console
+from runtime.views.records import metric, usable_metrics
 from runtime.views.report.build import build_report, summary
 from runtime.views.report.load import load_run
 from runtime.views.watch import frame, sparkline
@@ -90,7 +90,5 @@ def test_the_report_shows_a_non_finite_metric_as_a_gap(tmp_path: Path, value: An
     assert summary(data)["last reward"] == shown
     page = build_report(run, tmp_path / "r.html")
     assert "NaN" not in page.read_text().split("var FIGURES", 1)[1].split("</script>", 1)[0]  # JSON null: a gap
-    done = subprocess.run(
-        [sys.executable, "-m", "runtime.views.cli", "report", str(run)], capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "report", str(run)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

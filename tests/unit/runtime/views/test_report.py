@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from plotly.offline import get_plotlyjs
 
-from runtime.views.cli import main
+from runtime.cli import main
 from runtime.views.report.build import build_report, summary
 from runtime.views.report.load import current_schedule, load_run
 from runtime.views.report.panels import PANELS

@@ -21,9 +21,9 @@ from runtime.views.console import Console as LaunchConsole
 from runtime.views.report.build import build_report, summary
 from runtime.views.report.load import load_run
 from runtime.views.summary import end_summary
+from runtime.views.wall_clock import WALL_FILE, record_end, record_start, run_wall_s, wall_label
 from runtime.views.watch import frame
 from runtime.views.watch_state import RunState
-from runtime.wall_clock import WALL_FILE, record_end, record_start, run_wall_s, wall_label
 from tests.conftest import ROOT
 
 RECORDED = ROOT / "tests" / "data" / "tiny_run"

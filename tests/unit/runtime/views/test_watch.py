@@ -108,7 +108,7 @@ def test_type_corrupted_lines_are_skipped_and_counted_once(tmp_path: Path) -> No
     buf = io.StringIO()
     Console(file=buf, width=140, force_terminal=False).print(frame(state))
     assert buf.getvalue().count("skipped 3 line(s)") == 1
-    done = subprocess.run([sys.executable, "-m", "runtime.views.cli", "watch", "--once", str(run)], capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "watch", "--once", str(run)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
 

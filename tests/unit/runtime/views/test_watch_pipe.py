@@ -14,14 +14,14 @@ RECORDED = ROOT / "tests" / "data" / "tiny_run"
 
 
 def watch(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "runtime.views.cli", "watch", *args]
+    cmd = [sys.executable, "-m", "runtime.cli", "watch", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
 def test_watch_into_a_file_prints_one_frame_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "frame.txt"
     with open(out, "w") as f:
-        done = subprocess.run([sys.executable, "-m", "runtime.views.cli", "watch", str(RECORDED)], cwd=ROOT, stdout=f,
+        done = subprocess.run([sys.executable, "-m", "runtime.cli", "watch", str(RECORDED)], cwd=ROOT, stdout=f,
                               stderr=subprocess.PIPE, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
     assert done.returncode == 0, done.stderr
     text = out.read_text()

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.launch.placement import role_counts
+from runtime.config.placement import role_counts
 
 LAYOUT_FILE = "megatron-layout.json"
 
@@ -78,7 +78,7 @@ PART_KEYS = {
 def cannot_serve(checkpoint: Path, cfg: RunConfig) -> str:
     """One line: why the newest intact `checkpoint` cannot serve this run's config, naming
     the key that changed."""
-    from runtime.checkpoint import read_manifest, required_parts
+    from runtime.checkpoints.checkpoint import read_manifest, required_parts
 
     files = read_manifest(checkpoint).get("files", {})
     for part in required_parts(cfg):

@@ -29,7 +29,7 @@ from runtime.errors import TandemError
 GB = 1e9
 MIB = 2**20
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-BYTE_VOCAB = 259  # runtime/tiny_model.py's tokenizer
+BYTE_VOCAB = 259  # runtime/tiny/model.py's tokenizer
 CUDA_CONTEXT_GB = 0.6  # a process's CUDA context and kernels, outside the allocator
 NCCL_GB = 0.4  # a process's NCCL communicators (several ranks, or an nccl weight group)
 VLLM_ASLEEP_GB = 2.0  # what a sleeping vLLM (level 1) keeps: CUDA graphs' pools, its context

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import RunConfig
-from runtime.launch.placement import role_counts
+from runtime.config.placement import role_counts
+from runtime.identity.paths import CHECKPOINTS
 from runtime.logs import get_logger
-from runtime.paths import CHECKPOINTS
 
 log = get_logger("checkpoint")
 MANIFEST = "manifest.json"

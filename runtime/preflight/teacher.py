@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runtime.config.load import ConfigError
+from runtime.errors import ConfigError
 
 
 def id_to_token(tokenizer: Any) -> dict[int, str]:
@@ -50,28 +50,4 @@ def check_teacher_tokenizer(policy_dir: Path, teacher_dir: Path) -> None:
         raise ConfigError(
             f"algorithm.distill.teacher '{teacher_dir}': its tokenizer differs from the policy's at {why}; "
             "the teacher must score the policy's token ids (use a teacher of the same tokenizer family)"
-        )
-
-
-def check_distill(cfg: Any, placed: int) -> None:
-    """`algorithm.distill` against the placement and the rollout (ConfigError, one line):
-    a placed teacher needs a teacher model; the teacher's engine must take every sample the
-    rollout's can produce."""
-    d = cfg.algorithm.distill
-    if placed and not d.enabled:
-        raise ConfigError("placement has a teacher but algorithm.distill.teacher is not set")
-    if not d.enabled:
-        return
-    if d.teacher != "tiny" and not Path(d.teacher).is_dir():
-        raise ConfigError(f"algorithm.distill.teacher '{d.teacher}' is not a directory (an HF causal LM)")
-    if d.reward == "replace" and cfg.algorithm.filter_groups:
-        raise ConfigError(
-            "algorithm.filter_groups drops groups of equal task reward, which algorithm.distill.reward=replace does "
-            "not train on: turn one of them off (or use algorithm.distill.reward=add)"
-        )
-    need = cfg.rollout.engine.max_model_len
-    if d.engine.max_model_len < need:
-        raise ConfigError(
-            f"algorithm.distill.engine.max_model_len ({d.engine.max_model_len}) is below rollout.engine.max_model_len "
-            f"({need}): the teacher must read every prompt and response the rollout produces"
         )

@@ -1,5 +1,5 @@
 """A tiny teacher for on-policy distillation on CPU, made on the fly (`algorithm.distill.teacher:
-tiny`): the tiny model of its own seed and shape (runtime/tiny_model.py), then briefly trained
+tiny`): the tiny model of its own seed and shape (runtime/tiny/model.py), then briefly trained
 to put its next-token mass on the lowercase letters, whatever the context.
 
 A random tiny model is no teacher a tiny student can imitate in a few dozen steps (its
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.hf_quiet import no_progress_bars
-from runtime.tiny_model import make_tiny_model
+from runtime.tiny.model import make_tiny_model
 
 _STAMP = "tandem_teacher.json"
 LETTERS = range(ord("a"), ord("z") + 1)  # byte tokenizer: token id == byte value

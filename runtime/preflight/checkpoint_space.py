@@ -15,11 +15,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from runtime.checkpoint import checkpoints_root
+from runtime.checkpoints.checkpoint import checkpoints_root
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.launch.placement import role_counts
-from runtime.memory.model import ModelShape
+from runtime.config.placement import role_counts
+from runtime.errors import ConfigError
+from runtime.memory.estimate import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_BYTES = 8  # two float32 moments per trained parameter

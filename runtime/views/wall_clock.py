@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.paths import METRICS
+from runtime.identity.paths import METRICS
 from runtime.views.summary import last_step
 
 WALL_FILE = "wall.json"

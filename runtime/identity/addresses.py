@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.run_token import read_token, token_path
+from runtime.identity.run_token import read_token, token_path
 from transport.endpoint import ChannelOptions
 
 CONTROLLER_ENV = "TANDEM_CONTROLLER"

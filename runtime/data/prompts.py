@@ -1,10 +1,9 @@
 """Prompts as the run tokenizes them, shared by the controller's dataset and the launcher's
 check (one encoding, so both count the same tokens).
 
-`synthetic_rows(cfg, seed)` is the copy task's rows; `encode(raw, tokenizer, cfg)` a
-prompt's token ids, text and chat messages (the chat template applied when
-`data.chat_template` and the tokenizer has one); `prompt_limit(cfg)` the longest prompt a
-run can take: `data.max_prompt_tokens`, and at most `rollout.engine.max_model_len - 1`
+`encode(raw, tokenizer, cfg)` is a prompt's token ids, text and chat messages (the chat
+template applied when `data.chat_template` and the tokenizer has one); `prompt_limit(cfg)` the
+longest prompt a run can take: `data.max_prompt_tokens`, and at most `rollout.engine.max_model_len - 1`
 (vLLM refuses a prompt that leaves no room for one generated token).
 
 `check_prompt_lengths(cfg, tokenizer)` (the launcher, before any role starts) raises
@@ -17,24 +16,13 @@ logged once per row.
 
 from __future__ import annotations
 
-import random
-import string
 from collections.abc import Sequence
 from typing import Any
 
 from runtime.config import DataConfig, RunConfig
-from runtime.config.load import ConfigError
-from runtime.data_files import read_rows
-
-
-def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
-    """The copy task: prompts of random distinct lowercase letters; see reward builtin copy_task."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(cfg.synthetic_num_prompts):
-        letters = "".join(rng.sample(string.ascii_lowercase, cfg.synthetic_prompt_len))
-        rows.append({"prompt": letters, "answer": letters, "task": "copy"})
-    return rows
+from runtime.data.data_files import read_rows
+from runtime.data.task_sources import source_rows
+from runtime.errors import ConfigError
 
 
 def encode(raw: Any, tokenizer: Any, cfg: DataConfig) -> tuple[list[int], str, list[dict[str, Any]]]:
@@ -67,8 +55,6 @@ def limit_text(cfg: RunConfig) -> str:
 def check_prompt_lengths(cfg: RunConfig, tokenizer: Any) -> None:
     """ConfigError when no training (or validation) prompt fits (see the module docstring)."""
     d = cfg.data
-    from runtime.task_sources import source_rows
-
     what = {"file": "data.path", "synthetic": "the synthetic data"}.get(d.source, f"the {d.source} data")
     _some_fit(source_rows(d, cfg.seed), tokenizer, cfg, what)
     v = cfg.validation

@@ -2,7 +2,7 @@
 
 `source_rows(cfg, seed)` is a sequence of row dicts (`prompt`, `answer`, other fields go
 to reward functions and environments as `metadata`):
-* `synthetic`, `file`: the copy task, a JSONL / Parquet file (runtime/prompts.py, data_files.py).
+* `synthetic`, `file`: the copy task (`synthetic_rows`), a JSONL / Parquet file (data_files.py).
 * `reasoning_gym`: row i is item i of the reasoning-gym task made with the run's seed
   (reasoning-gym makes item i from `seed + i` alone), built when first read: the same
   seed gives the same rows, so the dataset's cursor (epoch, position) resumes exactly.
@@ -17,18 +17,28 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
+import string
 from collections.abc import Sequence
 from typing import Any
 
 from runtime.config import DataConfig
-from runtime.data_files import read_rows
+from runtime.data.data_files import read_rows
 
 MAX_VERIFIERS_TASKS = 100_000  # an infinite taskset is read this far
 
 
-def source_rows(cfg: DataConfig, seed: int) -> Sequence[dict[str, Any]]:
-    from runtime.prompts import synthetic_rows
+def synthetic_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
+    """The copy task: prompts of random distinct lowercase letters; see reward builtin copy_task."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(cfg.synthetic_num_prompts):
+        letters = "".join(rng.sample(string.ascii_lowercase, cfg.synthetic_prompt_len))
+        rows.append({"prompt": letters, "answer": letters, "task": "copy"})
+    return rows
 
+
+def source_rows(cfg: DataConfig, seed: int) -> Sequence[dict[str, Any]]:
     if cfg.source == "synthetic":
         return synthetic_rows(cfg, seed)
     if cfg.source == "reasoning_gym":
@@ -78,7 +88,7 @@ class ReasoningGymRows(Sequence[dict[str, Any]]):
 
 def verifiers_rows(cfg: DataConfig) -> list[dict[str, Any]]:
     """The verifiers taskset's tasks as rows (see the module docs)."""
-    from runtime.verifiers_tasks import load_taskset, task_messages
+    from runtime.data.verifiers_tasks import load_taskset, task_messages
 
     taskset = load_taskset(cfg.verifiers)
     rows = []

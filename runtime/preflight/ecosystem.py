@@ -3,7 +3,7 @@ environments, math-verify rewards and agents with their own loop (docs/ecosystem
 
 `check_ecosystem(cfg)` raises `ConfigError` in one line, before anything starts: a recipe
 that needs an optional extra that is not installed names the extra and the command that
-installs it; a verifiers environment Tandem cannot serve says what (runtime/verifiers_tasks.py);
+installs it; a verifiers environment Tandem cannot serve says what (runtime/data/verifiers_tasks.py);
 settings that contradict each other name both keys.
 """
 
@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
+from runtime.errors import ConfigError
 
 # package to import -> the extra of pyproject.toml that installs it
 EXTRAS = {
@@ -100,7 +100,7 @@ def _check_reasoning_gym(cfg: RunConfig) -> None:
     rg = cfg.data.reasoning_gym
     if not rg.task:
         raise ConfigError("data.source=reasoning_gym needs data.reasoning_gym.task (a reasoning-gym dataset name)")
-    from runtime.task_sources import ReasoningGymRows
+    from runtime.data.task_sources import ReasoningGymRows
 
     try:
         ReasoningGymRows(cfg.data, cfg.seed)[0]
@@ -109,7 +109,7 @@ def _check_reasoning_gym(cfg: RunConfig) -> None:
 
 
 def _check_verifiers(cfg: RunConfig) -> None:
-    from runtime.verifiers_tasks import unserved
+    from runtime.data.verifiers_tasks import unserved
 
     try:
         why = unserved(cfg.data.verifiers)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.paths import CHECKPOINTS, METRICS
+from runtime.errors import ConfigError
+from runtime.identity.paths import CHECKPOINTS, METRICS
 
 LOCK_FILE = "launch.lock"
 EARLIER = "earlier"

@@ -33,7 +33,3 @@ def teacher_dir(cfg: RunConfig) -> Path:
 
 def metrics_path(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / METRICS
-
-
-def checkpoints_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.run_dir) / CHECKPOINTS

@@ -6,7 +6,7 @@ naming the key and the file.
   weights (`*.safetensors` or `*.bin`); every safetensors file's header must parse and its
   tensors must lie within the file (a truncated or corrupt download fails here).
 * `data.path` (with `data.source=file`) and `validation.data` (a file): every row, as
-  runtime/data_files.py checks it.
+  runtime/data/data_files.py checks it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import struct
 from pathlib import Path
 
 from runtime.config import RunConfig
-from runtime.config.load import ConfigError
-from runtime.data_files import DataError, read_rows
+from runtime.data.data_files import DataError, read_rows
+from runtime.errors import ConfigError
 
 
 def check_inputs(cfg: RunConfig) -> None:

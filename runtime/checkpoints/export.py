@@ -6,7 +6,7 @@ saves that. A LoRA run's checkpoint holds `adapter/` instead: it is copied as it
 PEFT adapter directory, for `PeftModel.from_pretrained` or vLLM's `LoRARequest`), or with
 `merge` folded into the run's base model (PEFT's `merge_and_unload`: W + alpha/r * B @ A)
 and saved as a plain HF model directory. Only intact checkpoints are exported (see
-runtime.checkpoint.validate).
+runtime.checkpoints.checkpoint.validate).
 
 What a caller may rely on: the exported files get the modes of files made by this process
 (0644 under the usual umask 022), not the 0600 that safetensors writes; an exported adapter's
@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runtime import checkpoint
-from runtime.base_model import MANIFEST_KEY, mismatch
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints.base_model import MANIFEST_KEY, mismatch
 from runtime.config.load import load_config
 from runtime.hf_quiet import no_progress_bars
-from runtime.paths import model_dir
+from runtime.identity.paths import model_dir
 
 
 def export_checkpoint(run_dir: str | Path, step: int | None, out_dir: str | Path, *, merge: bool = False) -> Path:

@@ -136,10 +136,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from runtime.config.load import ConfigError, check_set, load_config
+    from runtime.config.load import check_set
+    from runtime.errors import ConfigError
+    from runtime.memory.auto import load_settled
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_settled(args.config, args.overrides)  # `auto` settled for this machine
     except ConfigError as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
@@ -156,12 +158,12 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a ConfigError too
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
-    from runtime.config.validate import check_config
-    from runtime.inputs import check_inputs
+    from runtime.data.inputs import check_inputs
     from runtime.launch.placement import PlacementError
+    from runtime.preflight.environment import check_launch
 
     try:
-        check_config(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
+        check_launch(cfg)  # before the launcher (and torch) is imported: a bad input fails in well under 2 s
         check_inputs(cfg)
         if args.plan:
             return _plan(cfg, args)
@@ -174,8 +176,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _plan(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from runtime.launch.placement import wants_gpus
-    from runtime.memory.model import ShapeError
+    from runtime.config.placement import wants_gpus
+    from runtime.memory.estimate import ShapeError
     from runtime.memory.plan import check_plan, format_plan, launch_plan
 
     try:
@@ -204,15 +206,16 @@ USUAL_GPUS = (
 def _gpu_it_needs(config: str, overrides: list[str]) -> str:
     """The smallest usual GPU the run fits (with what `auto` chooses for its size), as the
     note under a plan made without a GPU size, and the command that shows its plan."""
-    from runtime.config.load import ConfigError, load_config
-    from runtime.launch.placement import wants_gpus
-    from runtime.memory.model import ShapeError
+    from runtime.config.placement import wants_gpus
+    from runtime.errors import ConfigError
+    from runtime.memory.auto import load_settled
+    from runtime.memory.estimate import ShapeError
     from runtime.memory.plan import GPU_HEADROOM_GB, launch_plan
 
     head = "note: no GPU size is known here (no GPU, no memory.gpu_gb), so vLLM's share is 0 and nothing is checked"
     for name, size in USUAL_GPUS:
         try:
-            cfg = load_config(config, [*overrides, f"memory.gpu_gb={size}"])
+            cfg = load_settled(config, [*overrides, f"memory.gpu_gb={size}"])
             plan = launch_plan(cfg, asks_gpus=wants_gpus(cfg))
         except (ConfigError, ShapeError):
             continue
@@ -269,7 +272,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from runtime.export import export_checkpoint
+    from runtime.checkpoints.export import export_checkpoint
 
     try:
         path = export_checkpoint(args.run_dir, args.step, args.out_dir, merge=args.merge)
@@ -283,7 +286,7 @@ def _export(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from runtime.run_token import ensure_token
+    from runtime.identity.run_token import ensure_token
     from transport.security import generate_keys
 
     path = generate_keys(Path(args.run_dir) / "keys")
