@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import one_line
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,8 +29,7 @@ def print_json(result: dict[str, Any], out: Path | None) -> None:
 def one_line_error(exc: BaseException) -> str:
     """How a result records a part that failed while the others went on: the exception's
     type and the first line of its message."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return one_line(exc, line=0)
 
 
 def gpu_name() -> str | None:

@@ -16,8 +16,16 @@ class ConfigError(TandemError, ValueError):
     """A config that cannot run; the message is one line naming the key."""
 
 
-def one_line(exc: BaseException | None, limit: int = 500) -> str:
-    """`Type: message` on one line (whitespace runs collapsed), at most `limit` characters;
-    "unknown error" for None."""
-    text = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
-    return " ".join(text.split())[:limit]
+def one_line(exc: BaseException | None, limit: int = 500, *, line: int | None = None, mark: str = "") -> str:
+    """`Type: message` on one line (whitespace runs collapsed), at most `limit` characters,
+    the last of them `mark` where the text was cut; "unknown error" for None. `line` keeps
+    only that line of a multi-line message (0 the first, -1 the last: a traceback's cause)."""
+    if exc is None:
+        return "unknown error"
+    message = str(exc)
+    if line is not None:
+        message = (message.strip().splitlines() or [""])[line]
+    text = " ".join(f"{type(exc).__name__}: {message}".split())
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(mark)] + mark

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import one_line
+
 REWARD_ARGUMENTS = ("prompt", "completion", "answer", "metadata", "prompt_ids", "completion_ids")
 
 
@@ -24,8 +26,7 @@ def load_function(spec: str, what: str = "reward function") -> Callable[..., Any
         hint = _path_hint(module_name, exc.name)
         raise ValueError(f"{what} '{spec}': cannot import '{module_name}' ({exc}){hint}") from None
     except Exception as exc:  # the module itself raised: the traceback's last line is the cause
-        last = (str(exc).strip().splitlines() or [""])[-1]
-        raise ValueError(f"{what} '{spec}': importing '{module_name}' failed: {type(exc).__name__}: {last}") from None
+        raise ValueError(f"{what} '{spec}': importing '{module_name}' failed: {one_line(exc, line=-1)}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"{what} '{spec}': '{attr}' is not a callable in {module_name}")

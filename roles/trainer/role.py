@@ -31,6 +31,7 @@ from roles.weights.lora_adapters import write_adapter_dir
 from roles.weights.sender import PushResult, ThreadSource, WeightSender
 from runtime.config.lora_settings import adapter_config
 from runtime.config.placement import trainer_gives_way
+from runtime.errors import one_line
 from runtime.identity import addresses
 from runtime.identity.paths import model_dir
 from runtime.identity.run_token import read_token
@@ -232,8 +233,7 @@ def save_error(exc: BaseException) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= 500 else text[:497] + "..."
+    return one_line(exc, mark="...")
 
 
 def _drain(items: Any) -> None:

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 
 from runtime.config import RunConfig
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, one_line
 
 # package to import -> the extra of pyproject.toml that installs it
 EXTRAS = {
@@ -120,5 +120,4 @@ def _check_verifiers(cfg: RunConfig) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return " ".join(f"{type(exc).__name__}: {first}".split())[:400]
+    return one_line(exc, 400, line=0)

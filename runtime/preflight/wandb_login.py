@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from runtime.errors import one_line
+
 OFFLINE_MODES = ("offline", "disabled", "dryrun")
 
 
@@ -30,7 +32,7 @@ def wandb_login_problem() -> str | None:
             return None
         auth = authenticate_session(host=settings.base_url, source="tandem", prompt=False, update_session=False)
     except Exception as exc:  # a key of the wrong format, an unreadable netrc: wandb.init would fail too
-        return f"metrics.wandb=true: wandb cannot log in ({type(exc).__name__}: {exc})".splitlines()[0]
+        return f"metrics.wandb=true: wandb cannot log in ({one_line(exc, line=0)})"
     if auth is not None:
         return None
     return (
