@@ -171,10 +171,12 @@ def finish_backward(model: nn.Module) -> None:
 
 
 def full_state_dict_items(
-    model: nn.Module, keep: Callable[[str], bool] | None = None
+    model: nn.Module, keep: Callable[[str], bool] | None = None, *, on_mesh_device: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) for every `model.state_dict()` entry, in order (only
-    the names `keep` accepts, when given: the others are not gathered).
+    the names `keep` accepts, when given: the others are not gathered). A CPU-offloaded
+    shard comes back gathered where it lives, or with `on_mesh_device` where it was gathered
+    (the GPU: the weight export packs it there, without a round trip through host memory).
 
     A collective when the model is sharded: every rank must iterate it to the end in the
     same order. Tied entries (embeddings / lm_head) are gathered once and yielded twice.
@@ -187,7 +189,7 @@ def full_state_dict_items(
     for name, tensor in state.items():
         full = gathered.get(id(tensor))
         if full is None:
-            full = _full_tensor(tensor.detach())
+            full = _full_tensor(tensor.detach(), on_mesh_device)
             if counts[id(tensor)] > 1:
                 gathered[id(tensor)] = full
         yield _plain_name(name), full
@@ -334,14 +336,15 @@ def _reshard_without_grad(fsdp_modules: list[nn.Module], *_: object) -> None:
             cast(FSDPModule, module).reshard()
 
 
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+def _full_tensor(tensor: torch.Tensor, on_mesh_device: bool = False) -> torch.Tensor:
     if not isinstance(tensor, DTensor):
         return tensor
     mesh_device = tensor.device_mesh.device_type
     if tensor.device.type != mesh_device:
         # CPU-offloaded shards (and their norms): gather on the mesh's device, as torch's
         # _state_dict_utils does, since the mesh's process group may not reduce CPU tensors.
-        return cast(DTensor, tensor.to(mesh_device)).full_tensor().to(tensor.device)
+        full = cast(DTensor, tensor.to(mesh_device)).full_tensor()
+        return full if on_mesh_device else full.to(tensor.device)
     return tensor.full_tensor()
 
 

@@ -131,6 +131,8 @@ def test_fsdp2_full_offload_trains_like_the_actor_on_the_gpu(model_dir: Path) ->
         assert all(p.to_local().device.type == "cpu" and not p.to_local().is_pinned() for p in full.model.parameters())
         moments = [state[k] for state in full.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
         assert moments and all(m.to_local().device.type == "cpu" for m in moments)
+    exported = list(full.export_weights(torch.bfloat16))  # gathered and cast on the GPU, never through the host
+    assert exported and all(t.device.type == "cuda" and t.dtype == torch.bfloat16 for _, t in exported)
     got = {n: t.detach().cpu() for n, t in full_state_dict_items(full.model)}
     for name, tensor in full_state_dict_items(plain.model):
         torch.testing.assert_close(got[name], tensor.detach().cpu(), rtol=1e-5, atol=1e-7, msg=name)
