@@ -15,7 +15,9 @@ already holds a finished run (as many step records as its `trainer.total_steps`)
 variant that outlasts one command's time limit runs alone (`--only sync`), and a later
 invocation with the same `--run-root` and `--reuse` runs the rest and reports both. Each variant
 also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
-estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`).
+estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`), and the trainer's
+training time per step (`train_s_per_step`) beside the plan's estimate of it made before the
+run (`plan_train_s`, its parts in `plan_train_s_parts`, `plan_over_measured_train_s`).
 
 Each run's metrics.jsonl is then summarised over its steady window: the first
 `--warmup-steps` steps are skipped, and so are the last `max_staleness` steps of a run,
@@ -451,9 +453,11 @@ def run_variant(
         prompt_tokens=policy.prompt_tokens,
         peak_flops=args.peak_tflops * 1e12 * trainer_ranks,
     )
+    memory = memory_figures(cfg, records)
     return {
         **summary,
-        **memory_figures(cfg, records),
+        **memory,
+        **step_time_figures(memory.get("plan_train_s"), summary),
         "cooldown_steps": cooldown,
         "launch_s": launch_s,
         "trainer_ranks": trainer_ranks,
@@ -475,6 +479,8 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
         "plan_gpu_gb": plan.gpu_gb,
         "plan_phases_gb": max((g.phases() for g in plan.gpus), key=lambda p: max(p.values()), default={}),
         "auto_chosen": ran.memory.chosen,
+        "plan_train_s": plan.step.total_s if plan.step else None,
+        "plan_train_s_parts": plan.step.parts if plan.step else None,
     }
     for key in ("cuda_peak_gb", "cuda_reserved_gb"):
         seen = [r[key] for r in records if key in r]
@@ -482,6 +488,15 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
     if out["cuda_peak_gb"] and out["plan_trainer_peak_gb"]:
         out["plan_over_measured_peak"] = out["plan_trainer_peak_gb"] / out["cuda_peak_gb"]
     return out
+
+
+def step_time_figures(plan_train_s: float | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's measured training time per step over the steady window (`train_s_per_step`:
+    training busy time / steps) beside the plan's estimate made before the run
+    (`plan_train_s`, runtime/memory/step_time.py), and their ratio."""
+    measured = summary["train_busy_s"] / summary["steps"] if summary.get("steps") else None
+    ratio = plan_train_s / measured if plan_train_s and measured else None
+    return {"train_s_per_step": measured, "plan_over_measured_train_s": ratio}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,11 @@
 # Suites (each benchmark prints one JSON object and writes it to OUT):
 #   recipes           benchmarks/async_vs_sync.py, sync against async, over configs/bench_1.5b.yaml,
 #                     bench_3b.yaml and bench_7b_lora.yaml as they stand (`auto` settings), 10
-#                     measured steps each: async_vs_sync_<gpu>.json, _<gpu>_3b.json, _<gpu>_7b_lora.json
+#                     measured steps each: async_vs_sync_<gpu>.json, _<gpu>_3b.json, _<gpu>_7b_lora.json;
+#                     then bench_7b.yaml with auto's 80 GB choice (memory.gpu_gb=80: FSDP2's full
+#                     offload, 32768-token micro-batches, vLLM 0.41; needs a host of about 128 GB), the
+#                     plan's step time beside the measured one (`plan_train_s`, `train_s_per_step`):
+#                     async_vs_sync_<gpu>_7b.json
 #   moe               async_vs_sync.py over configs/bench_moe.yaml (a 2.4B mixture of experts, 0.71B
 #                     active), 10 measured steps, with routing replay (`rollout`) and without it
 #                     (`measure`: the trainer routes, router_disagree / routing_mismatch say how often
@@ -109,6 +113,7 @@ suite_recipes() {
     avs "async_vs_sync_$G" configs/bench_1.5b.yaml --measured-steps 10
     avs "async_vs_sync_${G}_3b" configs/bench_3b.yaml --measured-steps 10
     avs "async_vs_sync_${G}_7b_lora" configs/bench_7b_lora.yaml --measured-steps 10
+    avs "async_vs_sync_${G}_7b" configs/bench_7b.yaml --measured-steps 10 memory.gpu_gb=80
 }
 
 suite_moe() {  # the MoE recipe with routing replay, then with the trainer routing itself (replay's reason)

@@ -61,6 +61,7 @@ from roles.fsdp.wrap import (
     finish_backward,
     gradient_sync_once,
     optimizer_param_groups,
+    reduces_each_micro_batch,
     sync_after,
 )
 from roles.training.balance import min_bins
@@ -217,7 +218,7 @@ class FSDPEngineBase(ABC):
         """Accumulate every micro-batch's gradients; their metrics reduced over ranks."""
         acc: dict[str, float] = {}
         once = gradient_sync_once(self.model) if len(mbs) > 1 else None
-        reduce_each = self.cfg.fsdp.one_rank_accumulation == "reduced"
+        reduce_each = reduces_each_micro_batch(self.cfg.fsdp)
         try:
             for i, mb in enumerate(mbs):
                 if once is not None:

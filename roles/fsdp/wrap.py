@@ -26,7 +26,7 @@ Mapping onto FSDP2 (W = world size, H = `hybrid_shard_size`):
 | sharding_strategy=NO_SHARD      | 2-D mesh (W, 1) ("replicate", "shard"): HSDP, groups of 1 = DDP           |
 | sharding_strategy=HYBRID_SHARD  | 2-D mesh (W/H, H); H=0: LOCAL_WORLD_SIZE, else W; W % H != 0: error       |
 | use_fsdp=false                  | no `fully_shard`; `finish_backward` averages every gradient               |
-| cpu_offload=true                | `CPUOffloadPolicy()`; ValueError on CPU (no accelerator)                  |
+| cpu_offload=true                | `CPUOffloadPolicy(pin_memory=False)`; ValueError on CPU (no accelerator)  |
 | mixed_precision={p, r}          | `MixedPrecisionPolicy(param_dtype=p, reduce_dtype=r)`; null: none         |
 | backward_prefetch=BACKWARD_PRE  | root and each block prefetch the next 2 blocks in backward order          |
 | backward_prefetch=BACKWARD_POST | nothing set: FSDP2's implicit one-block backward prefetch                 |
@@ -91,7 +91,10 @@ def wrap_model_with_fsdp(model: nn.Module, fsdp_config: FSDPConfig, *, device: t
         param.data = param.data.to(device)
     blocks = find_blocks(model)
     mp_policy = _mp_policy(fsdp_config)
-    offload_policy = CPUOffloadPolicy() if fsdp_config.cpu_offload else OffloadPolicy()
+    # Pageable host shards: torch's pinned allocator rounds each shard up to a power of two
+    # (1.9x the host memory of a 7B model's float32 shards; roles/fsdp/offload.py says the same
+    # of AdamW's moments), and FSDP2 pins gradients the same way.
+    offload_policy = CPUOffloadPolicy(pin_memory=False) if fsdp_config.cpu_offload else OffloadPolicy()
     ignored_params = set(ignored) or None
 
     def shard(module: nn.Module, reshard_after_forward: bool) -> None:
@@ -119,6 +122,14 @@ def gradient_sync_once(model: nn.Module) -> FSDPModule | None:
     after the last micro-batch of an optimizer step (`sync_after(model, last)` before each
     backward): an FSDP2 model on one rank (see the module docstring); else None."""
     return model if isinstance(model, FSDPModule) and dist.get_world_size() == 1 else None
+
+
+def reduces_each_micro_batch(fsdp_config: FSDPConfig) -> bool:
+    """Whether one rank reduces every micro-batch's gradients (`sync_after`'s `reduce_each`):
+    `fsdp.one_rank_accumulation=reduced`, or `fsdp.cpu_offload`, whose sharded gradients live
+    in host memory, where FSDP2 adds each micro-batch's (an unsharded float32 copy kept on the
+    GPU would hold 4 bytes per parameter there: 30.5 GB of a 7.6B model)."""
+    return fsdp_config.one_rank_accumulation == "reduced" or fsdp_config.cpu_offload
 
 
 def sync_after(model: FSDPModule, last: bool, *, reduce_each: bool = False) -> None:
@@ -160,10 +171,12 @@ def finish_backward(model: nn.Module) -> None:
 
 
 def full_state_dict_items(
-    model: nn.Module, keep: Callable[[str], bool] | None = None
+    model: nn.Module, keep: Callable[[str], bool] | None = None, *, on_mesh_device: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) for every `model.state_dict()` entry, in order (only
-    the names `keep` accepts, when given: the others are not gathered).
+    the names `keep` accepts, when given: the others are not gathered). A CPU-offloaded
+    shard comes back gathered where it lives, or with `on_mesh_device` where it was gathered
+    (the GPU: the weight export packs it there, without a round trip through host memory).
 
     A collective when the model is sharded: every rank must iterate it to the end in the
     same order. Tied entries (embeddings / lm_head) are gathered once and yielded twice.
@@ -176,7 +189,7 @@ def full_state_dict_items(
     for name, tensor in state.items():
         full = gathered.get(id(tensor))
         if full is None:
-            full = _full_tensor(tensor.detach())
+            full = _full_tensor(tensor.detach(), on_mesh_device)
             if counts[id(tensor)] > 1:
                 gathered[id(tensor)] = full
         yield _plain_name(name), full
@@ -323,14 +336,15 @@ def _reshard_without_grad(fsdp_modules: list[nn.Module], *_: object) -> None:
             cast(FSDPModule, module).reshard()
 
 
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+def _full_tensor(tensor: torch.Tensor, on_mesh_device: bool = False) -> torch.Tensor:
     if not isinstance(tensor, DTensor):
         return tensor
     mesh_device = tensor.device_mesh.device_type
     if tensor.device.type != mesh_device:
         # CPU-offloaded shards (and their norms): gather on the mesh's device, as torch's
         # _state_dict_utils does, since the mesh's process group may not reduce CPU tensors.
-        return cast(DTensor, tensor.to(mesh_device)).full_tensor().to(tensor.device)
+        full = cast(DTensor, tensor.to(mesh_device)).full_tensor()
+        return full if on_mesh_device else full.to(tensor.device)
     return tensor.full_tensor()
 
 

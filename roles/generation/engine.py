@@ -272,6 +272,8 @@ class RolloutEngine:
         self._updating = version  # from here on, abandon_update resumes the engine
         if self.lora is not None:  # an adapter: requests go on, nothing they use changes
             try:
+                if self.sleep_mode:  # vLLM's LoRA slots sleep with its weights: the adapter goes into them awake
+                    await self._wake(["weights"], timeout_s)
                 await self._rpc(WorkerCall.BEGIN_UPDATE, {"lora": True}, timeout_s)
             except BaseException:
                 await self.abandon_update(timeout_s)

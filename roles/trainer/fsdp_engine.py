@@ -195,10 +195,10 @@ class FSDPEngine(FSDPEngineBase):
         With LoRA, only the adapter tensors, by PEFT's saved names (roles/weights/lora_adapters.py)."""
         self.restore_params()
         if not self.lora:
-            for name, tensor in full_state_dict_items(self.model):
+            for name, tensor in full_state_dict_items(self.model, on_mesh_device=True):
                 yield from checkpoint_items(name, tensor.detach().to(dtype))
             return
-        for name, tensor in full_state_dict_items(self.model, keep=is_adapter):
+        for name, tensor in full_state_dict_items(self.model, keep=is_adapter, on_mesh_device=True):
             yield peft_name(name), tensor.detach().to(dtype)
 
 

@@ -49,6 +49,7 @@ AUTO_KEYS = (  # the keys whose value depends on the GPU (runtime/memory/auto.py
     "rollout.engine.sleep_level",
     "trainer.offload.optimizer",
     "trainer.offload.params",
+    "fsdp.cpu_offload",
 )
 UNSET = "???"  # a recipe's "you must give this" (as in Hydra/OmegaConf); `tandem launch` refuses it unset
 UNSET_HINTS = {

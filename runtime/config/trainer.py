@@ -33,7 +33,13 @@ class FSDPConfig(msgspec.Struct, **STRUCT):
         ShardingStrategy, Doc(description="FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD.")
     ] = "FULL_SHARD"
     cpu_offload: Annotated[
-        bool, Doc(description="Keep sharded params and optimizer state on CPU (needs an accelerator).")
+        bool,
+        Doc(
+            description="FSDP2's full offload (CPUOffloadPolicy, pageable host memory): master weights, gradients "
+            "and optimizer state on the host, the optimizer step on the CPU, every micro-batch's gradients reduced "
+            "to the host (needs an accelerator). `auto` (the default) = only where the memory plan fits nothing "
+            "else (false where no GPU size is known)."
+        ),
     ] = False
     mixed_precision: Annotated[
         MixedPrecisionConfig | None, Doc(description="Mixed precision policy; null = train in the params' dtype.")
@@ -56,7 +62,7 @@ class FSDPConfig(msgspec.Struct, **STRUCT):
             description="One rank, several micro-batches: `unsharded` = FSDP2 adds each micro-batch's gradient into "
             "an unsharded copy in the reduce dtype and reduces once per step; `reduced` = each micro-batch's "
             "gradient is cast into FSDP2's flat reduce buffer and added to the sharded gradient on its reduce stream. "
-            "The same sums; parameters stay gathered either way (docs/fsdp.md)."
+            "The same sums; parameters stay gathered either way (docs/fsdp.md). With cpu_offload always `reduced`."
         ),
     ] = "unsharded"
 

@@ -14,11 +14,16 @@ config afterwards sees plain values, and `memory.chosen` says what each key beca
   awake vLLM (a synchronous colocated run: sleeping and waking cost time every step);
 * `rollout.engine.sleep_level`: 2 (the weights are discarded: the next update replaces them),
   1 when the trainer trains LoRA adapters (their updates keep the base weights);
-* `trainer.offload.optimizer`, `trainer.offload.params`: on only where nothing fits without.
+* `trainer.offload.optimizer`, `trainer.offload.params`: on only where nothing fits without;
+* `fsdp.cpu_offload` (FSDP2's full offload: master weights, gradients and AdamW in host memory,
+  the optimizer step on the CPU): the last lever, where nothing else fits.
 
 The levers that trade speed for memory are tried in this order, each with the largest micro-
 batch that fits: none; vLLM asleep; half of vLLM's KV cache (awake, then asleep); optimizer
-offload (the same four); optimizer and parameter offload (asleep, whole then half KV cache).
+offload (the same four); optimizer and parameter offload (asleep, whole then half KV cache);
+FSDP2's full offload (the same four as the first). Under full offload every micro-batch's
+gradients go to the host, so its micro-batches may grow past `MAX_MICRO_BATCH`, up to a rank's
+share of a step.
 Micro-batches below `FAST_MICRO_BATCH` tokens are tried only after every lever failed with
 larger ones: they cost more than any lever. Keys given a value are kept as given (the launch
 check plans them). Where no GPU size is known (`memory.chosen` stays empty), no trainer or
@@ -49,6 +54,7 @@ SLEEP = "rollout.engine.sleep_when_idle"
 LEVEL = "rollout.engine.sleep_level"
 OPTIMIZER = "trainer.offload.optimizer"
 PARAMS = "trainer.offload.params"
+FULL = "fsdp.cpu_offload"
 # Past this a micro-batch's fixed costs are a few % of its compute (benchmarks/trainer.py: 6N MFU
 # within 2 points from 1k to 4k tokens), while its activations grow with it: the memory is worth
 # more as room for the allocator's cache, and the plan counts the budget, not the tokens that fill it.
@@ -68,11 +74,13 @@ class Levers:
     optimizer: bool
     params: bool
     kv_half: bool
+    full: bool = False  # FSDP2's full offload (fsdp.cpu_offload)
 
-    def cost(self) -> tuple[bool, bool, bool, bool]:
-        """Sort key, cheapest first: parameter offload costs most, then optimizer offload,
-        then half of vLLM's KV cache, then sleeping."""
-        return (self.params, self.optimizer, self.kv_half, self.sleep)
+    def cost(self) -> tuple[bool, bool, bool, bool, bool]:
+        """Sort key, cheapest first: full offload costs most (the optimizer steps on the CPU and
+        every micro-batch's gradients cross to the host), then parameter offload, then optimizer
+        offload, then half of vLLM's KV cache, then sleeping."""
+        return (self.full, self.params, self.optimizer, self.kv_half, self.sleep)
 
 
 def load_settled(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
@@ -126,18 +134,19 @@ class _Search:
     def run(self) -> tuple[RunConfig, list[str]]:
         """The first combination (in `Levers.cost` order) and micro-batch that fits, else the
         most frugal; with the lines that say why."""
-        levers, sizes = self.levers(), self.micro_batches()
-        floor = min(FAST_MICRO_BATCH, sizes[0])
+        levers = self.levers()
+        floor = min(FAST_MICRO_BATCH, self.micro_batches()[0])
         for fast in (True, False):  # a lever before a micro-batch below the floor; then the rest
             for lv in levers:
-                for tokens in sizes:
+                for tokens in self.micro_batches(lv.full):
                     if (tokens >= floor) != fast:
                         continue
                     trial = self.trial(lv, tokens)
                     if self.fits(trial):
                         return trial, self.lines(trial, lv, tokens, fitted=True)
-        trial = self.trial(levers[-1], sizes[-1])
-        return trial, self.lines(trial, levers[-1], sizes[-1], fitted=False)
+        smallest = self.micro_batches(levers[-1].full)[-1]
+        trial = self.trial(levers[-1], smallest)
+        return trial, self.lines(trial, levers[-1], smallest, fitted=False)
 
     def levers(self) -> list[Levers]:
         """Every combination the `auto` keys allow, cheapest first; explicit keys stay as given."""
@@ -146,9 +155,12 @@ class _Search:
         optimizer = self._options(OPTIMIZER, off.optimizer, self.can_offload())
         params = self._options(PARAMS, off.params, self.can_offload())
         kv_half = [False, True] if SHARE in self.auto and "rollout" in self.roles else [False]
-        combos = [Levers(*x) for x in itertools.product(sleep, optimizer, params, kv_half)]
+        full = self._options(FULL, self.cfg.fsdp.cpu_offload, self.can_offload_fully())
+        combos = [Levers(*x) for x in itertools.product(sleep, optimizer, params, kv_half, full)]
         # Parameter offload frees the GPU only while vLLM sleeps (runtime/config/validate.py refuses it otherwise).
         combos = [lv for lv in combos if lv.sleep or not lv.params or PARAMS not in self.auto]
+        # FSDP2's full offload replaces trainer.offload (runtime/config/validate.py refuses both).
+        combos = [lv for lv in combos if not (lv.full and (lv.optimizer or lv.params))]
         return sorted(combos, key=Levers.cost)
 
     def _options(self, key: str, given: bool, possible: bool) -> list[bool]:
@@ -170,16 +182,27 @@ class _Search:
         fused = t.optim.implementation == "fused"
         return "trainer" in self.roles and t.backend == "fsdp" and not self.cfg.fsdp.cpu_offload and not fused
 
-    def micro_batches(self) -> list[int]:
+    def can_offload_fully(self) -> bool:
+        """Whether FSDP2's full offload could act: the FSDP2 actor on a GPU training every
+        parameter, `trainer.offload` not given on. Not with LoRA adapters: FSDP2's offload of a
+        frozen base beside vLLM's adapters has not run on a GPU, so auto leaves it to be asked for."""
+        t = self.cfg.trainer
+        given = {OPTIMIZER: t.offload.optimizer, PARAMS: t.offload.params}
+        kept_off = not any(on for key, on in given.items() if key not in self.auto)
+        gpu = "trainer" in self.roles and t.device != "cpu"
+        return gpu and t.backend == "fsdp" and not t.lora.rank and kept_off
+
+    def micro_batches(self, full: bool = False) -> list[int]:
         """Powers of two, largest first: from the first that holds one rank's share of an
-        optimizer step (at most `MAX_MICRO_BATCH`) down to the first that holds the longest sequence."""
+        optimizer step (at most `MAX_MICRO_BATCH`, unless `full`: FSDP2's full offload copies
+        every micro-batch's gradients to the host) down to the first that holds the longest sequence."""
         if MICRO not in self.auto or "trainer" not in self.roles:
             return [self.cfg.trainer.micro_batch_tokens]
         t, longest = self.cfg.trainer, self.cfg.rollout.engine.max_model_len
         ranks = sum(1 for p in placed_processes(self.cfg) if p.role == "trainer") or 1
         step = math.ceil(t.prompts_per_step * self.cfg.rollout.n * longest / ranks / t.mini_batches)
         low = _log2_up(longest)
-        high = max(low, min(_log2_up(step), _log2_up(MAX_MICRO_BATCH)))
+        high = max(low, _log2_up(step) if full else min(_log2_up(step), _log2_up(MAX_MICRO_BATCH)))
         return [1 << k for k in range(high, low - 1, -1)]
 
     def share(self, kv_half: bool) -> float:
@@ -197,6 +220,7 @@ class _Search:
             SLEEP: lv.sleep,
             OPTIMIZER: lv.optimizer,
             PARAMS: lv.params,
+            FULL: lv.full,
             MICRO: tokens,
             LEVEL: 1 if self.cfg.trainer.lora.rank else 2,
         }
@@ -220,8 +244,9 @@ class _Search:
             SHARE: self._why_share(lv.kv_half),
             SLEEP: self._why_sleep(lv.sleep) if fitted else "",
             LEVEL: self._why_level(lv.sleep),
-            OPTIMIZER: self._why_offload(lv.optimizer, "AdamW's moments") if fitted else "",
-            PARAMS: self._why_offload(lv.params, "the master weights") if fitted else "",
+            OPTIMIZER: self._why_offload(lv, lv.optimizer, "AdamW's moments") if fitted else "",
+            PARAMS: self._why_offload(lv, lv.params, "the master weights") if fitted else "",
+            FULL: self._why_full(lv.full) if fitted else "",
         }
         out = [] if fitted else [f"nothing fits on {self.gpu_gb:.1f} GB GPUs; planned with the most frugal settings"]
         for key in AUTO_KEYS:
@@ -232,9 +257,9 @@ class _Search:
     def _why_micro(self, lv: Levers, tokens: int) -> str:
         if MICRO not in self.auto or "trainer" not in self.roles:
             return "the trainer is not on a GPU (the CPU value)"
-        if tokens == MAX_MICRO_BATCH:
+        if tokens == MAX_MICRO_BATCH and not lv.full:
             return "the most auto takes"
-        if tokens == self.micro_batches()[0]:
+        if tokens == self.micro_batches(lv.full)[0]:
             return "one micro-batch holds a rank's share of a step"
         need, phase = _worst(self.plan(self.trial(lv, tokens * 2)))
         usable = self.gpu_gb - GPU_HEADROOM_GB
@@ -268,10 +293,20 @@ class _Search:
             return "LoRA updates keep the base weights, so a sleeping vLLM keeps them in host memory"
         return "a sleeping vLLM discards its weights (the next update replaces them)"
 
-    def _why_offload(self, on: bool, what: str) -> str:
+    def _why_offload(self, lv: Levers, on: bool, what: str) -> str:
         if on:
             return "nothing cheaper fits"
+        if lv.full:
+            return "FSDP2's full offload (fsdp.cpu_offload) keeps them in host memory instead"
         return f"it fits with {what} on the GPU" if self.can_offload() else "it would not act here"
+
+    def _why_full(self, on: bool) -> str:
+        if on:
+            return (
+                "nothing else fits: master weights, gradients and AdamW in host memory, the optimizer "
+                "step on the CPU (slow: the trainer step line below says how slow)"
+            )
+        return "it fits without FSDP2's full offload" if self.can_offload_fully() else "it would not act here"
 
 
 def pins(cfg: RunConfig) -> list[str]:

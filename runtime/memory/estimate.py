@@ -246,6 +246,8 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     lora = t.lora.rank > 0 and not critic
     trained = shape.lora_params(t.lora.rank, t.lora.target_modules) if lora else n
     offload = t.offload if not critic else type(t.offload)()
+    if f.cpu_offload:
+        return _fully_offloaded(cfg, shape, n, trained, shard, critic=critic, lora=lora)
     items = [
         Item(
             f"master weights ({count_text(n)} x {master_b} B / {shard})",
@@ -271,6 +273,59 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     items.append(Item(f"activations ({mbt} tokens per micro-batch{compiled})", acts, "step"))
     if not critic:
         items.append(Item("LM head logits", _head(cfg, shape, mbt, compute_b, trains_head=not lora) / GB, "step"))
+        kl = cfg.algorithm.kl
+        if kl.enabled and kl.use == "loss" and not lora:
+            items.append(Item("reference model", n * master_b / shard / GB, "always"))
+    return items
+
+
+def _fully_offloaded(
+    cfg: RunConfig, shape: ModelShape, n: int, trained: int, shard: int, *, critic: bool, lora: bool
+) -> list[Item]:
+    """One rank's consumers under FSDP2's `CPUOffloadPolicy` (`fsdp.cpu_offload`, roles/fsdp/wrap.py):
+    the float32 master shards, their gradients and AdamW's moments live in (pageable) host memory
+    and the optimizer steps there; the GPU holds the compute copy of the gathered parameters (all of
+    them on one rank: they stay gathered over a step's micro-batches), the activations and logits,
+    and the gradients of the FSDP unit being reduced (its compute-dtype gradients and the float32
+    reduce buffers, in and out) before they go to the host. Every micro-batch's gradients are
+    reduced (roles/fsdp/wrap.py `reduces_each_micro_batch`): no unsharded float32 copy stays on
+    the GPU. The root (embeddings and head) is reduced last, after the activations are freed, so
+    its reduce counts only where it exceeds them."""
+    t, f = cfg.trainer, cfg.fsdp
+    master_b = BYTES[f.param_dtype]
+    compute_b = BYTES[f.mixed_precision.param_dtype] if f.mixed_precision else master_b
+    grad_b = BYTES[f.mixed_precision.reduce_dtype] if f.mixed_precision else master_b
+    mbt = cfg.critic.micro_batch_tokens if critic else t.micro_batch_tokens
+    acts = _activations(cfg, shape, mbt, compute_b, critic=critic) / GB
+    head = _head(cfg, shape, mbt, compute_b, trains_head=not lora) / GB if not critic else 0.0
+    per_param = compute_b + 2 * grad_b
+    block = (shape.layer_params if not lora else trained / max(1, shape.layers)) * per_param / GB
+    root = (shape.embedding_params + shape.hidden if not lora else 0) * per_param / GB
+    compiled = ", compiled" if not critic and compiles_on_gpu(t) and not shape.moe else ""
+    items = [
+        Item(
+            f"master weights ({count_text(n)} x {master_b} B / {shard}, fsdp.cpu_offload)",
+            0.0,
+            "always",
+            n * master_b / shard / GB,
+        ),
+        Item(
+            f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
+            _gathered(cfg, shape, n, shard) * compute_b / GB,
+            "step",
+        ),
+        Item(
+            f"gradients ({count_text(trained)} x {grad_b} B, fsdp.cpu_offload)",
+            0.0,
+            "step",
+            trained * grad_b / shard / GB,
+        ),
+        Item("gradients of the unit being reduced", max(block, root - acts - head), "step"),
+        Item("AdamW moments (2 x fp32, host; the CPU steps)", 0.0, "always", 2 * trained * master_b / shard / GB),
+        Item(f"activations ({mbt} tokens per micro-batch{compiled})", acts, "step"),
+    ]
+    if not critic:
+        items.append(Item("LM head logits", head, "step"))
         kl = cfg.algorithm.kl
         if kl.enabled and kl.use == "loss" and not lora:
             items.append(Item("reference model", n * master_b / shard / GB, "always"))

@@ -45,6 +45,7 @@ from runtime.memory.estimate import (
     weight_sync_items,
 )
 from runtime.memory.gpu import gpu_totals
+from runtime.memory.step_time import StepTime, step_time
 
 GPU_HEADROOM_GB = 2.0  # a GPU fits what is planned on it with this much to spare
 PROCESS_HOST_GB = 1.0  # a role process's own host memory (Python, torch, libraries)
@@ -113,6 +114,7 @@ class Plan:
     host: dict[int, list[tuple[str, float]]] = field(default_factory=dict)  # node: [(what, GB)]
     notes: list[str] = field(default_factory=list)
     chosen: list[str] = field(default_factory=list)  # what `auto` became and why (memory.chosen)
+    step: StepTime | None = None  # the trainer's estimated step time (a trainer on GPUs of a known size)
 
     def problems(self) -> Iterator[str]:
         """One line per GPU phase or host that does not fit (nothing when sizes are unknown)."""
@@ -175,6 +177,9 @@ def build_plan(cfg: RunConfig, gpu_gb: float, host_gb: float, *, on_gpus: bool |
     for (node, index, _), members in sorted(by_gpu.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1, kv[0][2])):
         sleeps = any(p.role == "rollout" and rollout_sleeps(cfg, p.rank) for p, _ in members)
         plan.gpus.append(GpuPlan(node, index, [m for _, m in members], sleeps))
+    trainers = [p for g in plan.gpus for p in g.processes if p.role == "trainer"]
+    if gpu_gb and trainers:
+        plan.step = step_time(cfg, shape, world["trainer"])
     if gpu_gb and on_gpus and any(p.role == "rollout" for p in procs):
         kv = vllm_kv_cache_gb(cfg, shape, gpu_gb)
         e = cfg.rollout.engine
@@ -204,8 +209,6 @@ def _plan_process(
             items += weight_sync_items(cfg, shape, _backend(cfg, proc, procs))
         if not on_gpu:  # all of it in host memory
             items = [Item(i.what, 0.0, i.phase, i.host_gb + i.gb) for i in items]
-        if cfg.fsdp.cpu_offload:
-            items = [_on_host(i) if i.what.startswith(("master", "gradients", "AdamW")) else i for i in items]
         if world[proc.role] > 1 or cfg.weight_sync.backend == "nccl":
             context += NCCL_GB if on_gpu else 0.0
         return PlannedProcess(proc.name, proc.role, items, context)
@@ -235,10 +238,6 @@ def _plan_process(
         ]
         return PlannedProcess(proc.name, proc.role, items, VLLM_CONTEXT_GB)
     return PlannedProcess(proc.name, proc.role, [], 0.0)
-
-
-def _on_host(item: Item) -> Item:
-    return Item(item.what + " (fsdp.cpu_offload)", 0.0, item.phase, item.host_gb + item.gb)
 
 
 def _own_host(cfg: RunConfig, role: str, on_gpu: bool) -> float:
@@ -308,6 +307,7 @@ FIXES: tuple[tuple[str, Any], ...] = (  # after halving trainer.micro_batch_toke
     ("trainer.gradient_checkpointing", True),
     ("trainer.offload.optimizer", True),
     ("trainer.offload.params", True),
+    ("fsdp.cpu_offload", True),
 )
 
 
@@ -342,6 +342,9 @@ def suggest_fix(cfg: RunConfig, gpu_gb: float, host_gb: float) -> str:
 def _applies(cfg: RunConfig, key: str) -> bool:
     if key == "trainer.offload.params":
         return any(p.role == "rollout" and rollout_sleeps(cfg, p.rank) for p in placed_processes(cfg))
+    if key == "fsdp.cpu_offload":  # in place of trainer.offload (runtime/config/validate.py refuses both)
+        off = cfg.trainer.offload
+        return cfg.trainer.backend == "fsdp" and cfg.trainer.device != "cpu" and not (off.optimizer or off.params)
     return cfg.trainer.backend == "fsdp" or not key.startswith("trainer.offload")
 
 
@@ -411,6 +414,8 @@ def format_plan(plan: Plan) -> str:
         verdict = ("fits" if need <= plan.host_gb else "DOES NOT FIT") if plan.host_gb else "unchecked"
         extra = f" (in it: {'; '.join(offloaded)})" if offloaded else ""
         lines.append(f"host of node {node}: {need:.1f}{have} GB, {verdict}{extra}")
+    if plan.step is not None:
+        lines.append(plan.step.line())
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 

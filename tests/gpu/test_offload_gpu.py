@@ -9,7 +9,10 @@
   memory and trains like one without (bf16 compute, same batches: equal parameters), and
   with `offload.params` its parameters leave the GPU
   after `offload_params` (allocated memory falls by their size) and come back bit for bit
-  before the next step, which then equals the step of an actor that never offloaded.
+  before the next step, which then equals the step of an actor that never offloaded;
+* FSDP2's full offload (`fsdp.cpu_offload`) on one rank keeps master weights, gradients and
+  moments in pageable host memory and trains like an actor without it that also reduces each
+  micro-batch (the optimizer step on the CPU instead of the GPU).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from roles.fsdp.offload import StreamedAdamW
+from roles.fsdp.wrap import full_state_dict_items
 from roles.trainer.fsdp_engine import FSDPEngine
 from runtime.memory.auto import load_settled
 from runtime.tiny.model import make_tiny_model
@@ -109,3 +113,26 @@ def test_fsdp2_actor_offloads_optimizer_and_params(model_dir: Path) -> None:
     off.train_step(batches[2])  # restores the parameters itself
     for name, tensor in full_params(plain).items():
         torch.testing.assert_close(full_params(off)[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_fsdp2_full_offload_trains_like_the_actor_on_the_gpu(model_dir: Path) -> None:
+    """Several micro-batches a step, each reduced to the host (no unsharded fp32 accumulator on
+    the GPU: runtime/memory/estimate.py counts none); fp32 sums in the same order as the GPU
+    actor's `reduced` accumulation, AdamW on the CPU."""
+    small = ["trainer.micro_batch_tokens=16"]
+    plain = FSDPEngine(load_settled(None, [*ENGINE, *small, "fsdp.one_rank_accumulation=reduced"]), model_dir)
+    full = FSDPEngine(load_settled(None, [*ENGINE, *small, "fsdp.cpu_offload=true"]), model_dir)
+    for seed in range(3):
+        batch = toy_batch(seed)
+        plain.train_step(batch)
+        metrics = full.train_step(batch)
+        torch.cuda.synchronize()
+        assert metrics["micro_batches"] > 1
+        assert all(p.to_local().device.type == "cpu" and not p.to_local().is_pinned() for p in full.model.parameters())
+        moments = [state[k] for state in full.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        assert moments and all(m.to_local().device.type == "cpu" for m in moments)
+    exported = list(full.export_weights(torch.bfloat16))  # gathered and cast on the GPU, never through the host
+    assert exported and all(t.device.type == "cuda" and t.dtype == torch.bfloat16 for _, t in exported)
+    got = {n: t.detach().cpu() for n, t in full_state_dict_items(full.model)}
+    for name, tensor in full_state_dict_items(plain.model):
+        torch.testing.assert_close(got[name], tensor.detach().cpu(), rtol=1e-5, atol=1e-7, msg=name)

@@ -225,3 +225,11 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
     bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"], args,
                       policy, reuse=True)  # fmt: skip
     assert launched == ["short"]
+
+
+def test_the_plans_step_time_is_recorded_beside_the_measured_one() -> None:
+    import benchmarks.async_vs_sync as bench
+
+    figures = bench.step_time_figures(30.0, {"train_busy_s": 240.0, "steps": 10})
+    assert figures == {"train_s_per_step": 24.0, "plan_over_measured_train_s": 1.25}
+    assert bench.step_time_figures(None, {"train_busy_s": 240.0, "steps": 10})["plan_over_measured_train_s"] is None

@@ -38,7 +38,8 @@ def test_each_recipe_fits_with_nothing_smaller_than_needed(recipe: str, gpu_gb: 
     assert mbt == MAX_MICRO_BATCH or not _fits(replace(cfg, "trainer.micro_batch_tokens", 2 * mbt))
     # No lever that costs time is on where the run fits without it, even at the smallest micro-batch.
     smallest = replace(cfg, "trainer.micro_batch_tokens", 1024)
-    for key in ("rollout.engine.sleep_when_idle", "trainer.offload.optimizer", "trainer.offload.params"):
+    for key in ("rollout.engine.sleep_when_idle", "trainer.offload.optimizer", "trainer.offload.params",
+                "fsdp.cpu_offload"):  # fmt: skip
         if _get(cfg, key):
             assert not _fits(replace(smallest, key, False)), key
     # vLLM gets what its weights, workspace and the KV cache of every sequence need, no more.
@@ -84,14 +85,46 @@ def test_explicit_values_win_and_are_still_checked() -> None:
 
 
 def test_a_config_that_fits_at_no_setting_is_refused_naming_the_largest_consumer() -> None:
-    cfg = _load("bench_7b", 80)  # full-parameter 7B: 122 GB of weights, gradients and moments
+    # Full-parameter 7B on 80 GB: only FSDP2's full offload fits the GPU, and its 122 GB of
+    # master weights, gradients and moments do not fit a 100 GB host.
+    cfg = _load("bench_7b", 80, "memory.host_gb=100")
     assert cfg.memory.chosen[0] == "nothing fits on 80.0 GB GPUs; planned with the most frugal settings"
     with pytest.raises(ConfigError) as info:
-        check_plan(cfg, build_plan(cfg, 80, 128))
+        check_plan(cfg, build_plan(cfg, 80, 100))
     line = str(info.value)
-    assert "\n" not in line and "largest: trainer-0 master weights (7.62B x 4 B / 1) 30.5 GB" in line
+    assert "\n" not in line and line.startswith("memory plan: host memory of node 0: needs 1")
+    assert "largest: trainer-0 122.8 GB (AdamW moments (2 x fp32, host; the CPU steps) 60.9 GB)" in line
     assert _fits(_load("bench_7b", 141))  # optimizer offload makes it fit there
     assert _load("bench_7b", 141).trainer.offload.optimizer
+
+
+def test_full_parameter_7b_on_80_gb_takes_fsdp2_full_offload() -> None:
+    """Where nothing else fits, FSDP2's full offload: master weights, gradients and moments in
+    host memory; the GPU keeps the compute copy, the activations and the unit being reduced;
+    micro-batches may grow past MAX_MICRO_BATCH (each one moves every gradient to the host)."""
+    cfg = _load("bench_7b", 80)
+    assert _fits(cfg)
+    assert cfg.fsdp.cpu_offload and not cfg.trainer.offload.optimizer and not cfg.trainer.offload.params
+    assert cfg.trainer.micro_batch_tokens == 32768 and not cfg.rollout.engine.sleep_when_idle
+    assert cfg.rollout.engine.gpu_memory_utilization == 0.41  # the whole KV cache
+    assert "fsdp.cpu_offload=true: nothing else fits" in " ".join(cfg.memory.chosen)
+    plan = build_plan(cfg, 80, 128)
+    trainer = next(p for g in plan.gpus for p in g.processes if p.name == "trainer-0")
+    on_host = {i.what.split(" (")[0]: i.host_gb for i in trainer.items if i.host_gb}
+    assert set(on_host) == {"master weights", "gradients", "AdamW moments"}
+    assert on_host["AdamW moments"] == pytest.approx(60.9, abs=0.1)
+    assert not any(i.gb for i in trainer.items if i.host_gb)  # none of them on the GPU
+    assert 30 < trainer.trainer_peak < 40  # compute copy 15.2, activations, logits, weight sync
+    assert not _fits(replace(cfg, "memory.host_gb", 100.0))  # the host is checked too
+    # Synchronous, the same: no cheaper lever fits either.
+    assert _load("bench_7b", 80, "rollout.max_staleness=0").fsdp.cpu_offload
+
+
+def test_full_offload_is_not_chosen_where_something_else_fits() -> None:
+    for recipe in RECIPES:
+        for gpu_gb in (80, 141):
+            assert not _load(recipe, gpu_gb).fsdp.cpu_offload, (recipe, gpu_gb)
+    assert not _load("bench_7b", 141).fsdp.cpu_offload
 
 
 def test_what_auto_chose_is_printed_and_recorded() -> None:
