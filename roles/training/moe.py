@@ -188,6 +188,34 @@ class MoeRouting(RoutingReplay):
         return logits, weights.to(logits.dtype), chosen
 
 
+def routing_loss_term(
+    stats: RoutingStats, coef: float, tokens: Tensor, global_tokens: int, m: dict[str, float]
+) -> Tensor:
+    """One micro-batch's share of the load-balancing loss (`coef` times the loss, weighted by
+    the micro-batch's `tokens` over the step's `global_tokens`, like the policy loss; a zero
+    with the graph when `coef` is 0), and its routing counts into `m` (MOE_METRICS' names,
+    roles/training/metrics.py)."""
+    m.update(
+        router_aux_loss=float(stats.aux_loss.detach()),
+        routed_rows=float(stats.compared),
+        router_disagree_rows=float(stats.disagree),
+        routing_mismatch_rows=float(stats.mismatch),
+    )
+    if coef > 0:
+        return coef * stats.aux_loss * (tokens / max(global_tokens, 1))
+    return stats.aux_loss * 0.0
+
+
+def routing_fractions(metrics: dict[str, float]) -> None:
+    """A step's summed routing counts into what it reports: `router_disagree` and
+    `routing_mismatch` as fractions of the `routed_tokens` (the rows the rollout reported),
+    none of them when there were none."""
+    rows = metrics.pop("routed_rows", 0.0)
+    disagree, mismatch = metrics.pop("router_disagree_rows", 0.0), metrics.pop("routing_mismatch_rows", 0.0)
+    if rows > 0:
+        metrics.update(routed_tokens=rows, router_disagree=disagree / rows, routing_mismatch=mismatch / rows)
+
+
 def _routed_forward(routing: MoeRouting, layer: int) -> Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor]]:
     def forward(router: nn.Module, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return routing.route(layer, router, hidden_states)

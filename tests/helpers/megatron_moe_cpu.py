@@ -19,6 +19,12 @@ duration; the engine itself trains on CUDA.
   replaying the router's own experts changes nothing;
 * `router_grad_norms`: every router's gradient norm after a backward through a replayed
   forward, and `aux_loss`.
+
+`python -m tests.helpers.megatron_moe_cpu MODEL_DIR engine` builds the Megatron engine itself
+(`MegatronEngine`, megatron's optimizer replaced by a stand-in: it makes CUDA tensors, and
+megatron's schedule does too, so nothing steps here) and runs its micro-batch hooks (forward,
+loss, backward) over a batch carrying transformers' own routing (`measure`: `own`) and one
+carrying random experts (`rollout`: `replayed`); it prints their summed metrics.
 """
 
 from __future__ import annotations
@@ -26,17 +32,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
+import types
 import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
 from roles.megatron.convert import ModelDims
 from roles.megatron.moe import MegatronMoeRouting, sequence_first
-from tests.helpers.ports import rendezvous_file
+from tests.helpers.ports import free_port, rendezvous_file
+from transport.wire import TrainBatch
 
 
 @contextlib.contextmanager
@@ -157,10 +168,108 @@ def check_export(actor: torch.nn.Module, dims: ModelDims, model_dir: Path) -> di
     return {"exported": sorted(exported), "expected": sorted(want), "differ": differ}
 
 
+def hf_routing(model_dir: Path, batch: TrainBatch) -> torch.Tensor:
+    """transformers' own top-k experts of every token of `batch`, [N, layers, k]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    k = model.config.num_experts_per_tok
+    cu = batch.cu_seqlens.tolist()
+    rows = []
+    with torch.no_grad():
+        for i in range(len(cu) - 1):
+            ids = batch.input_ids[cu[i] : cu[i + 1]].unsqueeze(0)
+            logits = model(input_ids=ids, output_router_logits=True).router_logits
+            rows.append(torch.stack([torch.topk(g.float().softmax(-1), k, dim=-1).indices for g in logits], 1))
+    return torch.cat(rows)
+
+
+def train_batch(experts: torch.Tensor | None = None) -> TrainBatch:
+    """Five sequences of 7-31 tokens (a 4-token prompt each), with `experts` for every token
+    but each sequence's last when given."""
+    g = torch.Generator().manual_seed(9)
+    lengths = torch.tensor([31, 7, 18, 25, 12])
+    n = int(lengths.sum())
+    cu = torch.zeros(6, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    mask = torch.ones(n)
+    mask[cu[:-1, None] + torch.arange(4)] = 0.0
+    batch = TrainBatch(
+        step=0, input_ids=torch.randint(0, 259, (n,), generator=g), cu_seqlens=cu, loss_mask=mask,
+        behaviour_logprobs=-5.0 + 0.1 * torch.randn(n, generator=g), advantages=torch.randn(n, generator=g),
+        global_num_tokens=int(mask.sum()), global_num_seqs=5,
+    )  # fmt: skip
+    if experts is None:
+        return batch
+    reported = torch.ones(n, dtype=torch.uint8)
+    reported[cu[1:] - 1] = 0
+    return msgspec.structs.replace(batch, routed_experts=experts.to(torch.uint8), routed_mask=reported)
+
+
+def engine_config(model_dir: Path, replay: str) -> Any:
+    from runtime.config.load import load_config
+
+    overrides = [f"model.path={model_dir}", "trainer.backend=megatron", "fsdp.use_fsdp=false",
+                 "trainer.megatron.params_dtype=float32", "trainer.micro_batch_tokens=64",
+                 "trainer.loss.router_aux_coef=0.01", f"algorithm.routing_replay={replay}"]  # fmt: skip
+    return load_config("configs/tiny_cpu.yaml", overrides)
+
+
+def micro_batch_losses(engine: Any, batch: TrainBatch) -> dict:
+    """The engine's own hooks over `batch`'s micro-batches as its schedule runs them (forward,
+    loss, backward per micro-batch), the metrics summed as the step sums them."""
+    from roles.training.metrics import accumulate
+    from roles.training.moe import routing_fractions
+
+    acc: dict[str, float] = {}
+    mbs = engine._micro_batches(batch, engine.micro_batch_tokens)
+    for mb in mbs:
+        loss, m = engine.loss(mb, batch, engine.forward(engine.actor, mb))
+        loss.backward()
+        accumulate(acc, m, engine.metric_names)
+    routing_fractions(acc)
+    acc["micro_batches"] = len(mbs)
+    acc["router_grad_norms"] = [float(r.weight.main_grad.norm() if r.weight.grad is None else r.weight.grad.norm())
+                                for r in engine.routing.routers]  # fmt: skip
+    return acc
+
+
+def check_engine(model_dir: Path) -> dict:
+    """The Megatron engine built on CPU (megatron's optimizer makes CUDA tensors, so a
+    stand-in takes its place; nothing here steps it) and its micro-batch hooks run over
+    batches carrying transformers' own routing (measured) and random experts (replayed)."""
+    import megatron.core.optimizer
+    import megatron.core.tensor_parallel
+
+    from roles.trainer.megatron_engine import MegatronEngine
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    no_optimizer = lambda *a, **k: types.SimpleNamespace(scale_loss=lambda loss: loss)  # noqa: E731
+    with (
+        unittest.mock.patch.object(megatron.core.optimizer, "get_megatron_optimizer", no_optimizer),
+        unittest.mock.patch.object(megatron.core.tensor_parallel, "model_parallel_cuda_manual_seed", lambda s: None),
+    ):
+        engine = MegatronEngine(engine_config(model_dir, "measure"), model_dir)
+    own = hf_routing(model_dir, train_batch())
+    out = {"own": micro_batch_losses(engine, train_batch(own))}
+    engine.cfg = engine_config(model_dir, "rollout")
+    g = torch.Generator().manual_seed(4)
+    n, (L, k) = own.shape[0], own.shape[1:]
+    random = torch.stack([torch.randperm(engine.routing.num_experts, generator=g)[:k] for _ in range(n * L)])
+    out["replayed"] = micro_batch_losses(engine, train_batch(random.view(n, L, k)))
+    out["metric_names"] = list(engine.metric_names.all())
+    return out
+
+
 def main() -> None:
     from megatron.core import parallel_state as ps
 
     model_dir = Path(sys.argv[1])
+    if sys.argv[2:] == ["engine"]:
+        with cpu_forward():
+            out = check_engine(model_dir)
+        print(json.dumps(out), flush=True)
+        return
     dist.init_process_group("gloo", init_method=rendezvous_file(), rank=0, world_size=1)
     ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     actor, routing, dims = build(model_dir)
