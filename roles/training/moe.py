@@ -18,9 +18,12 @@ HF's Qwen3-MoE and Qwen2-MoE route each token in a `*TopKRouter` module (a layer
   `load_balancing_loss_func`: experts x sum over experts of the fraction of routed slots times
   the mean router probability, averaged over layers; `top_k` when perfectly balanced).
 
-Outside `micro_batch` the routers behave exactly as HF's. A layer's statistics are taken
-at its first call within a micro-batch, so a gradient-checkpointing recompute counts nothing
-twice and replays the same experts.
+Outside `micro_batch` the routers behave exactly as HF's. The choice itself is
+`RoutingReplay.select` (logits in, gate weights and experts out), which the Megatron engine
+puts on megatron-core's routers too (roles/megatron/moe.py); `routing_loss_term` and
+`routing_fractions` turn the figures into the loss term and the step's metrics for either engine.
+A layer's statistics are taken at its first call within a micro-batch, so a
+gradient-checkpointing recompute counts nothing twice and replays the same experts.
 
 `checkpoint_items` turns the fused expert tensors transformers holds in memory
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) into the per-expert
