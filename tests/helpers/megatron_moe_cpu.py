@@ -5,7 +5,8 @@ backward on one gloo rank, fp32.
 megatron-core hard-codes CUDA in two places the local layer spec's forward reaches: RoPE moves
 its frequencies to `torch.cuda.current_device()`, and attention dropout forks the tensor-parallel
 CUDA RNG tracker (dropout is 0 here). `cpu_forward()` points both at the CPU for the test's
-duration; the engine itself trains on CUDA.
+duration; `cpu_engine()` also puts the tensors megatron's optimizer, schedule and gradient norm
+make on `device="cuda"` on the CPU. Launched runs of the Megatron trainer still need CUDA.
 
 `python -m tests.helpers.megatron_moe_cpu MODEL_DIR` prints one JSON line with:
 
@@ -20,11 +21,10 @@ duration; the engine itself trains on CUDA.
 * `router_grad_norms`: every router's gradient norm after a backward through a replayed
   forward, and `aux_loss`.
 
-`python -m tests.helpers.megatron_moe_cpu MODEL_DIR engine` builds the Megatron engine itself
-(`MegatronEngine`, megatron's optimizer replaced by a stand-in: it makes CUDA tensors, and
-megatron's schedule does too, so nothing steps here) and runs its micro-batch hooks (forward,
-loss, backward) over a batch carrying transformers' own routing (`measure`: `own`) and one
-carrying random experts (`rollout`: `replayed`); it prints their summed metrics.
+`python -m tests.helpers.megatron_moe_cpu MODEL_DIR train save|load CKPT_DIR` runs the
+Megatron engine itself (`MegatronEngine`: megatron's DDP, optimizer and schedule, `cpu_engine`)
+for training steps with routing replayed, and checkpoints and resumes it (`check_training`);
+it prints each step's loss, gradient norm and routing figures and the weights' sum.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 import sys
-import types
 import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +76,56 @@ class RecordingRouting(MegatronMoeRouting):
     def used(self) -> torch.Tensor:
         """[N, L, k]: the experts every layer routed each row to, in megatron's row order."""
         return torch.stack([self.chosen[layer] for layer in range(self.num_layers)], dim=1)
+
+
+class _CpuTorch:
+    """`torch` for a megatron module that makes tensors on `device="cuda"` by name: those go to the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def _cpu(kwargs: dict) -> dict:
+        device = kwargs.get("device")
+        if device == "cuda" or getattr(device, "type", None) == "cuda":
+            kwargs["device"] = "cpu"
+        return kwargs
+
+    def tensor(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.tensor(*args, **self._cpu(kwargs))
+
+    def zeros(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*args, **self._cpu(kwargs))
+
+
+# The megatron modules of a training step that make CUDA tensors by name: the optimizer's loss
+# scale, the schedule's token count, the gradient norm's buffers.
+_CUDA_BY_NAME = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.utils",
+)
+
+
+@contextlib.contextmanager
+def cpu_engine() -> Iterator[None]:
+    """`cpu_forward`, and megatron's engine parts made on the CPU: its seeds (the CUDA RNG
+    tracker has no CPU streams) and the tensors its optimizer, schedule and gradient norm make
+    on `device="cuda"` by name. Gradient clipping asserts CUDA tensors: run with `grad_clip` 0."""
+    import importlib
+
+    import megatron.core.tensor_parallel
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cpu_forward())
+        seed = unittest.mock.patch.object(
+            megatron.core.tensor_parallel, "model_parallel_cuda_manual_seed", lambda s: None
+        )
+        stack.enter_context(seed)
+        for name in _CUDA_BY_NAME:
+            stack.enter_context(unittest.mock.patch.object(importlib.import_module(name), "torch", _CpuTorch()))
+        yield
 
 
 def build(model_dir: Path) -> tuple[torch.nn.Module, RecordingRouting, ModelDims]:
@@ -206,68 +255,58 @@ def train_batch(experts: torch.Tensor | None = None) -> TrainBatch:
     return msgspec.structs.replace(batch, routed_experts=experts.to(torch.uint8), routed_mask=reported)
 
 
-def engine_config(model_dir: Path, replay: str) -> Any:
+def engine_config(model_dir: Path, replay: str, *more: str) -> Any:
     from runtime.config.load import load_config
 
     overrides = [f"model.path={model_dir}", "trainer.backend=megatron", "fsdp.use_fsdp=false",
                  "trainer.megatron.params_dtype=float32", "trainer.micro_batch_tokens=64",
-                 "trainer.loss.router_aux_coef=0.01", f"algorithm.routing_replay={replay}"]  # fmt: skip
+                 "trainer.loss.router_aux_coef=0.01", f"algorithm.routing_replay={replay}", *more]  # fmt: skip
     return load_config("configs/tiny_cpu.yaml", overrides)
 
 
-def micro_batch_losses(engine: Any, batch: TrainBatch) -> dict:
-    """The engine's own hooks over `batch`'s micro-batches as its schedule runs them (forward,
-    loss, backward per micro-batch), the metrics summed as the step sums them."""
-    from roles.training.metrics import accumulate
-    from roles.training.moe import routing_fractions
-
-    acc: dict[str, float] = {}
-    mbs = engine._micro_batches(batch, engine.micro_batch_tokens)
-    for mb in mbs:
-        loss, m = engine.loss(mb, batch, engine.forward(engine.actor, mb))
-        loss.backward()
-        accumulate(acc, m, engine.metric_names)
-    routing_fractions(acc)
-    acc["micro_batches"] = len(mbs)
-    acc["router_grad_norms"] = [float(r.weight.main_grad.norm() if r.weight.grad is None else r.weight.grad.norm())
-                                for r in engine.routing.routers]  # fmt: skip
-    return acc
+STEP_FIGURES = ("loss", "grad_norm", "lr", "router_aux_loss", "routed_tokens", "router_disagree", "routing_mismatch")
 
 
-def check_engine(model_dir: Path) -> dict:
-    """The Megatron engine built on CPU (megatron's optimizer makes CUDA tensors, so a
-    stand-in takes its place; nothing here steps it) and its micro-batch hooks run over
-    batches carrying transformers' own routing (measured) and random experts (replayed)."""
-    import megatron.core.optimizer
-    import megatron.core.tensor_parallel
+def random_experts(n: int, seed: int, layers: int = 2, k: int = 2, experts: int = 8) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(n * layers)]).view(n, layers, k)
 
+
+def check_training(model_dir: Path, phase: str, directory: Path) -> dict:
+    """The Megatron engine's own steps (megatron's DDP, optimizer and schedule, `cpu_engine`),
+    routing replayed (`rollout`): `save` trains steps 1-2 (step 1 on transformers' own routing,
+    step 2 on random experts), saves a checkpoint into `directory` and trains steps 3-4 on
+    random experts; `load` builds a fresh engine, loads the checkpoint and trains steps 3-4."""
     from roles.trainer.megatron_engine import MegatronEngine
 
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    no_optimizer = lambda *a, **k: types.SimpleNamespace(scale_loss=lambda loss: loss)  # noqa: E731
-    with (
-        unittest.mock.patch.object(megatron.core.optimizer, "get_megatron_optimizer", no_optimizer),
-        unittest.mock.patch.object(megatron.core.tensor_parallel, "model_parallel_cuda_manual_seed", lambda s: None),
-    ):
-        engine = MegatronEngine(engine_config(model_dir, "measure"), model_dir)
-    own = hf_routing(model_dir, train_batch())
-    out = {"own": micro_batch_losses(engine, train_batch(own))}
-    engine.cfg = engine_config(model_dir, "rollout")
-    g = torch.Generator().manual_seed(4)
-    n, (L, k) = own.shape[0], own.shape[1:]
-    random = torch.stack([torch.randperm(engine.routing.num_experts, generator=g)[:k] for _ in range(n * L)])
-    out["replayed"] = micro_batch_losses(engine, train_batch(random.view(n, L, k)))
-    out["metric_names"] = list(engine.metric_names.all())
-    return out
+    engine = MegatronEngine(engine_config(model_dir, "rollout", "trainer.optim.grad_clip=0"), model_dir)
+    n = int(train_batch().input_ids.numel())
+
+    def step(experts: torch.Tensor) -> dict[str, float]:
+        m = engine.train_step(train_batch(experts))
+        return {k: m[k] for k in STEP_FIGURES if k in m}
+
+    steps: dict[int, dict[str, float]] = {}
+    if phase == "save":
+        steps[1] = step(hf_routing(model_dir, train_batch()))
+        steps[2] = step(random_experts(n, 2))
+        engine.save(directory)
+    else:
+        engine.load(directory)
+    for i in (3, 4):
+        steps[i] = step(random_experts(n, i))
+    weight_sum = float(sum(t.double().sum() for _, t in engine.export_weights(torch.float32)))
+    return {"phase": phase, "version": engine.version, "steps": steps, "weight_sum": weight_sum}
 
 
 def main() -> None:
     from megatron.core import parallel_state as ps
 
     model_dir = Path(sys.argv[1])
-    if sys.argv[2:] == ["engine"]:
-        with cpu_forward():
-            out = check_engine(model_dir)
+    if sys.argv[2:3] == ["train"]:
+        with cpu_engine():
+            out = check_training(model_dir, sys.argv[3], Path(sys.argv[4]))
         print(json.dumps(out), flush=True)
         return
     dist.init_process_group("gloo", init_method=rendezvous_file(), rank=0, world_size=1)

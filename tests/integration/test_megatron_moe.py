@@ -3,10 +3,10 @@ one gloo rank, fp32): its logits equal transformers' on the same weights; the HF
 in and come back bit for bit under the per-expert checkpoint names; routing replay routes to
 exactly the given experts (mismatch 0, and 0 disagreement when the routers' own choice is
 replayed, which changes no logit); the gradient reaches every router through a replayed
-forward. The Megatron engine's own micro-batch hooks line the rollout's routing up with
-megatron's sequence-first rows, replay it, and report the FSDP2 actor's routing figures (its
-optimizer and schedule make CUDA tensors: the steps themselves run on the GPU,
-tests/gpu/test_megatron_moe_gpu.py). About a minute on 2 cores: `slow`. The layout arithmetic
+forward. The Megatron engine itself (megatron's DDP, optimizer and schedule) trains it with
+routing replayed, lines the rollout's routing up with megatron's sequence-first rows, reports
+the FSDP2 actor's routing figures, and resumes from its checkpoint to the same losses and
+weights. About two minutes on 2 cores: `slow`. The layout arithmetic
 alone is tests/unit/roles/training/test_megatron_convert.py."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,11 +66,8 @@ def test_megatron_moe_gradient_reaches_every_router(moe_result: dict) -> None:
     assert moe_result["aux_loss"] > 0.0
 
 
-@pytest.fixture(scope="module")
-def engine_result(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    pytest.importorskip("megatron.core", reason="megatron-core is installed by .ci/setup")
-    model = make_tiny_model(tmp_path_factory.mktemp("megatron-moe-engine") / "m", num_experts=8, num_experts_per_tok=2)
-    cmd = [sys.executable, "-m", "tests.helpers.megatron_moe_cpu", str(model), "engine"]
+def train(model: Path, phase: str, directory: Path) -> dict:
+    cmd = [sys.executable, "-m", "tests.helpers.megatron_moe_cpu", str(model), "train", phase, str(directory)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result: dict = json.loads(out.stdout.strip().splitlines()[-1])
@@ -77,21 +75,33 @@ def engine_result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return result
 
 
-def test_megatron_engine_measures_no_disagreement_with_transformers_own_routing(engine_result: dict) -> None:
-    """The engine's micro-batches (padded, several) carry the rollout's experts in the model
-    input's order and megatron routes sequence-first: the rows line up, so transformers' own
-    routing of the same tokens is what the engine's routers choose."""
-    own = engine_result["own"]
-    assert own["micro_batches"] > 1
-    assert own["routed_tokens"] == 88.0  # every token but each sequence's last
-    assert own["router_disagree"] == 0.0 and own["routing_mismatch"] == 0.0
-    assert own["router_aux_loss"] > 0.0
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """The engine's steps 1-4 with a checkpoint after step 2, and steps 3-4 of a fresh engine
+    that loaded it."""
+    pytest.importorskip("megatron.core", reason="megatron-core is installed by .ci/setup")
+    root = tmp_path_factory.mktemp("megatron-moe-engine")
+    model = make_tiny_model(root / "m", num_experts=8, num_experts_per_tok=2)
+    return train(model, "save", root / "ckpt"), train(model, "load", root / "ckpt")
 
 
-def test_megatron_engine_replays_random_experts_and_trains_its_routers(engine_result: dict) -> None:
-    replayed = engine_result["replayed"]
-    assert replayed["routing_mismatch"] == 0.0
-    assert replayed["router_disagree"] > 0.5
-    assert all(g > 0.0 for g in replayed["router_grad_norms"])
-    for name in ("routed_rows", "router_disagree_rows", "routing_mismatch_rows", "router_aux_loss"):
-        assert name in engine_result["metric_names"]
+def test_megatron_engine_trains_a_moe_replaying_the_rollouts_routing(trained: tuple[dict, dict]) -> None:
+    """Step 1's batch carries transformers' own routing of its tokens: the engine's micro-batches
+    (padded, in the model input's order) line up with megatron's sequence-first rows, so its
+    routers agree on every token. Later steps replay random experts: mismatch 0, and they train."""
+    steps = trained[0]["steps"]
+    assert steps["1"]["routed_tokens"] == 88.0  # every token but each sequence's last
+    assert steps["1"]["router_disagree"] == 0.0
+    for i in ("1", "2", "3", "4"):
+        assert steps[i]["routing_mismatch"] == 0.0
+        assert steps[i]["router_aux_loss"] > 0.0 and steps[i]["grad_norm"] > 0.0
+    assert steps["2"]["router_disagree"] > 0.5
+    assert steps["4"]["loss"] < steps["1"]["loss"]
+
+
+def test_megatron_moe_engine_resumes_exactly(trained: tuple[dict, dict]) -> None:
+    saved, loaded = trained
+    assert loaded["version"] == saved["version"] == 4
+    for i in ("3", "4"):
+        assert loaded["steps"][i] == saved["steps"][i]
+    assert loaded["weight_sum"] == saved["weight_sum"]
