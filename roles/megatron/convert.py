@@ -1,4 +1,4 @@
-"""HF (Qwen2 / Llama) <-> megatron-core `GPTModel` weight layout, as pure tensor functions.
+"""HF (Qwen2 / Llama / Qwen3-MoE) <-> megatron-core `GPTModel` weight layout, as pure tensor functions.
 
 Checkpoint format consistency, what a caller may rely on:
 
@@ -12,6 +12,12 @@ Checkpoint format consistency, what a caller may rely on:
 * Fusions. `linear_qkv` holds q, k and v grouped by KV head: for each of the `kv_heads`
   groups, its `heads/kv_heads` query heads, then its key head, then its value head (rows of
   `head_dim`); the bias (Qwen2) likewise. `linear_fc1` is `[gate; up]`.
+* Mixture of experts (Qwen3-MoE). `self_attn.q_norm` / `k_norm` <-> `self_attention.q_layernorm` /
+  `k_layernorm`; the router `mlp.gate.weight` <-> `mlp.router.weight`; expert `e`'s
+  `mlp.experts.{e}.gate_proj` / `up_proj` fuse into `mlp.experts.local_experts.{e}.linear_fc1`
+  (`[gate; up]`) and its `down_proj` is `linear_fc2`. Exported under the per-expert names of HF
+  checkpoints (`roles/training/moe.py` `checkpoint_items`), which vLLM and transformers load.
+  MoE layers are not tensor-parallel here: the engine trains them with TP = PP = 1.
 * Vocabulary padding. Megatron's vocab-parallel embedding and output layer need a row count
   divisible by the tensor-parallel size; rows past the HF vocabulary are zeros and their
   logits are masked by the model wrapper. Export drops them.
@@ -31,7 +37,9 @@ from typing import Any
 
 import torch
 
-SUPPORTED = ("qwen2", "llama")
+from roles.training.moe import checkpoint_items
+
+SUPPORTED = ("qwen2", "llama", "qwen3_moe")
 LAYER_SUFFIXES = (
     "input_layernorm.weight",
     "self_attention.linear_qkv.weight",
@@ -41,7 +49,10 @@ LAYER_SUFFIXES = (
     "mlp.linear_fc1.weight",
     "mlp.linear_fc2.weight",
 )
+QK_NORM_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+ROUTER_SUFFIX = "mlp.router.weight"
 _LAYER_PREFIX = re.compile(r"^decoder\.layers\.\d+\.")
+_EXPERT_PREFIX = re.compile(r"^mlp\.experts\.local_experts\.\d+\.")
 _ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
 _COLUMN_PARALLEL = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
 
@@ -62,6 +73,11 @@ class ModelDims:
     rope_theta: float
     norm_eps: float
     max_positions: int
+    experts: int = 0  # routed experts a layer (0: dense)
+    top_k: int = 0  # experts a token
+    moe_ffn: int = 0  # an expert's intermediate width
+    qk_norm: bool = False  # RMSNorm over each query / key head (Qwen3)
+    norm_topk: bool = True  # gate weights renormalised over the top k (HF's norm_topk_prob)
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelDims:
@@ -78,6 +94,7 @@ class ModelDims:
         if model_type == "llama" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
             raise ValueError("model.path: Llama attention_bias/mlp_bias are not supported by trainer.backend=megatron")
         heads = config.num_attention_heads
+        moe = _moe_fields(config) if model_type == "qwen3_moe" else {}
         return cls(
             hidden=config.hidden_size,
             layers=config.num_hidden_layers,
@@ -91,6 +108,7 @@ class ModelDims:
             rope_theta=_rope_theta(config),
             norm_eps=config.rms_norm_eps,
             max_positions=config.max_position_embeddings,
+            **moe,
         )
 
     def padded_vocab(self, tp: int) -> int:
@@ -100,13 +118,24 @@ class ModelDims:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     def layer_suffixes(self) -> tuple[str, ...]:
-        return tuple(s for s in LAYER_SUFFIXES if self.qkv_bias or not s.endswith("linear_qkv.bias"))
+        dense = tuple(s for s in LAYER_SUFFIXES if self.qkv_bias or not s.endswith("linear_qkv.bias"))
+        if not self.experts:
+            return dense
+        attention = tuple(s for s in dense if not s.startswith("mlp."))
+        experts = (f"{expert_prefix(e)}linear_fc{i}.weight" for e in range(self.experts) for i in (1, 2))
+        return (*attention, *(QK_NORM_SUFFIXES if self.qk_norm else ()), ROUTER_SUFFIX, *experts)
 
     def full_shape(self, name: str, tp: int) -> tuple[int, ...]:
         """The unsharded shape of a Megatron name (`decoder.layers.<j>.` + suffix, or top-level)."""
         suffix = _LAYER_PREFIX.sub("", name)
         h = self.hidden
+        if _EXPERT_PREFIX.match(suffix):
+            expert = {"linear_fc1.weight": (2 * self.moe_ffn, h), "linear_fc2.weight": (h, self.moe_ffn)}
+            return expert[_EXPERT_PREFIX.sub("", suffix)]
         shapes = {
+            ROUTER_SUFFIX: (self.experts, h),
+            QK_NORM_SUFFIXES[0]: (self.head_dim,),
+            QK_NORM_SUFFIXES[1]: (self.head_dim,),
             "input_layernorm.weight": (h,),
             "pre_mlp_layernorm.weight": (h,),
             "self_attention.linear_qkv.weight": (self.qkv_rows(), h),
@@ -119,6 +148,30 @@ class ModelDims:
             "output_layer.weight": (self.padded_vocab(tp), h),
         }
         return shapes[suffix]
+
+
+def expert_prefix(e: int) -> str:
+    """The layer suffix prefix of expert `e`'s weights in megatron-core's SequentialMLP."""
+    return f"mlp.experts.local_experts.{e}."
+
+
+def _moe_fields(config: Any) -> dict[str, Any]:
+    """A Qwen3-MoE config's expert numbers; ValueError naming a field that makes some layer
+    dense (megatron's layer spec here is MoE in every layer) or adds attention biases."""
+    if getattr(config, "attention_bias", False):
+        raise ValueError("model.path: Qwen3-MoE attention_bias is not supported by trainer.backend=megatron")
+    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) != 1:
+        raise ValueError(
+            "model.path: Qwen3-MoE with dense layers (mlp_only_layers, decoder_sparse_step != 1) is not "
+            "supported by trainer.backend=megatron"
+        )
+    return dict(
+        experts=int(config.num_experts),
+        top_k=int(config.num_experts_per_tok),
+        moe_ffn=int(config.moe_intermediate_size),
+        qk_norm=True,
+        norm_topk=bool(config.norm_topk_prob),
+    )
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:
@@ -191,7 +244,13 @@ def hf_to_megatron(
             bias = fuse_qkv(get(attn + "q_proj.bias"), get(attn + "k_proj.bias"), get(attn + "v_proj.bias"), dims)
             yield mg + "self_attention.linear_qkv.bias", bias
         yield mg + "self_attention.linear_proj.weight", get(attn + "o_proj.weight")
+        if dims.qk_norm:
+            yield mg + QK_NORM_SUFFIXES[0], get(attn + "q_norm.weight")
+            yield mg + QK_NORM_SUFFIXES[1], get(attn + "k_norm.weight")
         yield mg + "pre_mlp_layernorm.weight", get(hf + "post_attention_layernorm.weight")
+        if dims.experts:
+            yield from _experts_to_megatron(get, dims, hf, mg)
+            continue
         fc1 = torch.cat([get(hf + "mlp.gate_proj.weight"), get(hf + "mlp.up_proj.weight")])
         yield mg + "mlp.linear_fc1.weight", fc1
         yield mg + "mlp.linear_fc2.weight", get(hf + "mlp.down_proj.weight")
@@ -205,6 +264,29 @@ def hf_to_megatron(
             yield "output_layer.weight", pad_vocab(get("model.embed_tokens.weight"), rows)
 
 
+def _experts_to_megatron(
+    get: Callable[[str], torch.Tensor], dims: ModelDims, hf: str, mg: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The router and every expert of one MoE layer (`hf`, `mg`: its name prefixes)."""
+    yield mg + ROUTER_SUFFIX, get(hf + "mlp.gate.weight")
+    for e in range(dims.experts):
+        src = f"{hf}mlp.experts.{e}."
+        fc1 = torch.cat([get(src + "gate_proj.weight"), get(src + "up_proj.weight")])
+        yield mg + expert_prefix(e) + "linear_fc1.weight", fc1
+        yield mg + expert_prefix(e) + "linear_fc2.weight", get(src + "down_proj.weight")
+
+
+def _experts_to_hf(layer: dict[str, torch.Tensor], dims: ModelDims, hf: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """One MoE layer's router and experts by HF checkpoint name: the experts stacked into the
+    fused tensors transformers holds (`linear_fc1` is `[gate; up]`, as a row of `gate_up_proj`),
+    then split per expert as checkpoints name them."""
+    yield hf + "mlp.gate.weight", layer[ROUTER_SUFFIX]
+    gate_up = torch.stack([layer[expert_prefix(e) + "linear_fc1.weight"] for e in range(dims.experts)])
+    down = torch.stack([layer[expert_prefix(e) + "linear_fc2.weight"] for e in range(dims.experts)])
+    yield from checkpoint_items(hf + "mlp.experts.gate_up_proj", gate_up)
+    yield from checkpoint_items(hf + "mlp.experts.down_proj", down)
+
+
 def megatron_layer_to_hf(layer: dict[str, torch.Tensor], i: int, dims: ModelDims) -> Iterator[tuple[str, torch.Tensor]]:
     """HF tensors of global layer `i` from its full Megatron tensors keyed by layer suffix."""
     hf = f"model.layers.{i}."
@@ -216,7 +298,13 @@ def megatron_layer_to_hf(layer: dict[str, torch.Tensor], i: int, dims: ModelDims
         q, k, v = split_qkv(layer["self_attention.linear_qkv.bias"], dims)
         yield from ((attn + "q_proj.bias", q), (attn + "k_proj.bias", k), (attn + "v_proj.bias", v))
     yield attn + "o_proj.weight", layer["self_attention.linear_proj.weight"]
+    if dims.qk_norm:
+        yield attn + "q_norm.weight", layer[QK_NORM_SUFFIXES[0]]
+        yield attn + "k_norm.weight", layer[QK_NORM_SUFFIXES[1]]
     yield hf + "post_attention_layernorm.weight", layer["pre_mlp_layernorm.weight"]
+    if dims.experts:
+        yield from _experts_to_hf(layer, dims, hf)
+        return
     gate, up = layer["mlp.linear_fc1.weight"].chunk(2)
     yield hf + "mlp.gate_proj.weight", gate
     yield hf + "mlp.up_proj.weight", up
@@ -268,7 +356,9 @@ def is_tp_sharded(name: str) -> bool:
 
 def check_divisible(dims: ModelDims, tp: int, field: str) -> None:
     """ValueError naming `field`.tensor_model_parallel_size unless TP divides the heads,
-    KV heads and FFN width of the model."""
+    KV heads and FFN width of the model (a mixture of experts: unless TP is 1)."""
+    if dims.experts and tp > 1:
+        raise ValueError(f"{field}.tensor_model_parallel_size={tp}: a mixture-of-experts policy trains with TP=1")
     if dims.heads % tp or dims.kv_heads % tp:
         raise ValueError(
             f"{field}.tensor_model_parallel_size={tp} must divide the model's {dims.heads} attention "

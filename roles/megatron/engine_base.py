@@ -283,7 +283,7 @@ def gather_shards(batch: TrainBatch, group: Any, device: torch.device) -> TrainB
 
 # The per-token fields `gather_shards` gathers: all of a TrainBatch's but the proximal
 # logprobs, which the trainer fills in after the gather (`prepare`), and the routed experts:
-# routing replay trains on the FSDP2 actor only (runtime/config/validate.py refuses it here).
+# a mixture of experts trains with TP = PP = 1, where a replica is one rank and keeps its batch.
 PER_TOKEN = tuple(
     f for f in TRAIN_BATCH_TOKEN_FIELDS if f not in ("proximal_logprobs", "routed_experts", "routed_mask")
 )

@@ -105,12 +105,16 @@ class MegatronActor(GPTStage):
 
 
 def transformer_config(dims: ModelDims, *, tp: int, pp: int, dtype: torch.dtype, recompute: bool) -> Any:
-    """The `TransformerConfig` of an HF Qwen2 / Llama architecture (local spec, no fusions)."""
+    """The `TransformerConfig` of an HF Qwen2 / Llama / Qwen3-MoE architecture (local spec, no fusions)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    extra: dict[str, Any] = {}
+    # Pipeline micro-batches carry their own shapes; megatron refuses that beside its
+    # default MoE dispatcher, so a dense model names the one that allows it.
+    extra: dict[str, Any] = {"moe_token_dispatcher_type": "alltoall"}
     if recompute:
         extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if dims.experts:
+        extra.update(moe_config(dims))
     return TransformerConfig(
         num_layers=dims.layers,
         hidden_size=dims.hidden,
@@ -143,24 +147,41 @@ def transformer_config(dims: ModelDims, *, tp: int, pp: int, dtype: torch.dtype,
         attention_softmax_in_fp32=True,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        # Pipeline micro-batches carry their own shapes; megatron refuses that beside its
-        # default MoE dispatcher (unused: no experts), so name the one that allows it.
         variable_seq_lengths=pp > 1,
-        moe_token_dispatcher_type="alltoall",
         **extra,
     )
 
 
-def layer_spec() -> Any:
+def moe_config(dims: ModelDims) -> dict[str, Any]:
+    """The `TransformerConfig` fields of a mixture of experts: every layer MoE, SequentialMLP
+    experts (no grouped GEMM: it needs TransformerEngine or the grouped_gemm package), expert
+    parallel size 1 with the all-gather dispatcher (the all-to-all one makes CUDA streams when
+    built), q/k norms. Routing is `roles/megatron/moe.py`'s (HF's softmax top-k, its
+    load-balancing loss added by the engine), so megatron's own balancing is off."""
+    return dict(
+        num_moe_experts=dims.experts,
+        moe_router_topk=dims.top_k,
+        moe_ffn_hidden_size=dims.moe_ffn,
+        moe_router_pre_softmax=not dims.norm_topk,
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+        qk_layernorm=dims.qk_norm,
+    )
+
+
+def layer_spec(dims: ModelDims) -> Any:
     """TransformerEngine's layer spec when it imports, else megatron-core's local one."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    moe: dict[str, Any] = dict(num_experts=dims.experts or None, moe_grouped_gemm=False, qk_layernorm=dims.qk_norm)
     try:
         import transformer_engine  # noqa: F401
 
-        return specs.get_gpt_layer_with_transformer_engine_spec()
+        return specs.get_gpt_layer_with_transformer_engine_spec(**moe)
     except ImportError:
-        return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        return specs.get_gpt_layer_local_spec(normalization="RMSNorm", **moe)
 
 
 def build_actor(dims: ModelDims, config: Any, device: torch.device) -> MegatronActor:
@@ -171,7 +192,7 @@ def build_actor(dims: ModelDims, config: Any, device: torch.device) -> MegatronA
     vocab = dims.padded_vocab(config.tensor_model_parallel_size)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(),
+        transformer_layer_spec=layer_spec(dims),
         vocab_size=vocab,
         max_sequence_length=dims.max_positions,
         pre_process=ps.is_pipeline_first_stage(),

@@ -43,7 +43,14 @@ from roles.trainer.policy_loss import policy_loss_options
 from roles.training.hf_loading import DTYPES
 from roles.training.metrics import ACTOR_METRICS, MOE_METRICS
 from roles.training.microbatch import MicroBatch
-from roles.training.moe import MoeRouting, checkpoint_items, is_moe, model_is_moe
+from roles.training.moe import (
+    MoeRouting,
+    checkpoint_items,
+    is_moe,
+    model_is_moe,
+    routing_fractions,
+    routing_loss_term,
+)
 from roles.training.peft_lora import apply_lora
 from roles.weights.lora_adapters import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
@@ -153,18 +160,9 @@ class FSDPEngine(FSDPEngineBase):
         return loss, m
 
     def _routing_terms(self, mask: torch.Tensor, batch: TrainBatch, m: dict[str, float]) -> torch.Tensor:
-        """The micro-batch's share of the load-balancing loss (weighted by its tokens over the
-        step's, like the policy loss), and its routing counts into `m`."""
         assert self.routing is not None
-        r = self.routing.stats()
-        m.update(
-            router_aux_loss=float(r.aux_loss.detach()),
-            routed_rows=float(r.compared),
-            router_disagree_rows=float(r.disagree),
-            routing_mismatch_rows=float(r.mismatch),
-        )
         coef = self.cfg.trainer.loss.router_aux_coef
-        return coef * r.aux_loss * (mask.sum() / max(batch.global_num_tokens, 1)) if coef > 0 else r.aux_loss * 0.0
+        return routing_loss_term(self.routing.stats(), coef, mask.sum(), batch.global_num_tokens, m)
 
     def after_step(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """The KL controller sees the step's KL to the reference policy; an MoE policy's
@@ -172,10 +170,7 @@ class FSDPEngine(FSDPEngineBase):
         `routing_mismatch`), and `routed_tokens` their number."""
         if self.routing is not None:
             self.routing.clear()
-            rows = metrics.pop("routed_rows", 0.0)
-            disagree, mismatch = metrics.pop("router_disagree_rows", 0.0), metrics.pop("routing_mismatch_rows", 0.0)
-            if rows > 0:
-                metrics.update(routed_tokens=rows, router_disagree=disagree / rows, routing_mismatch=mismatch / rows)
+            routing_fractions(metrics)
         if self.kl_in_loss:
             self.kl_ctl.update(metrics.get("kl_ref", 0.0), batch.global_num_seqs)
             metrics["kl_coef"] = self.kl_ctl.value

@@ -22,6 +22,12 @@ mini-batch (seeded by the data-parallel rank, normalised by the mini-batch's cou
 the data-parallel group), as the FSDP engine does. This path has not run here
 (megatron-core needs CUDA); the FSDP engine's tests cover the same mini-batch code.
 
+Mixture of experts (a Qwen3-MoE `model.path`, TP = PP = 1): the GPTModel's routers route as
+transformers' do (`roles/megatron/moe.py`); with `algorithm.routing_replay: rollout` every token
+the rollout reported is trained on the experts vLLM routed it to; the load-balancing loss
+(`router_aux_loss`) is reported and added with `trainer.loss.router_aux_coef`, and the
+routing figures (`router_disagree`, `routing_mismatch`) are the FSDP2 actor's.
+
 Weights. The model is built from the HF directory's config and loaded from its safetensors
 (`roles/megatron/convert.py` documents the mapping); `export_weights` yields HF
 names and full tensors on the first pipeline stage. Megatron's mixed-precision optimizer
@@ -50,9 +56,11 @@ from roles.megatron.model import (
     transformer_config,
     vocab_parallel_entropy,
 )
+from roles.megatron.moe import MegatronMoeRouting, sequence_first
 from roles.trainer.policy_loss import policy_loss_options
-from roles.training.metrics import ACTOR_METRICS
+from roles.training.metrics import ACTOR_METRICS, MOE_METRICS
 from roles.training.microbatch import MicroBatch
+from roles.training.moe import routing_fractions, routing_loss_term
 from runtime.config import RunConfig
 from transport.wire import TrainBatch
 
@@ -78,11 +86,18 @@ class MegatronEngine(MegatronEngineBase):
         hf_config = AutoConfig.from_pretrained(str(model_path))
         self.dims = ModelDims.from_hf_config(hf_config)
         check_divisible(self.dims, self.tp, "trainer.megatron")
+        if self.dims.experts and self.pp > 1:
+            raise ValueError(
+                f"trainer.megatron.pipeline_model_parallel_size={self.pp}: a mixture-of-experts policy trains with PP=1"
+            )
         config = transformer_config(
             self.dims, tp=self.tp, pp=self.pp, dtype=self.dtype, recompute=cfg.trainer.gradient_checkpointing
         )
         self.actor = make_actor(m.model_provider, hf_config, config, self.dims, self.device)
         load_hf_weights(self.actor, model_path, self.dims)
+        self.routing = MegatronMoeRouting(self.actor, normalize=self.dims.norm_topk) if self.dims.experts else None
+        if self.routing is not None:
+            self.metric_names = METRICS.plus(MOE_METRICS)  # type: ignore[misc]  # all ranks load one model
         self._wrap(self.actor, config, cfg.trainer.optim)
 
     # --- training ----------------------------------------------------------------------
@@ -96,13 +111,37 @@ class MegatronEngine(MegatronEngineBase):
             prox[cu[i] + 1 : cu[i + 1]] = row
         return msgspec.structs.replace(batch, proximal_logprobs=prox)
 
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """The base's step; an MoE policy's routing counts become the fractions it reports."""
+        metrics = super().train_step(batch)
+        if self.routing is not None:
+            self.routing.clear()
+            routing_fractions(metrics)
+        return metrics
+
     def forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """The stage's output; on the last stage the vocabulary-parallel logits."""
+        """The stage's output; on the last stage the vocabulary-parallel logits. An MoE policy
+        routes as `_plan_routing` says."""
+        self._plan_routing(mb)
         return model(mb.input_ids_BT, mb.attention_mask_BT)["logits"]  # type: ignore[no-any-return]
+
+    def _plan_routing(self, mb: MicroBatch) -> None:
+        """An MoE policy's routing for `mb` (on the device, in megatron's sequence-first row
+        order): the rollout's experts where it reported them, replayed when
+        `algorithm.routing_replay` is `rollout`, measured always; the load-balancing loss
+        over the real tokens."""
+        if self.routing is None:
+            return
+        B, T = mb.input_ids_BT.shape
+        valid = sequence_first(mb.attention_mask_BT.flatten().bool(), B, T)
+        experts, mask = (sequence_first(t, B, T) for t in mb.routing) if mb.routing is not None else (None, None)
+        replay = self.cfg.algorithm.routing_replay == "rollout"
+        self.routing.plan(experts, mask, replay=replay, valid=valid)
 
     def loss(self, mb: MicroBatch, batch: TrainBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """Decoupled PPO (proximal = `prepare`'s logprobs, or this forward detached when
-        there is one update per batch); entropy is reported, not in the loss."""
+        there is one update per batch), plus an MoE policy's load-balancing loss; entropy is
+        reported, not in the loss."""
         with torch.no_grad():
             entropy = vocab_parallel_entropy(logits[:, :-1])
         logp = next_token_logprobs(logits, mb.input_ids_BT)
@@ -119,6 +158,9 @@ class MegatronEngine(MegatronEngineBase):
             num_tokens=batch.global_num_tokens,
             num_seqs=batch.global_num_seqs,
         )
+        if self.routing is not None:
+            coef = self.cfg.trainer.loss.router_aux_coef
+            loss = loss + routing_loss_term(self.routing.stats(), coef, mask.sum(), batch.global_num_tokens, m)
         tokens = float(mask.sum())
         m.update(loss=float(loss.detach()), entropy=float((entropy * mask).sum()) / max(tokens, 1.0), tokens=tokens)
         return loss, m

@@ -18,9 +18,12 @@ HF's Qwen3-MoE and Qwen2-MoE route each token in a `*TopKRouter` module (a layer
   `load_balancing_loss_func`: experts x sum over experts of the fraction of routed slots times
   the mean router probability, averaged over layers; `top_k` when perfectly balanced).
 
-Outside `micro_batch` the routers behave exactly as HF's. A layer's statistics are taken
-at its first call within a micro-batch, so a gradient-checkpointing recompute counts nothing
-twice and replays the same experts.
+Outside `micro_batch` the routers behave exactly as HF's. The choice itself is
+`RoutingReplay.select` (logits in, gate weights and experts out), which the Megatron engine
+puts on megatron-core's routers too (roles/megatron/moe.py); `routing_loss_term` and
+`routing_fractions` turn the figures into the loss term and the step's metrics for either engine.
+A layer's statistics are taken at its first call within a micro-batch, so a
+gradient-checkpointing recompute counts nothing twice and replays the same experts.
 
 `checkpoint_items` turns the fused expert tensors transformers holds in memory
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) into the per-expert
@@ -75,21 +78,17 @@ class _Plan:
     aux: list[Tensor] = field(default_factory=list)
 
 
-class MoeRouting:
-    """Routing replay and routing statistics for every router of `model` (see the module
-    docstring). `model` must be an HF MoE model (`is_moe`)."""
+class RoutingReplay:
+    """Routing replay and routing statistics for `num_layers` top-k softmax routers, whatever
+    modules hold them: `select` is one router's choice from its logits, and `plan` / `stats` /
+    `micro_batch` say what the next forwards replay and measure (see the module docstring).
+    `MoeRouting` puts it on HF's routers, `roles/megatron/moe.py` on megatron-core's."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.routers = find_routers(model)
-        if not self.routers:
-            raise ValueError(f"{type(model).__name__} has no top-k routers: not a mixture of experts")
-        first: Any = self.routers[0]
-        self.num_layers = len(self.routers)
-        self.top_k = int(first.top_k)
-        self.num_experts = int(first.num_experts)
+    def __init__(self, num_layers: int, top_k: int, num_experts: int) -> None:
+        self.num_layers = num_layers
+        self.top_k = top_k
+        self.num_experts = num_experts
         self._plan: _Plan | None = None
-        for layer, router in enumerate(self.routers):
-            router.forward = types.MethodType(_routed_forward(self, layer), router)
 
     def plan(
         self,
@@ -120,7 +119,7 @@ class MoeRouting:
         return _stats(self._plan or _Plan(None, None, None, False))
 
     def clear(self) -> None:
-        """Back to HF's own routing, measuring nothing."""
+        """Back to the model's own routing, measuring nothing."""
         self._plan = None
 
     @contextlib.contextmanager
@@ -142,12 +141,13 @@ class MoeRouting:
             out.append(self.stats())
             self.clear()
 
-    def route(self, layer: int, router: Any, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(logits, gate weights, experts) of one router (an HF `*TopKRouter`), as it returns them."""
-        hidden = hidden.reshape(-1, router.hidden_dim)
-        logits = F.linear(hidden, router.weight)
+    def select(self, layer: int, logits: Tensor, *, normalize: bool) -> tuple[Tensor, Tensor]:
+        """(gate weights float32 [N, k], experts [N, k]) of router `layer` from its logits
+        [N, experts]: softmax, then the top k or, on the rows the plan replays, the given
+        experts; the weights are the softmax at the chosen experts (renormalised when
+        `normalize`: HF's `norm_topk_prob`)."""
         probs = torch.softmax(logits, dtype=torch.float, dim=-1)
-        own = torch.topk(probs, router.top_k, dim=-1).indices
+        own = torch.topk(probs, self.top_k, dim=-1).indices
         plan = self._plan
         chosen = own
         given = _given(plan, layer, own)
@@ -158,7 +158,7 @@ class MoeRouting:
                     plan.disagree = _or(plan.disagree, _differs(own, given) & plan.mask)  # type: ignore[operator]
                     plan.mismatch = _or(plan.mismatch, _differs(chosen, given) & plan.mask)  # type: ignore[operator]
         weights = probs.gather(-1, chosen)
-        if router.norm_topk_prob:
+        if normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if plan is not None:
             # Computed on every forward, kept from the first: activation recompute in backward
@@ -167,7 +167,56 @@ class MoeRouting:
             if layer not in plan.seen:
                 plan.aux.append(aux)
                 plan.seen.add(layer)
+        return weights, chosen
+
+
+class MoeRouting(RoutingReplay):
+    """Routing replay and routing statistics for every router of `model` (see the module
+    docstring). `model` must be an HF MoE model (`is_moe`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.routers = find_routers(model)
+        if not self.routers:
+            raise ValueError(f"{type(model).__name__} has no top-k routers: not a mixture of experts")
+        first: Any = self.routers[0]
+        super().__init__(len(self.routers), int(first.top_k), int(first.num_experts))
+        for layer, router in enumerate(self.routers):
+            router.forward = types.MethodType(_routed_forward(self, layer), router)
+
+    def route(self, layer: int, router: Any, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(logits, gate weights, experts) of one router (an HF `*TopKRouter`), as it returns them."""
+        hidden = hidden.reshape(-1, router.hidden_dim)
+        logits = F.linear(hidden, router.weight)
+        weights, chosen = self.select(layer, logits, normalize=router.norm_topk_prob)
         return logits, weights.to(logits.dtype), chosen
+
+
+def routing_loss_term(
+    stats: RoutingStats, coef: float, tokens: Tensor, global_tokens: int, m: dict[str, float]
+) -> Tensor:
+    """One micro-batch's share of the load-balancing loss (`coef` times the loss, weighted by
+    the micro-batch's `tokens` over the step's `global_tokens`, like the policy loss; a zero
+    with the graph when `coef` is 0), and its routing counts into `m` (MOE_METRICS' names,
+    roles/training/metrics.py)."""
+    m.update(
+        router_aux_loss=float(stats.aux_loss.detach()),
+        routed_rows=float(stats.compared),
+        router_disagree_rows=float(stats.disagree),
+        routing_mismatch_rows=float(stats.mismatch),
+    )
+    if coef > 0:
+        return coef * stats.aux_loss * (tokens / max(global_tokens, 1))
+    return stats.aux_loss * 0.0
+
+
+def routing_fractions(metrics: dict[str, float]) -> None:
+    """A step's summed routing counts into what it reports: `router_disagree` and
+    `routing_mismatch` as fractions of the `routed_tokens` (the rows the rollout reported),
+    none of them when there were none."""
+    rows = metrics.pop("routed_rows", 0.0)
+    disagree, mismatch = metrics.pop("router_disagree_rows", 0.0), metrics.pop("routing_mismatch_rows", 0.0)
+    if rows > 0:
+        metrics.update(routed_tokens=rows, router_disagree=disagree / rows, routing_mismatch=mismatch / rows)
 
 
 def _routed_forward(routing: MoeRouting, layer: int) -> Callable[[nn.Module, Tensor], tuple[Tensor, Tensor, Tensor]]:

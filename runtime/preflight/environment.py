@@ -140,8 +140,8 @@ def policy_experts(cfg: RunConfig) -> int:
 
 
 def _check_moe(cfg: RunConfig) -> None:
-    """Mixture-of-experts policies train on the FSDP2 actor, full-parameter, eager; routing
-    replay needs one, and vLLM on a GPU to report the routing."""
+    """Mixture-of-experts policies train on the FSDP2 actor (full-parameter, eager) or the
+    Megatron actor (TP = PP = 1); routing replay needs one, and vLLM on a GPU to report the routing."""
     experts = policy_experts(cfg)
     replay = cfg.algorithm.routing_replay
     if replay != "disabled" and not experts:
@@ -157,12 +157,29 @@ def _check_moe(cfg: RunConfig) -> None:
         )
     if not experts:
         return
-    if cfg.trainer.backend != "fsdp":
-        raise ConfigError("a mixture-of-experts policy trains on trainer.backend=fsdp (Megatron's MoE is not wired)")
+    if cfg.trainer.backend == "megatron":
+        _check_megatron_moe(cfg)
     if cfg.trainer.lora.rank > 0:
         raise ConfigError("trainer.lora with a mixture-of-experts policy is not supported yet: set trainer.lora.rank=0")
     if cfg.trainer.compile is True:
         raise ConfigError("trainer.compile=true: a mixture-of-experts policy is not compiled; set trainer.compile=auto")
+
+
+def _check_megatron_moe(cfg: RunConfig) -> None:
+    """Megatron trains a mixture of experts on one model-parallel rank: experts, attention and
+    layers unsplit (data parallelism only); the critic stays on FSDP2."""
+    m = cfg.trainer.megatron
+    if m.tensor_model_parallel_size > 1 or m.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            "a mixture-of-experts policy on trainer.backend=megatron trains with "
+            "trainer.megatron.tensor_model_parallel_size=1 and pipeline_model_parallel_size=1 (tensor, pipeline "
+            f"and expert parallel MoE are not wired); got {m.tensor_model_parallel_size} and "
+            f"{m.pipeline_model_parallel_size}"
+        )
+    if cfg.critic.backend == "megatron" and any(p.role == "critic" for p in placed_processes(cfg)):
+        raise ConfigError(
+            "critic.backend=megatron with a mixture-of-experts policy is not supported: set critic.backend=fsdp"
+        )
 
 
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

@@ -3,11 +3,14 @@ split). The real `GPTModel` built on CPU over gloo is tests/integration/test_meg
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from roles.megatron.convert import (
     ModelDims,
+    check_divisible,
     fuse_qkv,
     hf_to_megatron,
     megatron_layer_to_hf,
@@ -38,6 +41,9 @@ def random_hf(d: ModelDims) -> dict[str, torch.Tensor]:
         hf["lm_head.weight"] = r(d.vocab, d.hidden)
     for i in range(d.layers):
         p = f"model.layers.{i}."
+        if d.experts:
+            hf.update(random_moe_layer(d, p, r))
+            continue
         hf.update({
             p + "input_layernorm.weight": r(d.hidden), p + "post_attention_layernorm.weight": r(d.hidden),
             p + "self_attn.q_proj.weight": r(q, d.hidden), p + "self_attn.k_proj.weight": r(kv, d.hidden),
@@ -49,6 +55,27 @@ def random_hf(d: ModelDims) -> dict[str, torch.Tensor]:
             hf.update({p + "self_attn.q_proj.bias": r(q), p + "self_attn.k_proj.bias": r(kv),
                        p + "self_attn.v_proj.bias": r(kv)})  # fmt: skip
     return hf
+
+
+def random_moe_layer(d: ModelDims, p: str, r: Callable[..., torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One Qwen3-MoE layer by HF checkpoint name: attention with q/k norms, router, experts."""
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    hf = {
+        p + "input_layernorm.weight": r(d.hidden), p + "post_attention_layernorm.weight": r(d.hidden),
+        p + "self_attn.q_proj.weight": r(q, d.hidden), p + "self_attn.k_proj.weight": r(kv, d.hidden),
+        p + "self_attn.v_proj.weight": r(kv, d.hidden), p + "self_attn.o_proj.weight": r(d.hidden, q),
+        p + "self_attn.q_norm.weight": r(d.head_dim), p + "self_attn.k_norm.weight": r(d.head_dim),
+        p + "mlp.gate.weight": r(d.experts, d.hidden),
+    }  # fmt: skip
+    for e in range(d.experts):
+        x = f"{p}mlp.experts.{e}."
+        hf.update({x + "gate_proj.weight": r(d.moe_ffn, d.hidden), x + "up_proj.weight": r(d.moe_ffn, d.hidden),
+                   x + "down_proj.weight": r(d.hidden, d.moe_ffn)})  # fmt: skip
+    return hf
+
+
+def moe_dims(**kw: object) -> ModelDims:
+    return dims(qkv_bias=False, experts=4, top_k=2, moe_ffn=6, qk_norm=True, **kw)
 
 
 def round_trip(hf: dict[str, torch.Tensor], d: ModelDims, tp: int, pp: int) -> dict[str, torch.Tensor]:
@@ -116,3 +143,49 @@ def test_unsupported_architectures_are_named() -> None:
         ModelDims.from_hf_config(scaled)
     with pytest.raises(ValueError, match=r"pipeline_model_parallel_size=3 must divide the 4 layers"):
         list(stage_layers(dims(), 0, 3))
+
+
+@pytest.mark.parametrize(("tied", "pp"), [(True, 1), (False, 1), (False, 2)])
+def test_moe_hf_to_megatron_to_hf_is_bit_exact(tied: bool, pp: int) -> None:
+    """Qwen3-MoE: q/k norms, router and every expert (fused `[gate; up]` in megatron) come
+    back under the per-expert HF checkpoint names, bit for bit."""
+    d = moe_dims(tied=tied)
+    hf = random_hf(d)
+    back = round_trip(hf, d, 1, pp)
+    assert sorted(back) == sorted(hf)
+    for name, t in hf.items():
+        assert torch.equal(back[name], t), name
+
+
+def test_moe_experts_fuse_gate_and_up_per_expert() -> None:
+    d = moe_dims(layers=1)
+    hf = random_hf(d)
+    mg = dict(hf_to_megatron(hf.__getitem__, d))
+    fc1 = mg["decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"]
+    want = torch.cat(
+        [hf["model.layers.0.mlp.experts.3.gate_proj.weight"], hf["model.layers.0.mlp.experts.3.up_proj.weight"]]
+    )
+    assert torch.equal(fc1, want)
+    assert torch.equal(mg["decoder.layers.0.mlp.router.weight"], hf["model.layers.0.mlp.gate.weight"])
+    assert torch.equal(
+        mg["decoder.layers.0.self_attention.q_layernorm.weight"], hf["model.layers.0.self_attn.q_norm.weight"]
+    )
+    assert not any("linear_fc1" in n and "experts" not in n for n in mg)
+
+
+def test_qwen3_moe_config_reads_its_experts_and_refuses_what_megatron_does_not_build() -> None:
+    from transformers import Qwen3MoeConfig
+
+    base = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=6, norm_topk_prob=True)  # fmt: skip
+    d = ModelDims.from_hf_config(Qwen3MoeConfig(**base))
+    assert (d.experts, d.top_k, d.moe_ffn, d.qk_norm, d.norm_topk, d.qkv_bias) == (8, 2, 6, True, True, False)
+    assert d.full_shape("decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight", 1) == (12, 16)
+    assert d.full_shape("decoder.layers.1.mlp.router.weight", 1) == (8, 16)
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        ModelDims.from_hf_config(Qwen3MoeConfig(**base, mlp_only_layers=[0]))
+    with pytest.raises(ValueError, match="attention_bias"):
+        ModelDims.from_hf_config(Qwen3MoeConfig(**base, attention_bias=True))
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2: a mixture-of-experts policy trains with TP=1"):
+        check_divisible(d, 2, "trainer.megatron")
+    check_divisible(d, 1, "trainer.megatron")

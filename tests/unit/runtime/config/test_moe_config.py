@@ -122,3 +122,17 @@ def test_the_plan_meets_the_measured_moe_trainer_peak() -> None:
     assert "trainer.micro_batch_tokens=4096" in result["overrides"]
     cfg = load_settled(ROOT / "configs" / "bench_moe.yaml", ["memory.gpu_gb=80", "trainer.micro_batch_tokens=4096"])
     assert launch_plan(cfg, asks_gpus=True).trainer_peak_gb() == pytest.approx(measured, rel=0.05)
+
+
+MEGATRON = ("trainer.backend=megatron", "fsdp.use_fsdp=false", "trainer.device=cuda")
+
+
+def test_a_mixture_on_megatron_passes_with_one_model_parallel_rank() -> None:
+    check_launch(load_settled(MOE, list(MEGATRON)))
+
+
+@pytest.mark.parametrize("split", ["tensor_model_parallel_size=2", "pipeline_model_parallel_size=2"])
+def test_a_mixture_on_megatron_split_over_ranks_is_refused(split: str) -> None:
+    msg = refusal(MOE, *MEGATRON, f"trainer.megatron.{split}")
+    assert msg.startswith("a mixture-of-experts policy on trainer.backend=megatron trains with")
+    assert "tensor, pipeline and expert parallel MoE are not wired" in msg
