@@ -11,6 +11,9 @@ synchronous (staleness 0: the behaviour/proximal gap is the engines' numerics al
   2e-3..1.9e-2 without, on 1-5 % of tokens routed otherwise); the expert weights reach vLLM
   (a stale expert would open the gap step by step).
 
+* A replayed run, sync and async, resumes from a checkpoint with its tokens still replayed, and
+  exports a model transformers loads.
+
 Needs vLLM's MoE kernels (a full vLLM wheel): `python -m pytest -m gpu tests/gpu/test_moe_gpu.py`.
 """
 
@@ -25,7 +28,7 @@ from tests.gpu.test_gpu_run import GPU_ENGINE, launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 STEPS = 6
-ON_GPU0 = (
+ON_GPU0: tuple[str, ...] = (
     "placement=[{role: controller}, {role: reward}, {role: rollout, devices: [0]},"
     " {role: trainer, count: 1, devices: [0]}]",
     "trainer.device=cuda",
@@ -54,3 +57,48 @@ def test_replay_trains_on_the_rollouts_experts_and_closes_the_gap(tmp_path: Path
     assert any(m["router_disagree"] > 0 for m in measured)  # the engines do route some tokens apart
     kl = [statistics.median(m["kl_behaviour_proximal"] for m in run) for run in (replayed, measured)]
     assert kl[0] < kl[1], kl
+
+
+RESUME_STEPS = 20
+REPLAY_RUN = (*GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=rollout", "checkpoint.every=10", "checkpoint.keep=0")
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_replayed_run_resumes_and_exports(tmp_path: Path, staleness: int) -> None:
+    """20 steps with replay, sync and async; the run as it stood at its step-10 checkpoint
+    resumed goes on at step 11 with every token still replayed (the saved samples keep their
+    experts), and the export loads in transformers as a Qwen3-MoE with trained experts."""
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import ROOT
+
+    run = tmp_path / "run"
+    both = (*REPLAY_RUN, f"trainer.total_steps={RESUME_STEPS}", f"rollout.max_staleness={staleness}")
+    straight = steps(launch(run, *both))
+    assert [m["step"] for m in straight] == list(range(1, RESUME_STEPS + 1))
+    assert all(m["routing_mismatch"] == 0.0 and m["routed_tokens"] > 0 for m in straight)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed, symlinks=True)
+    shutil.rmtree(resumed / "checkpoints" / f"step-{RESUME_STEPS:08d}")
+    again = steps(launch(resumed, *both, "resume=auto"))[-(RESUME_STEPS - 10) :]
+    assert [m["step"] for m in again] == list(range(11, RESUME_STEPS + 1))
+    for m in again:
+        assert m["routing_mismatch"] == 0.0 and m["routed_tokens"] > 0, m
+        assert m["kl_behaviour_proximal"] < 0.05, m
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "export", str(run), str(tmp_path / "hf")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    initial = AutoModelForCausalLM.from_pretrained(run / "model", dtype=torch.float32).state_dict()
+    assert any(".experts." in k and not torch.equal(v, initial[k]) for k, v in model.state_dict().items())
