@@ -46,11 +46,11 @@ def test_no_code_test_or_doc_dates_a_statement_by_a_commit() -> None:
 
 def test_the_scan_reads_the_forms_history_took() -> None:
     # The forms are built from parts, so this file itself holds no line the scans flag.
-    at, until = "at ", "Until commit "
+    at, until = "at ", "Until " + "commit "
     hits = history_lines(
         "x.py",
         f"# {at}6d23ac7 the step read 2.99 s\n{until}6603a04 the model\nsince 22fde54 every lever\n"
-        "at 1000000 steps, at decade, 0x1f2e3d4c\n(commit 2ffbcce: megatron hands",
+        f"{at}1000000 steps, at decade, 0x1f2e3d4c\n(commit 2ffbcce: megatron hands",
         results=False,
     )
     assert [h.split(":")[1] for h in hits] == ["1", "2", "3", "5"], hits
