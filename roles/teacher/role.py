@@ -14,7 +14,7 @@ import time
 from roles.generation.errors import EngineDeadError
 from roles.teacher.scorer import TeacherScorer
 from runtime.identity.paths import teacher_dir
-from runtime.launch.start_order import engines_before, mark_started, wait_started
+from runtime.launch.start_order import engines_before, mark_started, wait_for_engines
 from runtime.logs import get_logger
 from runtime.role import FatalError, Role
 from transport import wire
@@ -31,13 +31,8 @@ class TeacherRole(Role):
         path = str(teacher_dir(self.cfg))
         started = time.perf_counter()
         self.scorer = TeacherScorer(d.engine, path, timeout_s=d.timeout_s, max_batched_tokens=d.max_batched_tokens)
-        before = engines_before(self.cfg, self.kind, self.ctx.rank)
-        if before:  # one vLLM profiling this GPU at a time (runtime/launch/start_order.py)
-            log.info("waiting_for_colocated_rollouts", rollouts=before)
-            try:
-                await wait_started(self.ctx.run_dir, before, self.cfg.startup_timeout_s)
-            except TimeoutError as exc:
-                raise FatalError(f"{self.ctx.name} shares its GPU with a rollout that never started: {exc}") from None
+        before = engines_before(self.cfg, self.kind, self.ctx.rank)  # one vLLM profiling a GPU at a time
+        await wait_for_engines(self.ctx.run_dir, self.ctx.name, self.kind, before, self.cfg.startup_timeout_s)
         log.info("engine_starting", model=path)
         try:
             await self.scorer.start()

@@ -25,7 +25,7 @@ import torch
 
 from roles.training.train_engine import TrainEngine
 from runtime.checkpoints.checkpoint import resume_dir
-from runtime.launch.start_order import colocated_rollouts, wait_started
+from runtime.launch.start_order import colocated_rollouts, wait_for_engines
 from runtime.logs import get_logger
 from runtime.memory.gpu import GB, out_of_memory_cause
 from runtime.role import FatalError, Role
@@ -70,13 +70,7 @@ class TorchRole(Role, Generic[EngineT]):
         """Wait for the rollouts on this rank's GPU to start: vLLM sizes its KV cache from the
         free memory it measures while starting, which a build beside it would shrink."""
         names = colocated_rollouts(self.cfg, self.kind, self.ctx.rank)
-        if not names:
-            return
-        get_logger(self.kind).info("waiting_for_colocated_rollouts", rollouts=names)
-        try:
-            await wait_started(self.ctx.run_dir, names, self.cfg.startup_timeout_s)
-        except TimeoutError as exc:
-            raise FatalError(f"{self.ctx.name} shares its GPU with a rollout that never started: {exc}") from None
+        await wait_for_engines(self.ctx.run_dir, self.ctx.name, self.kind, names, self.cfg.startup_timeout_s)
 
     async def _in_thread(self, fn: Callable[[*Ts], R], *args: *Ts) -> R:
         """`fn(*args)` on the torch thread, after everything submitted before it."""

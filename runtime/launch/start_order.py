@@ -26,6 +26,8 @@ from pathlib import Path
 
 from runtime.config import RunConfig
 from runtime.config.placement import placed_processes
+from runtime.logs import get_logger
+from runtime.role import FatalError
 
 POLL_S = 0.25
 ENGINE_ROLES = ("rollout", "teacher")  # roles that start a vLLM engine and mark it
@@ -75,3 +77,16 @@ async def wait_started(run_dir: Path, names: list[str], timeout_s: float) -> Non
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{', '.join(missing)} did not start its engine within {timeout_s:g} s")
         await asyncio.sleep(POLL_S)
+
+
+async def wait_for_engines(run_dir: Path, name: str, kind: str, engines: list[str], timeout_s: float) -> None:
+    """What process `name` (of role `kind`) does before it builds on a GPU that `engines`
+    share: say so in its log, wait for their marks, and end with a `FatalError` naming it
+    and the engines that never started. Returns at once for no engines."""
+    if not engines:
+        return
+    get_logger(kind).info("waiting_for_colocated_rollouts", rollouts=engines)
+    try:
+        await wait_started(run_dir, engines, timeout_s)
+    except TimeoutError as exc:
+        raise FatalError(f"{name} shares its GPU with a rollout that never started: {exc}") from None

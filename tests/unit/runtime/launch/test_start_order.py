@@ -88,3 +88,12 @@ def test_a_teacher_starts_its_engine_after_the_rollouts_on_its_gpu() -> None:
     assert engines_before(cfg, "rollout", 0) == []
     assert engines_before(cfg, "trainer", 0) == []
     assert engines_before(load_config("configs/distill_tiny_cpu.yaml", []), "teacher", 0) == []
+
+
+def test_a_process_waiting_for_an_engine_that_never_starts_ends_naming_both(tmp_path: Path) -> None:
+    from runtime.launch.start_order import wait_for_engines
+    from runtime.role import FatalError
+
+    asyncio.run(wait_for_engines(tmp_path, "teacher-0", "teacher", [], timeout_s=0.1))  # nothing to wait for
+    with pytest.raises(FatalError, match=r"teacher-0 shares its GPU with a rollout that never started: rollout-0"):
+        asyncio.run(wait_for_engines(tmp_path, "teacher-0", "teacher", ["rollout-0"], timeout_s=0.3))
