@@ -67,7 +67,8 @@ REPLAY_RUN = (*GPU_ENGINE, *ON_GPU0, "algorithm.routing_replay=rollout", "checkp
 def test_a_replayed_run_resumes_and_exports(tmp_path: Path, staleness: int) -> None:
     """20 steps with replay, sync and async; the run as it stood at its step-10 checkpoint
     resumed goes on at step 11 with every token still replayed (the saved samples keep their
-    experts), and the export loads in transformers as a Qwen3-MoE with trained experts."""
+    experts) and its behaviour/proximal KL where the straight run's was, and the export loads
+    in transformers as a Qwen3-MoE with trained experts."""
     import shutil
     import subprocess
     import sys
@@ -89,7 +90,14 @@ def test_a_replayed_run_resumes_and_exports(tmp_path: Path, staleness: int) -> N
     assert [m["step"] for m in again] == list(range(11, RESUME_STEPS + 1))
     for m in again:
         assert m["routing_mismatch"] == 0.0 and m["routed_tokens"] > 0, m
-        assert m["kl_behaviour_proximal"] < 0.05, m
+    kl = [m["kl_behaviour_proximal"] for m in again]
+    if staleness == 0:
+        assert max(kl) < 0.05, kl  # the engines' numerics alone: the restored samples' logprobs fit their tokens
+    else:
+        # A sample one version behind carries that step's policy change too (0.04-0.7 on the tiny
+        # model at lr 0.002, with or without a resume): the resumed steps stay in the straight run's range.
+        straight_kl = statistics.median(m["kl_behaviour_proximal"] for m in straight[10:])
+        assert statistics.median(kl) < 3 * straight_kl, (kl, straight_kl)
     out = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "export", str(run), str(tmp_path / "hf")],
         cwd=ROOT,

@@ -133,6 +133,12 @@ def test_fsdp2_full_offload_trains_like_the_actor_on_the_gpu(model_dir: Path) ->
         assert moments and all(m.to_local().device.type == "cpu" for m in moments)
     exported = list(full.export_weights(torch.bfloat16))  # gathered and cast on the GPU, never through the host
     assert exported and all(t.device.type == "cuda" and t.dtype == torch.bfloat16 for _, t in exported)
+    # AdamW on the host rounds otherwise than CUDA's: where a gradient is near 0, Adam's
+    # m / (sqrt(v) + eps) turns on that rounding, and an element can end a small fraction of one
+    # update apart (one of 66304 by 3.3e-7 at lr 1e-3 on an H100). The bound, a thousandth of an
+    # update, is far below what a micro-batch lost or counted twice does to the gradients.
     got = {n: t.detach().cpu() for n, t in full_state_dict_items(full.model)}
     for name, tensor in full_state_dict_items(plain.model):
-        torch.testing.assert_close(got[name], tensor.detach().cpu(), rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(
+            got[name], tensor.detach().cpu(), rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
