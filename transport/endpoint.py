@@ -110,6 +110,11 @@ class Endpoint:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
 
+    def count_drop(self, peer: bytes | None, reason: str, detail: str) -> None:
+        """Count and log (rate-limited) one message dropped for `reason`."""
+        self.stats.dropped[reason] += 1
+        self.drop_log.dropped(peer_name(peer), reason, detail)
+
     def admit(self, frames: list[Any]) -> Envelope | None:
         """The message `frames` carry, or None when it is dropped (see the module docstring)."""
         peer = None
@@ -123,8 +128,7 @@ class Endpoint:
                 raise WireError("oversized", f"{size} bytes > max {self.options.max_message_bytes}")
             header, msg = self._decoder.decode(frames)
         except WireError as exc:
-            self.stats.dropped[exc.reason] += 1
-            self.drop_log.dropped(peer_name(peer), exc.reason, exc.detail)
+            self.count_drop(peer, exc.reason, exc.detail)
             return None
         self.stats.received += 1
         return Envelope(msg=msg, header=header, peer=peer)

@@ -156,9 +156,19 @@ _handshakes_refused = [0]
 _HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
-async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None:
+def note_refused(mechanism: str, reason: str, *, key: str, **fields: str) -> None:
+    """Log (`peer_refused`, throttled per `key`) and count one refused peer: for servers
+    that run their own handshake (transport.zmtp_router) rather than libzmq's."""
+    _handshakes_refused[0] += 1
+    _refusals.warning("peer_refused", key=key, mechanism=mechanism, reason=reason, **fields)
+
+
+async def log_refused_handshakes(sock: object, channel: str) -> None:
     """Log (`peer_refused`) and count every peer whose handshake with the Curve server
-    `sock` failed before authentication. Runs until cancelled or the socket closes."""
+    `sock` failed before authentication. Runs until cancelled or the socket closes. A
+    server that is no libzmq socket (transport.zmtp_router) logs its refusals itself."""
+    if not isinstance(sock, zmq.asyncio.Socket):
+        return
     monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
     try:
         while True:
