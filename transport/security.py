@@ -8,8 +8,10 @@ peer cannot complete the handshake with a Curve socket at all; `log_refused_hand
 logs and counts those failures as they happen (a socket monitor on the server).
 
 Local runs (no Curve) authenticate with ZMQ's PLAIN mechanism instead: a client presents
-the run token (runtime/identity/run_token.py) as its password, the same ZAP handler compares it in
-constant time and refuses (logs, counts) any other. PLAIN sends the token in clear over
+the run token (runtime/identity/run_token.py) as its password; the server
+(transport.zmtp_router, which runs its own handshake and logs through `note_refused`)
+compares it in constant time and refuses (logs, counts) any other. The ZAP handler's
+PLAIN check serves libzmq servers that are given a password. PLAIN sends the token in clear over
 the connection, which is why it is for ipc:// in a 0700 folder and loopback only; data
 frames are not encrypted, so it costs the data path nothing.
 """
@@ -124,17 +126,6 @@ def start_authenticator(
     auth.password = password
     _running[ctx] = auth
     return auth
-
-
-def ensure_authenticator(ctx: zmq.asyncio.Context, *, password: str) -> None:
-    """Make sure `ctx` has a ZAP handler that admits PLAIN clients presenting `password`
-    (`bind_router` calls this, so no PLAIN server runs without one; a handler started
-    here lives as long as the context)."""
-    auth = _running.get(ctx)
-    if auth is None or auth.zap_socket is None:
-        start_authenticator(ctx, password=password)
-    elif auth.password != password:
-        raise ValueError("transport: a context's servers must all check the same run token")
 
 
 class _Allowed:

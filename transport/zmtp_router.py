@@ -284,7 +284,7 @@ class Connection(asyncio.BufferedProtocol):
             return self.abort()
         self.transport.close()
         if linger_s is not None:
-            asyncio.get_running_loop().call_later(linger_s, self.transport.abort)
+            self.router.loop.call_later(linger_s, self.transport.abort)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -324,12 +324,12 @@ class ZmtpRouter:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._paused: set[Connection] = set()
         self._anonymous = itertools.count(random.getrandbits(31))
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._listener, self.address, self._ipc_path = listen(address, listen_fd)
-        self._server = self._loop.create_task(self._serve(), name=f"{name}.accept")
+        self._server = self.loop.create_task(self._serve(), name=f"{name}.accept")
 
     async def _serve(self) -> None:
-        await self._loop.create_server(self._connection, sock=self._listener)
+        await self.loop.create_server(self._connection, sock=self._listener)
 
     def _connection(self) -> Connection:
         conn = Connection(self)
@@ -373,7 +373,7 @@ class ZmtpRouter:
         while not self._inbox:
             if self.closed:
                 raise zmq.ZMQError(zmq.ENOTSOCK)
-            waiter = self._loop.create_future()
+            waiter = self.loop.create_future()
             self._waiters.append(waiter)
             await waiter
         message = self._inbox.popleft()
