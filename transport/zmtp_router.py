@@ -38,7 +38,7 @@ import random
 import socket
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import zmq
@@ -68,7 +68,6 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.identity: bytes | None = None
         self.ready = False
-        self._stage = memoryview(bytearray(zmtp.READ_BYTES))
         self._head = bytearray()
         self._need, self._state, self._flags = zmtp.GREETING_BYTES, _GREETING, 0
         self._body: memoryview = memoryview(b"")
@@ -83,15 +82,14 @@ class Connection(asyncio.BufferedProtocol):
     # --- asyncio callbacks ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
-        transport.write(zmtp.greeting(self.router.mechanism))
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's too)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
+        self.transport.write(zmtp.greeting(self.router.mechanism))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == _BODY and len(self._body) - self._filled >= DIRECT_MIN_BYTES:
             return self._body[self._filled :]
-        return self._stage
+        return self.router.stage
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._state == _BODY and len(self._body) - self._filled >= DIRECT_MIN_BYTES:
@@ -99,7 +97,7 @@ class Connection(asyncio.BufferedProtocol):
             if self._filled == len(self._body):
                 self._frame_done()
             return
-        self._feed(self._stage[:nbytes])
+        self._feed(self.router.stage[:nbytes])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.router.lost(self)
@@ -324,12 +322,15 @@ class ZmtpRouter:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._paused: set[Connection] = set()
         self._anonymous = itertools.count(random.getrandbits(31))
+        # One read buffer for all connections: a read is parsed out of it before the next.
+        self.stage = memoryview(bytearray(zmtp.READ_BYTES))
+        self._aio_server: asyncio.Server | None = None
         self.loop = asyncio.get_running_loop()
         self._listener, self.address, self._ipc_path = listen(address, listen_fd)
         self._server = self.loop.create_task(self._serve(), name=f"{name}.accept")
 
     async def _serve(self) -> None:
-        await self.loop.create_server(self._connection, sock=self._listener)
+        self._aio_server = await self.loop.create_server(self._connection, sock=self._listener)
 
     def _connection(self) -> Connection:
         conn = Connection(self)
@@ -369,7 +370,8 @@ class ZmtpRouter:
 
     # --- the socket API RpcEndpoint uses ----------------------------------------------------
 
-    async def recv_multipart(self, copy: bool = False) -> list[Any]:
+    async def recv_multipart(self, copy: bool = True) -> list[Any]:
+        """The next message, [identity, *frames]: Frames, or bytes with `copy` (zmq's default)."""
         while not self._inbox:
             if self.closed:
                 raise zmq.ZMQError(zmq.ENOTSOCK)
@@ -382,7 +384,7 @@ class ZmtpRouter:
                 if not conn.closing and conn.transport is not None:
                     conn.transport.resume_reading()
             self._paused.clear()
-        return message
+        return [frame.bytes for frame in message] if copy else message
 
     async def send_multipart(self, frames: Sequence[Any], flags: int = 0, copy: bool = False) -> None:
         if self.closed:
@@ -406,7 +408,10 @@ class ZmtpRouter:
             return
         self.closed = True
         self._server.cancel()
-        self._listener.close()
+        if self._aio_server is not None:
+            self._aio_server.close()  # also closes the listening socket
+        else:
+            self._listener.close()
         if self._ipc_path:
             with contextlib.suppress(OSError):
                 os.unlink(self._ipc_path)
