@@ -12,11 +12,12 @@ A caller may rely on:
   peer and reason, with the channel's totals. So a flood from any number of peers, with or
   without the run's token, costs a few lines a minute and every drop is counted in one.
 * A message whose frames add up to more than `max_message_bytes` is dropped as
-  `oversized` as soon as it is received (its frames are zero-copy views of libzmq's
-  buffers, let go at once), and no single frame above the cap is ever read
-  (ZMQ_MAXMSGSIZE: libzmq cuts the connection at the frame's length). What a message costs
-  the receiver before it is refused is thus bounded by the per-frame cap for one frame;
-  libzmq hands over a message only whole, so a message of many frames each under the cap
+  `oversized` as soon as it is received (its frames are zero-copy views of the socket's
+  buffers, let go at once), and no single frame above the cap is ever read (the
+  connection is cut at the frame's length). A server without Curve (transport.zmtp_router)
+  cuts a message at the cap before reading on, reported through `count_drop` as
+  `oversized`, so no message costs it more than the cap; libzmq (clients, Curve servers)
+  hands over a message only whole, so there a message of many frames each under the cap
   costs their sum until then (transport/sockets.py).
 * `last_seen[peer]` is the time (`time.monotonic()`) anything last arrived from `peer`,
   dropped or not; `last_sent[peer]` the time a message last left for it.
@@ -110,6 +111,11 @@ class Endpoint:
         self.stats.sent += 1
         self.last_sent[peer] = time.monotonic()
 
+    def count_drop(self, peer: bytes | None, reason: str, detail: str) -> None:
+        """Count and log (rate-limited) one message dropped for `reason`."""
+        self.stats.dropped[reason] += 1
+        self.drop_log.dropped(peer_name(peer), reason, detail)
+
     def admit(self, frames: list[Any]) -> Envelope | None:
         """The message `frames` carry, or None when it is dropped (see the module docstring)."""
         peer = None
@@ -123,8 +129,7 @@ class Endpoint:
                 raise WireError("oversized", f"{size} bytes > max {self.options.max_message_bytes}")
             header, msg = self._decoder.decode(frames)
         except WireError as exc:
-            self.stats.dropped[exc.reason] += 1
-            self.drop_log.dropped(peer_name(peer), exc.reason, exc.detail)
+            self.count_drop(peer, exc.reason, exc.detail)
             return None
         self.stats.received += 1
         return Envelope(msg=msg, header=header, peer=peer)

@@ -1,4 +1,5 @@
-"""Request/reply over one zmq.asyncio ROUTER (server) or DEALER (client) socket.
+"""Request/reply over one ROUTER (server: transport.zmtp_router's, or zmq.asyncio's with
+Curve) or zmq.asyncio DEALER (client) socket.
 
 Guarantees a caller may rely on:
 
@@ -38,6 +39,7 @@ from transport import wire
 from transport.endpoint import ChannelOptions, Endpoint, Envelope, peer_name
 from transport.security import log_refused_handshakes
 from transport.throttle import Throttled
+from transport.zmtp_router import ZmtpRouter
 
 log = structlog.get_logger("transport")
 
@@ -69,7 +71,7 @@ class PeerUnreachable(ConnectionError):
 class RpcEndpoint(Endpoint):
     """Requests, replies and one-way messages; call `start` once to begin serving."""
 
-    def __init__(self, sock: zmq.asyncio.Socket, name: str, options: ChannelOptions) -> None:
+    def __init__(self, sock: zmq.asyncio.Socket | ZmtpRouter, name: str, options: ChannelOptions) -> None:
         super().__init__(name, options, is_router=sock.type == zmq.ROUTER)
         self.sock = sock
         self.address = ""

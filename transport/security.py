@@ -8,8 +8,10 @@ peer cannot complete the handshake with a Curve socket at all; `log_refused_hand
 logs and counts those failures as they happen (a socket monitor on the server).
 
 Local runs (no Curve) authenticate with ZMQ's PLAIN mechanism instead: a client presents
-the run token (runtime/identity/run_token.py) as its password, the same ZAP handler compares it in
-constant time and refuses (logs, counts) any other. PLAIN sends the token in clear over
+the run token (runtime/identity/run_token.py) as its password; the server
+(transport.zmtp_router, which runs its own handshake and logs through `note_refused`)
+compares it in constant time and refuses (logs, counts) any other. The ZAP handler's
+PLAIN check serves libzmq servers that are given a password. PLAIN sends the token in clear over
 the connection, which is why it is for ipc:// in a 0700 folder and loopback only; data
 frames are not encrypted, so it costs the data path nothing.
 """
@@ -126,17 +128,6 @@ def start_authenticator(
     return auth
 
 
-def ensure_authenticator(ctx: zmq.asyncio.Context, *, password: str) -> None:
-    """Make sure `ctx` has a ZAP handler that admits PLAIN clients presenting `password`
-    (`bind_router` calls this, so no PLAIN server runs without one; a handler started
-    here lives as long as the context)."""
-    auth = _running.get(ctx)
-    if auth is None or auth.zap_socket is None:
-        start_authenticator(ctx, password=password)
-    elif auth.password != password:
-        raise ValueError("transport: a context's servers must all check the same run token")
-
-
 class _Allowed:
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = set(keys)
@@ -156,9 +147,19 @@ _handshakes_refused = [0]
 _HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
-async def log_refused_handshakes(sock: zmq.asyncio.Socket, channel: str) -> None:
+def note_refused(mechanism: str, reason: str, *, key: str, **fields: str) -> None:
+    """Log (`peer_refused`, throttled per `key`) and count one refused peer: for servers
+    that run their own handshake (transport.zmtp_router) rather than libzmq's."""
+    _handshakes_refused[0] += 1
+    _refusals.warning("peer_refused", key=key, mechanism=mechanism, reason=reason, **fields)
+
+
+async def log_refused_handshakes(sock: object, channel: str) -> None:
     """Log (`peer_refused`) and count every peer whose handshake with the Curve server
-    `sock` failed before authentication. Runs until cancelled or the socket closes."""
+    `sock` failed before authentication. Runs until cancelled or the socket closes. A
+    server that is no libzmq socket (transport.zmtp_router) logs its refusals itself."""
+    if not isinstance(sock, zmq.asyncio.Socket):
+        return
     monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
     try:
         while True:

@@ -1,14 +1,18 @@
 """The sockets endpoints use, with the policy of `ChannelOptions` applied.
 
-Every socket has explicit high-water marks, a linger bound and a hard per-frame size
-limit of `max_message_bytes` (ZMQ_MAXMSGSIZE): libzmq reads a frame's length first and
-drops the connection of a peer that sends a larger one, so such a frame never costs the
-receiver its size in memory (a message of several frames, each under the cap, still can:
-libzmq has no limit on the number of frames; `Endpoint.admit` then drops and counts it).
+Every socket has explicit high-water marks, a linger bound and a size cap of
+`max_message_bytes`. A server (`bind_router`) without Curve is a `ZmtpRouter`
+(transport/zmtp_router.py), which bounds a whole message: it reads each frame's length
+first and cuts a peer whose message would grow past the cap, counting it as `oversized`,
+so no message costs it more than the cap. With Curve the server is libzmq's ROUTER,
+whose ZMQ_MAXMSGSIZE caps each frame only: libzmq hands over a message only whole and
+has no limit on the number of frames, so there a Curve key holder's message of several
+frames under the cap costs their sum until `Endpoint.admit` drops it. Clients are
+libzmq DEALERs with a per-frame cap.
 Only a peer that passed the handshake can send a frame at all: with `options.curve` the
 peer needs the run's Curve key, otherwise, with `options.password` (the run token), it
-must present that token (ZMQ PLAIN, checked by the context's ZAP handler, which
-`bind_router` starts when none runs yet), so a stranger's frames never reach memory.
+must present that token (ZMQ PLAIN; checked by the ZmtpRouter in constant time), so a
+stranger's frames never reach memory.
 A ROUTER routes mandatorily, so a send to an unknown peer is an error (`PeerUnreachable`)
 rather than a silent loss, and it refuses a newcomer with a live peer's identity.
 """
@@ -20,7 +24,8 @@ import zmq.asyncio
 
 from transport.endpoint import ChannelOptions
 from transport.rpc import RpcEndpoint
-from transport.security import PLAIN_USER, ZAP_DOMAIN, apply_curve, ensure_authenticator
+from transport.security import PLAIN_USER, apply_curve
+from transport.zmtp_router import ZmtpRouter
 
 
 def bind_router(
@@ -33,8 +38,10 @@ def bind_router(
 ) -> RpcEndpoint:
     """A ROUTER bound at `address` (tcp port 0 or `*` picks a free port; see `.address`).
     With `listen_fd`, a TCP socket already bound to `address`'s port and listening (as the
-    launcher hands one over, runtime.launch.rendezvous), the ROUTER serves on it (ZMQ_USE_FD)
-    and owns it from then on."""
+    launcher hands one over, runtime.launch.rendezvous), the ROUTER serves on it and owns it
+    from then on. Without Curve it is a ZmtpRouter (needs a running event loop)."""
+    if options.curve is None:
+        return _bind_zmtp(address, name, options, listen_fd)
     sock = ctx.socket(zmq.ROUTER)
     if listen_fd is not None:
         sock.setsockopt(zmq.USE_FD, listen_fd)
@@ -42,14 +49,25 @@ def bind_router(
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     # No handover: a second connection with a live peer's identity cannot take its place.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
-    if options.curve is not None:
-        apply_curve(sock, options.curve, server=True)
-    elif options.password is not None:
-        ensure_authenticator(ctx, password=options.password)
-        sock.plain_server = True
-        sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    apply_curve(sock, options.curve, server=True)
     ep = RpcEndpoint(sock, name, options)
     ep.address = _bind(sock, address)
+    return ep
+
+
+def _bind_zmtp(address: str, name: str, options: ChannelOptions, listen_fd: int | None) -> RpcEndpoint:
+    router = ZmtpRouter(
+        address,
+        name=name,
+        max_message_bytes=options.max_message_bytes,
+        hwm=options.hwm,
+        linger_s=options.linger_s,
+        password=options.password,
+        listen_fd=listen_fd,
+    )
+    ep = RpcEndpoint(router, name, options)
+    router.on_oversized = lambda peer, detail: ep.count_drop(peer, "oversized", detail)
+    ep.address = router.address
     return ep
 
 

@@ -158,14 +158,28 @@ def bad_messages() -> dict[str, list[bytes]]:
     }
 
 
+async def ask_until_answered(raw: RawDealer, msg: wire.Message, corr: int, tries: int = 10) -> wire.Message:
+    for _ in range(tries - 1):
+        try:
+            return await raw.ask(msg, corr=corr, timeout=0.5)
+        except TimeoutError:
+            continue
+    return await raw.ask(msg, corr=corr)
+
+
 async def check_survives_bad_input(raw: RawDealer, dropped: Any) -> None:
     """Every bad message is followed by a good request that must still be answered."""
     before = Counter(await dropped())
     corr = 1
-    for frames in bad_messages().values():
+    for reason, frames in bad_messages().items():
         await raw.send(frames)
         x = torch.arange(float(corr))
-        reply = await raw.ask(bucket(corr, x=x), corr=corr)
+        if reason == "oversized":
+            # The server cuts the connection of a peer whose message grows past the cap
+            # (transport/zmtp_router.py): what it sent next is lost, its DEALER reconnects.
+            reply = await ask_until_answered(raw, bucket(corr, x=x), corr)
+        else:
+            reply = await raw.ask(bucket(corr, x=x), corr=corr)
         assert isinstance(reply, wire.WeightBucket) and reply.version == corr and torch.equal(reply.tensors["x"], x)
         corr += 1
     counts = Counter(await dropped())

@@ -191,7 +191,9 @@ def test_nan_rewards_a_nan_update_and_floods_leave_the_run_finite_and_quiet(tmp_
     # The flood: every drop counted, a few lines on the console.
     dropped = events(run, "controller-0", "message_dropped")
     summaries = events(run, "controller-0", "messages_dropped")
-    assert len(dropped) + sum(s["unlogged"] for s in summaries) == 5_000
+    # 5,000 malformed from the flood, and the big frames' message cut as oversized.
+    assert len(dropped) + sum(s["unlogged"] for s in summaries) == 5_001
+    assert [d["reason"] for d in dropped].count("oversized") == 1
     assert max(s["total"]["malformed"] for s in summaries) == 5_000
     console = [ln for ln in stdout.splitlines() if "message_dropped" in ln or "messages_dropped" in ln]
     print(json.dumps({"flood_console_lines": len(console), "big_frames_controller_grew_mib": grew / 2**20}))
