@@ -234,12 +234,14 @@ class Role:
         return 1 if self._fatal is not None else 0
 
     def _start_auth(self) -> None:
-        """This process's servers accept only peers holding the run's Curve key (with
-        CurveZMQ on) or else presenting the run token at the handshake."""
+        """With CurveZMQ on, this process's servers accept only peers holding the run's Curve
+        key (a ZAP handler checks it); without it they check the run token themselves
+        (transport.zmtp_router)."""
         from transport.security import start_authenticator
 
         opts = addresses.channel_options(self.cfg, self.ctx.run_dir)
-        self._auth = start_authenticator(self.zmq, opts.curve, password=opts.password)
+        if opts.curve is not None:
+            self._auth = start_authenticator(self.zmq, opts.curve)
 
     async def _register(self) -> None:
         opts = addresses.channel_options(self.cfg, self.ctx.run_dir)

@@ -10,16 +10,14 @@ logs and counts those failures as they happen (a socket monitor on the server).
 Local runs (no Curve) authenticate with ZMQ's PLAIN mechanism instead: a client presents
 the run token (runtime/identity/run_token.py) as its password; the server
 (transport.zmtp_router, which runs its own handshake and logs through `note_refused`)
-compares it in constant time and refuses (logs, counts) any other. The ZAP handler's
-PLAIN check serves libzmq servers that are given a password. PLAIN sends the token in clear over
+compares it in constant time and refuses (logs, counts) any other; no ZAP handler is
+involved. PLAIN sends the token in clear over
 the connection, which is why it is for ipc:// in a 0700 folder and loopback only; data
 frames are not encrypted, so it costs the data path nothing.
 """
 
 from __future__ import annotations
 
-import hmac
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,16 +89,6 @@ class _LoggingAuthenticator(AsyncioAuthenticator):
     """ZAP handler that logs every refused peer and counts refusals."""
 
     refused = 0
-    password: str | None = None
-
-    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
-        # pyzmq compares with ==; the run token is compared in constant time.
-        expected = self.password
-        allowed = expected is not None and bool(password) and hmac.compare_digest(password.encode(), expected.encode())
-        if not allowed:
-            type(self).refused += 1
-            _refusals.warning("peer_refused", key="PLAIN", mechanism="PLAIN", reason="wrong or missing run token")
-        return allowed, b"OK" if allowed else b"wrong or missing run token"
 
     async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
         allowed, reason = await super()._authenticate_curve(domain, client_key)
@@ -110,21 +98,13 @@ class _LoggingAuthenticator(AsyncioAuthenticator):
         return allowed, reason
 
 
-_running: weakref.WeakKeyDictionary[zmq.Context, _LoggingAuthenticator] = weakref.WeakKeyDictionary()
-
-
-def start_authenticator(
-    ctx: zmq.asyncio.Context, keys: CurveKeys | None = None, *, password: str | None = None
-) -> AsyncioAuthenticator:
+def start_authenticator(ctx: zmq.asyncio.Context, keys: CurveKeys) -> AsyncioAuthenticator:
     """Start the ZAP handler of `ctx` (one per context, needs a running event loop): a
-    Curve client must hold one of `keys.allowed_clients`, a PLAIN client must present
-    `password`; every other peer is refused, logged (throttled) and counted."""
+    Curve client must hold one of `keys.allowed_clients`; every other peer is refused,
+    logged (throttled) and counted."""
     auth = _LoggingAuthenticator(ctx)
     auth.start()
-    if keys is not None:
-        auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Allowed(keys.allowed_clients))
-    auth.password = password
-    _running[ctx] = auth
+    auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Allowed(keys.allowed_clients))
     return auth
 
 
