@@ -13,5 +13,8 @@ Modules:
 * `throttle`: A log throttle for warnings a peer can cause once per message it sends.
 * `wire`: The wire schema: every message that crosses a process boundary.
 * `zmtp`: ZMTP 3.0 wire pieces: greeting, frame headers, commands, metadata (RFC 23/ZMTP).
+* `zmtp_connection`: One peer of transport.zmtp_router's ROUTER: the ZMTP greeting and
+  handshake, then frames read into messages, each checked against the router's cap before its
+  body is read.
 * `zmtp_router`: A ZMTP 3.0 ROUTER in asyncio that bounds a whole message, not just each frame.
 """
