@@ -106,11 +106,11 @@ class Decoder:
     def decode(self, frames: Sequence[Any]) -> tuple[Header, Message]:
         """Header and message of `frames`; raises `WireError` on anything unacceptable."""
         header = self.header(frames)
-        self._aux = [_as_buffer(f) for f in frames[2:]] if len(frames) > 2 else ()
+        self._aux = [as_buffer(f) for f in frames[2:]] if len(frames) > 2 else ()
         self._used = set()
         self._missing = False
         try:
-            msg = self._msgpack.decode(_as_buffer(frames[1]))
+            msg = self._msgpack.decode(as_buffer(frames[1]))
         except Exception as exc:
             # A dec_hook error other than TypeError/ValueError (torch, numpy) propagates
             # out of msgspec unwrapped: it is bad input too, never a reason to crash.
@@ -130,7 +130,7 @@ class Decoder:
         if len(frames) < 2:
             raise WireError("truncated", f"{len(frames)} frame(s), need header and payload")
         try:
-            header = Header.unpack(_as_buffer(frames[0]))
+            header = Header.unpack(as_buffer(frames[0]))
         except ValueError as exc:
             raise WireError("bad_header", str(exc)) from None
         if header.schema != SCHEMA_VERSION:
@@ -212,7 +212,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _as_buffer(frame: Any) -> memoryview:
+def as_buffer(frame: Any) -> memoryview:
     """A memoryview over a zmq.Frame (copy=False), bytes or any buffer, without copying."""
     buf = getattr(frame, "buffer", None)
     view = buf if buf is not None else memoryview(frame)
@@ -221,4 +221,4 @@ def _as_buffer(frame: Any) -> memoryview:
 
 def frames_nbytes(frames: Sequence[Any]) -> int:
     """Total size of a frame list in bytes."""
-    return sum(len(_as_buffer(f)) for f in frames)
+    return sum(len(as_buffer(f)) for f in frames)

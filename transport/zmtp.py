@@ -84,12 +84,6 @@ def parse_plain_hello(data: bytes) -> bytes:
     return data[user_end + 1 :]
 
 
-def as_view(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", None)
-    view = buf if buf is not None else memoryview(frame)
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
 def new_body(size: int) -> Any:
     # np.empty leaves a large body's pages untouched until the peer's bytes fill them.
     return bytearray(size) if size < READ_BYTES else np.empty(size, dtype=np.uint8)

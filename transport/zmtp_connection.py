@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 import zmq
 
 from transport import zmtp
+from transport.codec import as_buffer
 from transport.security import note_refused
 from transport.throttle import Throttled
 
@@ -241,7 +242,7 @@ class Connection(asyncio.BufferedProtocol):
         batch = bytearray()
         last = len(frames) - 1
         for i, frame in enumerate(frames):
-            view = zmtp.as_view(frame)
+            view = as_buffer(frame)
             batch += zmtp.frame_header(zmtp.MORE if i < last else 0, len(view))
             if len(view) < BATCH_BYTES:
                 batch += view

@@ -44,6 +44,7 @@ import structlog
 import zmq
 
 from transport import zmtp
+from transport.codec import as_buffer
 from transport.throttle import Throttled
 from transport.zmtp_connection import Connection
 
@@ -153,7 +154,7 @@ class ZmtpRouter:
         if self.closed:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         peer = frames[0]
-        conn = self._peers.get(peer if isinstance(peer, bytes) else zmtp.as_view(peer).tobytes())
+        conn = self._peers.get(peer if isinstance(peer, bytes) else as_buffer(peer).tobytes())
         if conn is None or conn.closing:
             raise zmq.ZMQError(zmq.EHOSTUNREACH)
         if not conn.writable:
