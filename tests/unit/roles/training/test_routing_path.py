@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
+import pytest
 import torch
 
 from roles.controller.batching import build_train_batches, pack_routed_experts
@@ -28,6 +29,8 @@ def routing(rows: int, seed: int, experts: int = 64) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, experts, size=(rows, LAYERS, TOP_K))
 
 
+# Frames read back as bytes are read-only, as zmq's are: torch warns once per process (test_codec's mark).
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")
 def test_routing_survives_the_wire_exactly_in_a_small_dtype() -> None:
     small, wide = routing_tensor(routing(40, 0)), routing_tensor(routing(40, 1, experts=300))
     assert small is not None and wide is not None
