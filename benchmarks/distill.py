@@ -18,8 +18,13 @@ long after a batch's last sample its last teacher answer came), `teacher_tokens_
 (tokens scored per second the teacher was busy), `teacher_failures`, and `distill_kl` of its
 first and last measured steps. A tiny teacher (`teacher: tiny`) is made once under the run root.
 
+`--only NAME` runs one variant (then no ratio); `--reuse` summarises, instead of running again,
+a variant whose run directory under `--run-root` already holds a finished run. So a GPU command
+with a time limit can run `--only teacher` and a later one, same `--run-root`, `--reuse` the
+rest. Each variant's start and end go to stderr as one line each (the JSON comes at the end).
+
     python3 benchmarks/distill.py --config configs/distill_1.5b.yaml [key=value ...]
-        [--out benchmarks/results/distill_h100x1.json]
+        [--out benchmarks/results/distill_h100x1.json] [--only teacher] [--reuse]
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from runtime.memory.auto import load_settled
 from runtime.preflight.environment import check_launch
 
 HIDDEN_AT = 0.85  # the teacher counts as hidden when throughput with it is this fraction of without
+VARIANTS = ("no_teacher", "teacher")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-root", type=Path, help="default: runs/distill/<config>-<time>")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per variant")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--only", choices=VARIANTS, help="run only this variant (then no ratio)")
+    parser.add_argument("--reuse", action="store_true", help="summarise variants already finished under --run-root")
     return parser.parse_intermixed_args(argv)
 
 
@@ -114,18 +122,26 @@ def main(argv: list[str] | None = None) -> None:
     run_root.mkdir(parents=True, exist_ok=True)
     policy = setup_policy(base, run_root)
     steps = steps_override(base, args.warmup_steps, args.measured_steps)
+    wanted = [args.only] if args.only else list(VARIANTS)
     variants_overrides = {
-        "no_teacher": ["algorithm.distill.teacher=", no_teacher_placement(base)],
-        "teacher": teacher_overrides(base, run_root),
+        "no_teacher": lambda: ["algorithm.distill.teacher=", no_teacher_placement(base)],
+        "teacher": lambda: teacher_overrides(base, run_root),
     }
     runs = {}
-    for name, extra in variants_overrides.items():
+    for name in wanted:
         runs[name] = [*args.overrides, *policy.overrides, f"name={config.stem}-{name}", f"run_dir={run_root / name}"]
-        runs[name] += [*extra, *steps]
-        check_launch(load_settled(config, runs[name]))  # both checked before either runs
-    variants = {name: run_variant(config, overrides, args, policy) for name, overrides in runs.items()}
-    variants["teacher"].update(teacher_figures(run_root / "teacher", args.warmup_steps, args.measured_steps))
-    ratio = variants["teacher"]["samples_per_s"] / variants["no_teacher"]["samples_per_s"]
+        runs[name] += [*variants_overrides[name](), *steps]
+        check_launch(load_settled(config, runs[name]))  # every variant checked before any runs
+    variants = {}
+    for name, overrides in runs.items():
+        print(f"distill: {name}: starting, {run_root / name}", file=sys.stderr, flush=True)
+        variants[name] = run_variant(config, overrides, args, policy, reuse=args.reuse)
+        print(f"distill: {name}: {variants[name]['samples_per_s']:.2f} samples/s", file=sys.stderr, flush=True)
+    if "teacher" in variants:
+        variants["teacher"].update(teacher_figures(run_root / "teacher", args.warmup_steps, args.measured_steps))
+    ratio = (
+        variants["teacher"]["samples_per_s"] / variants["no_teacher"]["samples_per_s"] if len(variants) == 2 else None
+    )
     result = {
         "benchmark": "distill",
         "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
@@ -136,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         "run_root": str(run_root),
         **provenance(),
         "teacher_over_no_teacher": ratio,
-        "hidden": ratio >= HIDDEN_AT,
+        "hidden": None if ratio is None else ratio >= HIDDEN_AT,
         "variants": variants,
     }
     print_json(result, args.out)
