@@ -15,9 +15,11 @@ already holds a finished run (as many step records as its `trainer.total_steps`)
 variant that outlasts one command's time limit runs alone (`--only sync`), and a later
 invocation with the same `--run-root` and `--reuse` runs the rest and reports both. Each variant
 also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
-estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`), and the trainer's
-training time per step (`train_s_per_step`) beside the plan's estimate of it made before the
-run (`plan_train_s`, its parts in `plan_train_s_parts`, `plan_over_measured_train_s`).
+estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`), its process's resident
+high-water mark `host_peak_gb` beside the plan's host memory for it (`plan_trainer_host_gb`,
+`plan_over_measured_host`: what offload puts there), and the trainer's training time per step
+(`train_s_per_step`) beside the plan's estimate of it made before the run (`plan_train_s`, its
+parts in `plan_train_s_parts`, `plan_over_measured_train_s`).
 
 Each run's metrics.jsonl is then summarised over its steady window: the first
 `--warmup-steps` steps are skipped, and so are the last `max_staleness` steps of a run,
@@ -466,8 +468,9 @@ def run_variant(
 
 def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Trainer rank 0's measured allocator peak over the run (`cuda_peak_gb`, `cuda_reserved_gb`)
-    beside the launch-time memory plan's estimate of it (runtime/memory/plan.py, on this
-    machine's GPUs), the plan's GB per phase of the fullest GPU, and what `auto` chose for the
+    and its process's resident high-water mark (`host_peak_gb`), each beside the launch-time
+    memory plan's estimate (`plan_trainer_peak_gb`, `plan_trainer_host_gb`; runtime/memory/plan.py,
+    on this machine's GPUs), the plan's GB per phase of the fullest GPU, and what `auto` chose for the
     run (`auto_chosen`: the run's RUN_DIR/config.yaml, which the plan is of)."""
     from runtime.memory.plan import launch_plan
 
@@ -482,11 +485,14 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
         "plan_train_s": plan.step.total_s if plan.step else None,
         "plan_train_s_parts": plan.step.parts if plan.step else None,
     }
-    for key in ("cuda_peak_gb", "cuda_reserved_gb"):
+    out["plan_trainer_host_gb"] = plan.trainer_host_gb()
+    for key in ("cuda_peak_gb", "cuda_reserved_gb", "host_peak_gb"):
         seen = [r[key] for r in records if key in r]
         out[key] = max(seen) if seen else None
     if out["cuda_peak_gb"] and out["plan_trainer_peak_gb"]:
         out["plan_over_measured_peak"] = out["plan_trainer_peak_gb"] / out["cuda_peak_gb"]
+    if out["host_peak_gb"] and out["plan_trainer_host_gb"]:
+        out["plan_over_measured_host"] = out["plan_trainer_host_gb"] / out["host_peak_gb"]
     return out
 
 

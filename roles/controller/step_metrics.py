@@ -35,6 +35,7 @@ TRAINER_KEYS = (
     "micro_batches",
     "padding_fraction",
     "cuda_reserved_gb",
+    "host_peak_gb",
     "optimizer_offload_s",
     "params_restore_s",
     "release_s",

@@ -13,6 +13,7 @@ heartbeats flowing during long steps.
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,7 @@ class TrainerRole(TorchRole[PolicyEngine]):
             metrics["cuda_free_gb"] = torch.cuda.mem_get_info(self.engine.device)[0] / 1e9
             metrics["cuda_peak_gb"] = torch.cuda.max_memory_allocated(self.engine.device) / 1e9  # since start
             metrics["cuda_reserved_gb"] = torch.cuda.max_memory_reserved(self.engine.device) / 1e9
+        metrics["host_peak_gb"] = host_peak_gb()  # the plan's host figure for a trainer (offload) to compare
         if self.gives_way:  # before the update wakes vLLM: the step's cached blocks are its KV cache
             await self._in_thread(torch.cuda.empty_cache)
         version = self.engine.version
@@ -240,3 +242,9 @@ def _drain(items: Any) -> None:
     """Run an export to its end (the other ranks' gathers need this rank's part)."""
     for _ in items:
         pass
+
+
+def host_peak_gb() -> float:
+    """This process's resident-memory high-water mark since it started, in GB (Linux reports
+    `ru_maxrss` in KiB): what the memory plan's host figure for the process estimates."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9

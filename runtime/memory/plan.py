@@ -145,6 +145,15 @@ class Plan:
         best = max(held, key=lambda i: i.host_gb, default=None)
         return f" ({best.what} {best.host_gb:.1f} GB)" if best else ""
 
+    def trainer_host_gb(self) -> float | None:
+        """Trainer rank 0's estimated host memory (what `host_peak_gb` measures): what it keeps
+        there (offload) and its process's own."""
+        for rows in self.host.values():
+            for name, gb in rows:
+                if name == "trainer-0":
+                    return gb
+        return None
+
     def trainer_peak_gb(self) -> float | None:
         """Trainer rank 0's estimated allocator peak (what `cuda_peak_gb` measures)."""
         for g in self.gpus:

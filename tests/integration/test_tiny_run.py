@@ -7,6 +7,7 @@ reward of the last quarter of steps is clearly above the first quarter's.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,10 @@ def test_async_tiny_run_learns_within_the_staleness_bound(tmp_path: Path) -> Non
     assert [m["policy_version"] for m in metrics] == list(range(1, 41))
     assert any(m["staleness_max"] == 1 for m in metrics), "async run never used stale samples"
     check_phases(metrics, sync=False)
+    # The trainer's resident high-water mark: more than torch alone, less than the host, never falling.
+    host = [m["host_peak_gb"] for m in metrics]
+    assert host[0] > 0.2 and host[-1] < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, host
+    assert host == sorted(host), host
     first, last = quarter_means(metrics)
     assert last > first + 0.05, (first, last)
     busy = sum(m["gen_busy_s"] + m["train_busy_s"] for m in metrics)

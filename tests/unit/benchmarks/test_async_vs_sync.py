@@ -233,3 +233,15 @@ def test_the_plans_step_time_is_recorded_beside_the_measured_one() -> None:
     figures = bench.step_time_figures(30.0, {"train_busy_s": 240.0, "steps": 10})
     assert figures == {"train_s_per_step": 24.0, "plan_over_measured_train_s": 1.25}
     assert bench.step_time_figures(None, {"train_busy_s": 240.0, "steps": 10})["plan_over_measured_train_s"] is None
+
+
+def test_the_trainers_host_peak_is_reported_beside_the_plans(tmp_path: Path) -> None:
+    """`host_peak_gb` (the trainer's resident high-water mark) is the run's largest, beside the
+    plan's host memory for trainer rank 0 and their ratio; a run without it reports None."""
+    import benchmarks.async_vs_sync as bench
+
+    cfg = load_config("configs/tiny_cpu.yaml", [f"run_dir={tmp_path}"])
+    out = bench.memory_figures(cfg, [{"host_peak_gb": 1.5}, {"host_peak_gb": 2.0}, {}])
+    assert out["host_peak_gb"] == 2.0 and out["plan_trainer_host_gb"] > 0
+    assert out["plan_over_measured_host"] == pytest.approx(out["plan_trainer_host_gb"] / 2.0)
+    assert bench.memory_figures(cfg, [{}])["host_peak_gb"] is None

@@ -9,7 +9,7 @@ import pytest
 from runtime.config.load import load_config
 from runtime.errors import ConfigError
 from runtime.memory.estimate import GB, MIB, ModelShape, model_shape, trainer_memory, weight_sync_items
-from runtime.memory.plan import build_plan, check_plan, format_plan, suggest_fix
+from runtime.memory.plan import PROCESS_HOST_GB, build_plan, check_plan, format_plan, suggest_fix
 
 H200_GB = 150.1  # 140 GiB, as nvidia-smi reports an H200
 # Qwen2.5's published shapes and their Hugging Face parameter counts.
@@ -161,6 +161,17 @@ def test_host_memory_is_planned_and_checked() -> None:
     assert problems and problems[0].startswith("host memory of node 0: needs ")
     assert "AdamW moments (host, streamed)" in problems[0]  # 61 GB of moments, the largest
     assert not list(build_plan(cfg, H200_GB, 256.0).problems())
+
+
+def test_the_trainers_host_memory_is_what_it_offloads_and_its_own() -> None:
+    """`trainer_host_gb` (what a run's `host_peak_gb` is compared with): the optimizer's moments
+    the offload keeps on the host, plus the process's own; only its own without offload."""
+    offloaded = build_plan(_bench_7b(), H200_GB, 256.0)
+    moments = next(i for g in offloaded.gpus for p in g.processes if p.name == "trainer-0" for i in p.items
+                    if i.what.startswith("AdamW moments"))  # fmt: skip
+    assert moments.host_gb > 50
+    assert offloaded.trainer_host_gb() == pytest.approx(moments.host_gb + PROCESS_HOST_GB, rel=1e-6)
+    assert build_plan(_bench(), H200_GB, 256.0).trainer_host_gb() == pytest.approx(PROCESS_HOST_GB)
 
 
 def test_the_table_names_every_consumer_and_the_verdict() -> None:
