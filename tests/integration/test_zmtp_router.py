@@ -2,7 +2,8 @@
 
 A token holder's message over the cap is cut before it costs the server more than the
 cap (frames of 60 MB, or 100 000 empty frames), wrong tokens and duplicate identities
-are refused and logged, and what is within the cap arrives byte-exact.
+are refused and logged, what is within the cap arrives byte-exact, and a peer with ZMTP
+heartbeats on gets its PONGs.
 """
 
 from __future__ import annotations
@@ -194,6 +195,33 @@ def test_a_duplicate_identity_is_refused_while_the_first_peer_keeps_working(serv
         ctx.destroy(linger=0)
     assert stats(server)["refused"] > refused
     assert "identity in use by a live peer" in server.log.read_text()
+
+
+def test_a_heartbeating_peer_gets_its_pongs_and_stays_connected(server: Server) -> None:
+    """A libzmq DEALER with ZMTP heartbeats (PING every 50 ms, dropping the connection after
+    250 ms without any answer) stays on its one connection through a second of silence: the
+    router answers each PING with a PONG. Without PONGs it would disconnect about 4 times."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, b"heart")
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 50)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 250)
+        sock.plain_username, sock.plain_password = b"tandem", server.token.encode()
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        sock.connect(server.address)
+        assert ask(sock, wire.Ack(info="before"), corr=1) == wire.Ack(info="before")
+        time.sleep(1.0)
+        assert ask(sock, wire.Ack(info="after"), corr=2) == wire.Ack(info="after")
+        events = []
+        while monitor.poll(100):
+            events.append(recv_monitor_message(monitor)["event"])
+        assert events == [zmq.EVENT_HANDSHAKE_SUCCEEDED], events
+    finally:
+        ctx.destroy(linger=0)
 
 
 @pytest.mark.parametrize("server", [1 << 30], indirect=True)
