@@ -77,13 +77,16 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
         self.transport.write(zmtp.greeting(self.router.mechanism))
 
+    @property
+    def _direct(self) -> bool:
+        """Whether the next read goes straight into the frame body (else into the shared stage)."""
+        return self._state == _BODY and len(self._body) - self._filled >= DIRECT_MIN_BYTES
+
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._state == _BODY and len(self._body) - self._filled >= DIRECT_MIN_BYTES:
-            return self._body[self._filled :]
-        return self.router.stage
+        return self._body[self._filled :] if self._direct else self.router.stage
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._state == _BODY and len(self._body) - self._filled >= DIRECT_MIN_BYTES:
+        if self._direct:  # the same answer get_buffer had: nothing changed in between
             self._filled += nbytes
             if self._filled == len(self._body):
                 self._frame_done()
