@@ -13,7 +13,8 @@ directory under `--run-root`, in this order:
 summarises, instead of running again, every variant whose run directory under `--run-root`
 already holds a finished run (as many step records as its `trainer.total_steps`): a
 variant that outlasts one command's time limit runs alone (`--only sync`), and a later
-invocation with the same `--run-root` and `--reuse` runs the rest and reports both. Each variant
+invocation with the same `--run-root` and `--reuse` runs the rest and reports both (a reused
+variant's `launch_s` is the one its own invocation wrote into its run directory). Each variant
 also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
 estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`), its process's resident
 high-water mark `host_peak_gb` beside the plan's host memory for it (`plan_trainer_host_gb`,
@@ -422,6 +423,9 @@ def setup_policy(cfg: RunConfig, run_root: Path) -> Policy:
     return Policy(decoder_param_count(hf), prompt_tokens_mean(cfg, model_path), overrides)
 
 
+LAUNCH_RECORD = "benchmark_launch.json"  # in a variant's run directory: its `launch_s`, for a later `--reuse`
+
+
 def finished(cfg: RunConfig) -> bool:
     """Whether `cfg.run_dir` holds a run that recorded all of its `trainer.total_steps` steps."""
     path = Path(cfg.run_dir) / "metrics.jsonl"
@@ -438,11 +442,15 @@ def run_variant(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Launch one variant (`env` added to its environment) and summarise its run; with
-    `reuse`, a finished run is summarised without launching it again."""
+    `reuse`, a finished run is summarised without launching it again, and its `launch_s` is
+    the one its launching invocation recorded in the run directory (None if none did)."""
     cfg = load_settled(config, overrides)
-    launch_s = None  # a reused run's launch time is not known here
-    if not (reuse and finished(cfg)):
+    launch_record = Path(cfg.run_dir) / LAUNCH_RECORD
+    if reuse and finished(cfg):  # its launch time as the invocation that ran it wrote it down
+        launch_s = json.loads(launch_record.read_text())["launch_s"] if launch_record.exists() else None
+    else:
         launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s, env)
+        launch_record.write_text(json.dumps({"launch_s": launch_s}) + "\n")
     records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
     trainer_ranks = role_counts(cfg)["trainer"]

@@ -222,9 +222,13 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
     done = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'done'}", "trainer.total_steps=4"],
                              args, policy, reuse=args.reuse)  # fmt: skip
     assert launched == [] and done["launch_s"] is None and done["steps"] == 1  # 2 warm-up, 1 cool-down
-    bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"], args,
-                      policy, reuse=True)  # fmt: skip
-    assert launched == ["short"]
+    short = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"],
+                              args, policy, reuse=True)  # fmt: skip
+    assert launched == ["short"] and short["launch_s"] == 1.0
+    (tmp_path / "short" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:4]))
+    again = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"],
+                              args, policy, reuse=True)  # fmt: skip
+    assert launched == ["short"] and again["launch_s"] == 1.0  # the launching invocation's figure, read back
 
 
 def test_the_plans_step_time_is_recorded_beside_the_measured_one() -> None:
