@@ -445,13 +445,14 @@ def run_variant(
     `reuse`, a finished run is summarised without launching it again, and its `launch_s` is
     the one its launching invocation recorded in the run directory (None if none did)."""
     cfg = load_settled(config, overrides)
-    launch_record = Path(cfg.run_dir) / LAUNCH_RECORD
-    if reuse and finished(cfg):  # its launch time as the invocation that ran it wrote it down
-        launch_s = json.loads(launch_record.read_text())["launch_s"] if launch_record.exists() else None
+    run_dir = Path(cfg.run_dir)
+    if reuse and finished(cfg):
+        record = run_dir / LAUNCH_RECORD
+        launch_s = json.loads(record.read_text())["launch_s"] if record.exists() else None
     else:
-        launch_s = launch(config, overrides, Path(cfg.run_dir).with_suffix(".log"), args.timeout_s, env)
-        launch_record.write_text(json.dumps({"launch_s": launch_s}) + "\n")
-    records = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
+        launch_s = launch(config, overrides, run_dir.with_suffix(".log"), args.timeout_s, env)
+        (run_dir / LAUNCH_RECORD).write_text(json.dumps({"launch_s": launch_s}) + "\n")
+    records = read_metrics(run_dir / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
     trainer_ranks = role_counts(cfg)["trainer"]
     summary = summarize_run(
