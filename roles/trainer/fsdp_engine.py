@@ -14,8 +14,9 @@ one no-grad forward over the shard first and every update's ratio is taken again
 
 The frozen reference policy for `algorithm.kl.use: loss` is held here (the initial
 weights, FSDP-wrapped, no gradients). With `trainer.lora` (roles/training/peft_lora.py) only
-PEFT adapters train, the reference is the same model with its adapter disabled, and
-`export_weights` yields only the adapters. All methods are blocking collectives, called from
+PEFT adapters train, the reference is the same model with its adapter disabled, the frozen
+base is stored in the mixed-precision compute dtype (float32 masters only for the adapters),
+and `export_weights` yields only the adapters. All methods are blocking collectives, called from
 one thread (the role runs them in a worker thread so its event loop keeps serving).
 
 A mixture-of-experts policy (HF Qwen3-MoE / Qwen2-MoE) routes through
@@ -51,7 +52,7 @@ from roles.training.moe import (
     routing_fractions,
     routing_loss_term,
 )
-from roles.training.peft_lora import apply_lora
+from roles.training.peft_lora import apply_lora, store_frozen_in
 from roles.weights.lora_adapters import is_adapter, peft_name
 from runtime.config import RunConfig, TrainerConfig
 from runtime.memory.estimate import compiles_on_gpu
@@ -92,6 +93,8 @@ class FSDPEngine(FSDPEngineBase):
         if self.lora:
             model = apply_lora(model, t.lora, gradient_checkpointing=checkpointing)
             self.frozen_base = True
+            if cfg.fsdp.mixed_precision is not None:  # the base is only ever read in the compute dtype
+                store_frozen_in(model, DTYPES[cfg.fsdp.mixed_precision.param_dtype])
         self.model = wrap_model_with_fsdp(model, cfg.fsdp, device=self.device)
         kl = cfg.algorithm.kl
         self.ref_model = None

@@ -6,10 +6,17 @@ checkpoints see only the adapters. PEFT starts each adapter's B at zero, so vers
 the policy is the base model exactly. With the adapter disabled
 (`model.disable_adapter()`) the model is the frozen base: the reference policy of
 `algorithm.kl.use: loss`, with no second copy of the weights.
+
+`store_frozen_in(model, dtype)` keeps the frozen base in the compute dtype of FSDP2's mixed
+precision (`fsdp.mixed_precision.param_dtype`) instead of the float32 master dtype: FSDP2
+casts every parameter to that dtype before each forward anyway, so the base computes the
+same values, and it holds half the memory (a 7.62B base: 15.2 GB instead of 30.5). Only the
+adapters keep float32 masters, which the optimizer updates.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from runtime.config import LoraConfig
@@ -37,3 +44,14 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bo
         # embeddings leave the adapters inside them without gradients.
         peft_model.enable_input_require_grads()
     return peft_model  # type: ignore[no-any-return]
+
+
+def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
+    """Cast every frozen floating-point parameter of `model` to `dtype` in place (before FSDP
+    wraps it); trainable ones keep theirs. Returns how many elements were cast."""
+    cast = 0
+    for p in model.parameters():
+        if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            cast += p.numel()
+    return cast

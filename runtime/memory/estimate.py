@@ -43,6 +43,17 @@ ACTIVATION_SCALE = 1.0  # measured / counted activation bytes (calibrated; docs/
 # 47.7 GB where the eager count said 54.9; docs/memory.md).
 COMPILED_ACTIVATION_SCALE = 0.70
 ALLOCATOR_SLACK = 0.05  # the caching allocator reserves this much beyond a trainer's allocated peak
+# A LoRA trainer's allocator leaves far more free space inside its segments: the 7.62B LoRA
+# recipe on one H100 ran out of memory with 49.3 GB allocated, 56.2 GB reserved (6.9 GB of free
+# blocks no request could use) and 57.6 GB held as nvidia-smi counts it. Beyond the allocated
+# memory and CUDA_CONTEXT_GB that is 7.7 GB, 0.42 of what the step held beyond the trainer's
+# resident memory (master weights, AdamW, weight-sync buffers: 31.0 GB). PEFT's eager adapters
+# allocate many odd sizes.
+LORA_ALLOCATOR_SLACK = 0.42  # of a LoRA trainer's step memory: its peak minus what it always holds
+# What a vLLM engine with LoRA enabled held beyond gpu_memory_utilization x GPU and VLLM_CONTEXT_GB
+# (the 7.62B LoRA recipe at 0.29 of an H100: 27.3 GB as nvidia-smi counts it): its adapter
+# slots and the LoRA kernels' buffers and graphs.
+VLLM_LORA_GB = 0.7
 
 
 class ShapeError(TandemError, ValueError):
@@ -248,12 +259,13 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     offload = t.offload if not critic else type(t.offload)()
     if f.cpu_offload:
         return _fully_offloaded(cfg, shape, n, trained, shard, critic=critic, lora=lora)
+    weights, what = _master_weights(cfg, n, trained, lora=lora)
     items = [
         Item(
-            f"master weights ({count_text(n)} x {master_b} B / {shard})",
-            n * master_b / shard / GB,
+            f"master weights ({what} / {shard})",
+            weights / shard / GB,
             "step,update" if offload.params else "always",
-            n * master_b / shard / GB if offload.params else 0.0,
+            weights / shard / GB if offload.params else 0.0,
         ),
         Item(
             f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
@@ -279,6 +291,23 @@ def trainer_memory(cfg: RunConfig, shape: ModelShape, world: int, *, critic: boo
     return items
 
 
+def _master_weights(cfg: RunConfig, n: int, trained: int, *, lora: bool) -> tuple[float, str]:
+    """Bytes of the `n` parameters a rank keeps (before sharding) and how they are made up: all
+    in `fsdp.param_dtype`, except that under LoRA with mixed precision the frozen base is kept in
+    the compute dtype (roles/training/peft_lora.py `store_frozen_in`) and only the `trained`
+    adapters in the master dtype."""
+    f = cfg.fsdp
+    master_b = BYTES[f.param_dtype]
+    if not lora or f.mixed_precision is None or BYTES[f.mixed_precision.param_dtype] == master_b:
+        return n * master_b, f"{count_text(n)} x {master_b} B"
+    frozen_b = BYTES[f.mixed_precision.param_dtype]
+    frozen = n - trained
+    return (
+        trained * master_b + frozen * frozen_b,
+        f"{count_text(trained)} x {master_b} B, frozen base {count_text(frozen)} x {frozen_b} B",
+    )
+
+
 def _fully_offloaded(
     cfg: RunConfig, shape: ModelShape, n: int, trained: int, shard: int, *, critic: bool, lora: bool
 ) -> list[Item]:
@@ -302,13 +331,9 @@ def _fully_offloaded(
     block = (shape.layer_params if not lora else trained / max(1, shape.layers)) * per_param / GB
     root = (shape.embedding_params + shape.hidden if not lora else 0) * per_param / GB
     compiled = ", compiled" if not critic and compiles_on_gpu(t) and not shape.moe else ""
+    weights, what = _master_weights(cfg, n, trained, lora=lora)
     items = [
-        Item(
-            f"master weights ({count_text(n)} x {master_b} B / {shard}, fsdp.cpu_offload)",
-            0.0,
-            "always",
-            n * master_b / shard / GB,
-        ),
+        Item(f"master weights ({what} / {shard}, fsdp.cpu_offload)", 0.0, "always", weights / shard / GB),
         Item(
             f"compute copy ({f.mixed_precision.param_dtype if f.mixed_precision else f.param_dtype})",
             _gathered(cfg, shape, n, shard) * compute_b / GB,
@@ -361,6 +386,8 @@ def rollout_memory(cfg: RunConfig, shape: ModelShape, gpu_gb: float, *, sleeps: 
     share = e.gpu_memory_utilization * gpu_gb
     weights = vllm_weights_gb(cfg, shape)
     items = [Item(f"vLLM (gpu_memory_utilization {e.gpu_memory_utilization:g})", share, "awake")]
+    if cfg.trainer.lora.rank:
+        items.append(Item("vLLM's LoRA slots and kernels (beyond its share)", VLLM_LORA_GB, "awake"))
     if sleeps and sleep_level(cfg) == 2:
         items.append(Item("vLLM asleep (level 2: weights discarded)", VLLM_ASLEEP_GB, "asleep"))
     elif sleeps:

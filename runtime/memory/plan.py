@@ -33,6 +33,7 @@ from runtime.memory.estimate import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_GB,
     GB,
+    LORA_ALLOCATOR_SLACK,
     NCCL_GB,
     VLLM_CONTEXT_GB,
     Item,
@@ -58,6 +59,7 @@ class PlannedProcess:
     role: str
     items: list[Item]
     context_gb: float
+    lora: bool = False  # a trainer training LoRA adapters (its allocator leaves more free blocks)
 
     def held(self, phase: str) -> float:
         """GB held in `phase`, the `always` items included."""
@@ -71,6 +73,17 @@ class PlannedProcess:
     @property
     def host_gb(self) -> float:
         return sum(i.host_gb for i in self.items)
+
+    @property
+    def allocator_slack_gb(self) -> float:
+        """What a trainer's caching allocator reserves beyond its allocated peak (free blocks
+        inside its segments): `ALLOCATOR_SLACK` of the peak, or for a LoRA trainer
+        `LORA_ALLOCATOR_SLACK` of what its step adds to its resident memory. 0 for others."""
+        if self.role not in TORCH_WORLDS:
+            return 0.0
+        if self.lora:
+            return LORA_ALLOCATOR_SLACK * (self.trainer_peak - self.held("always"))
+        return ALLOCATOR_SLACK * self.trainer_peak
 
 
 @dataclass
@@ -89,7 +102,7 @@ class GpuPlan:
         """GB the GPU holds in each phase of the loop: contexts and the trainers'
         allocator slack (reserved beyond allocated) included."""
         context = sum(p.context_gb for p in self.processes)
-        context += sum(ALLOCATOR_SLACK * p.trainer_peak for p in self.processes if p.role in TORCH_WORLDS)
+        context += sum(p.allocator_slack_gb for p in self.processes)
         trainers = [p for p in self.processes if p.role in TORCH_WORLDS]
         others = [p for p in self.processes if p.role not in TORCH_WORLDS]
         if self.rollout_sleeps:
@@ -220,7 +233,8 @@ def _plan_process(
             items = [Item(i.what, 0.0, i.phase, i.host_gb + i.gb) for i in items]
         if world[proc.role] > 1 or cfg.weight_sync.backend == "nccl":
             context += NCCL_GB if on_gpu else 0.0
-        return PlannedProcess(proc.name, proc.role, items, context)
+        lora = cfg.trainer.lora.rank > 0 and proc.role == "trainer"
+        return PlannedProcess(proc.name, proc.role, items, context, lora=lora)
     if proc.role == "rollout" and on_gpu:
         util = cfg.rollout.engine.gpu_memory_utilization
         if not gpu_gb:
@@ -407,6 +421,8 @@ def format_plan(plan: Plan) -> str:
                     lines.append(f"  {p.name:<12} {i.what:<52} {i.gb:7.1f}  {i.phase}")
             if p.role in TORCH_WORLDS:
                 lines.append(f"  {p.name:<12} {'peak (cuda_peak_gb)':<52} {p.trainer_peak:7.1f}")
+                slack = "allocator's free blocks beside it" + (" (LoRA)" if p.lora else "")
+                lines.append(f"  {p.name:<12} {slack:<52} {p.allocator_slack_gb:7.1f}")
             if p.context_gb:
                 lines.append(f"  {p.name:<12} {'CUDA context, NCCL (outside the allocator)':<52} {p.context_gb:7.1f}")
         for phase, need in g.phases().items():

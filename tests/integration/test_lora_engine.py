@@ -101,3 +101,28 @@ def test_merged_export_equals_base_plus_scaled_b_a(tiny_model_dir: Path, tmp_pat
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     checked = assert_merged(base, tensors, merged, 16 / 8)
     assert checked == 7 * 2  # q, k, v, o, gate, up, down in both layers
+
+
+MIXED = "fsdp.mixed_precision={param_dtype: bfloat16, reduce_dtype: float32}"
+
+
+def test_under_mixed_precision_the_base_is_stored_in_the_compute_dtype_and_trains_the_same(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = _engine(tiny_model_dir, MIXED)
+    dtypes = {n: p.dtype for n, p in stored.model.named_parameters()}
+    adapters = {n for n, p in stored.model.named_parameters() if p.requires_grad}
+    assert adapters and all(dtypes[n] == torch.float32 for n in adapters)  # the optimizer's masters
+    assert all(d == torch.bfloat16 for n, d in dtypes.items() if n not in adapters)
+
+    # The same engine with its base left in float32: FSDP2 casts it to bfloat16 before every
+    # forward, so each step must give the same loss, gradient and adapters.
+    monkeypatch.setattr("roles.trainer.fsdp_engine.store_frozen_in", lambda model, dtype: 0)
+    fp32_base = _engine(tiny_model_dir, MIXED)
+    assert all(p.dtype == torch.float32 for p in fp32_base.model.parameters())
+    for seed in range(3):
+        got, want = stored.train_step(toy_batch(seed)), fp32_base.train_step(toy_batch(seed))
+        assert got["loss"] == want["loss"], seed
+        assert got["grad_norm"] == want["grad_norm"], seed
+    after, expected = full_params(stored), full_params(fp32_base)
+    assert all(torch.equal(after[n], expected[n]) for n in adapters)
