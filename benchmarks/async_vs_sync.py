@@ -14,7 +14,11 @@ summarises, instead of running again, every variant whose run directory under `-
 already holds a finished run (as many step records as its `trainer.total_steps`): a
 variant that outlasts one command's time limit runs alone (`--only sync`), and a later
 invocation with the same `--run-root` and `--reuse` runs the rest and reports both (a reused
-variant's `launch_s` is the one its own invocation wrote into its run directory). Each variant
+variant's `launch_s` and GPU peaks are the ones its own invocation wrote into its run directory).
+Each variant reports every role's GPU memory as nvidia-smi saw it at its highest
+(`gpu_process_peak_gb`, sampled each second while the run lasts; a rollout's vLLM engine
+process counts under it) beside what the plan gave that process (`plan_process_gb`,
+`process_over_plan`: above 1.0 it outgrew its share). Each variant
 also reports trainer rank 0's measured `cuda_peak_gb` beside the launch-time memory plan's
 estimate of it (`plan_trainer_peak_gb`, `plan_over_measured_peak`), its process's resident
 high-water mark `host_peak_gb` beside the plan's host memory for it (`plan_trainer_host_gb`,
@@ -96,6 +100,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_process_peaks import PeakSampler
 from benchmarks.gpu_slots import Job, check_one_gpu, parse_gpus, run_spread
 from benchmarks.json_out import print_json, provenance, read_earlier
 from runtime.config import RunConfig
@@ -448,10 +453,13 @@ def run_variant(
     run_dir = Path(cfg.run_dir)
     if reuse and finished(cfg):
         record = run_dir / LAUNCH_RECORD
-        launch_s = json.loads(record.read_text())["launch_s"] if record.exists() else None
+        launched = json.loads(record.read_text()) if record.exists() else {}
+        launch_s, peaks = launched.get("launch_s"), launched.get("gpu_process_peak_gb")
     else:
-        launch_s = launch(config, overrides, run_dir.with_suffix(".log"), args.timeout_s, env)
-        (run_dir / LAUNCH_RECORD).write_text(json.dumps({"launch_s": launch_s}) + "\n")
+        with PeakSampler() as gpu:
+            launch_s = launch(config, overrides, run_dir.with_suffix(".log"), args.timeout_s, env)
+        peaks = gpu.rounded() or None
+        (run_dir / LAUNCH_RECORD).write_text(json.dumps({"launch_s": launch_s, "gpu_process_peak_gb": peaks}) + "\n")
     records = read_metrics(run_dir / "metrics.jsonl")
     cooldown = min(cfg.rollout.max_staleness, max(0, len(records) - args.warmup_steps - 1))
     trainer_ranks = role_counts(cfg)["trainer"]
@@ -465,9 +473,11 @@ def run_variant(
         peak_flops=args.peak_tflops * 1e12 * trainer_ranks,
     )
     memory = memory_figures(cfg, records)
+    planned = memory.pop("plan_process_gb", {})
     return {
         **summary,
         **memory,
+        **process_figures(peaks, planned),
         **step_time_figures(memory.get("plan_train_s"), summary),
         "cooldown_steps": cooldown,
         "launch_s": launch_s,
@@ -495,6 +505,7 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
         "plan_train_s_parts": plan.step.parts if plan.step else None,
     }
     out["plan_trainer_host_gb"] = plan.trainer_host_gb()
+    out["plan_process_gb"] = {name: round(gb, 2) for name, gb in plan.process_gb().items()}
     for key in ("cuda_peak_gb", "cuda_reserved_gb", "host_peak_gb"):
         seen = [r[key] for r in records if key in r]
         out[key] = max(seen) if seen else None
@@ -503,6 +514,15 @@ def memory_figures(cfg: RunConfig, records: list[dict[str, Any]]) -> dict[str, A
     if out["host_peak_gb"] and out["plan_trainer_host_gb"]:
         out["plan_over_measured_host"] = out["plan_trainer_host_gb"] / out["host_peak_gb"]
     return out
+
+
+def process_figures(peaks: dict[str, float] | None, planned: dict[str, float]) -> dict[str, Any]:
+    """Each role's GPU memory as nvidia-smi saw it at its highest during the run
+    (`gpu_process_peak_gb`, benchmarks/gpu_process_peaks.py; None without nvidia-smi) beside what
+    the plan gave its process (`plan_process_gb`: its items, allocator slack and context), and
+    their ratio per process (`process_over_plan`: above 1.0, the process outgrew its share)."""
+    over = {n: round(gb / planned[n], 3) for n, gb in (peaks or {}).items() if planned.get(n)}
+    return {"gpu_process_peak_gb": peaks, "plan_process_gb": planned, "process_over_plan": over or None}
 
 
 def step_time_figures(plan_train_s: float | None, summary: dict[str, Any]) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 Runs COMMAND, samples `nvidia-smi --query-compute-apps` every `--every-s` seconds until it
 exits, names each process by the Tandem role it belongs to (runtime/memory/gpu.py: a role
-process, or vLLM's engine process under a rollout) and reports each name's peak in GB
-(10^9 bytes) with the command's exit code. nvidia-smi counts everything a process holds
-on the GPU (allocator cache, CUDA context, NCCL, vLLM's pools), so a trainer's figure is
-above its `cuda_peak_gb` (the allocator's allocated peak).
+process, or vLLM's engine process, added to its rollout's figure) and reports each name's peak
+in GB (10^9 bytes) with the command's exit code (benchmarks/gpu_process_peaks.py). nvidia-smi
+counts everything a process holds on the GPU (allocator cache, CUDA context, NCCL, vLLM's
+pools), so a trainer's figure is above its `cuda_peak_gb` (the allocator's allocated peak).
 
     python3 benchmarks/gpu_peaks.py --out peaks.json -- python3 -m runtime.cli launch configs/bench_1.5b.yaml
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_process_peaks import PeakSampler
 from benchmarks.json_out import provenance
-from runtime.memory.gpu import gpu_processes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,23 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command given")
-    peaks: dict[str, float] = {}
-    total_peak = 0.0
     started = time.monotonic()
-    proc = subprocess.Popen(command)
-    while proc.poll() is None:
-        procs = gpu_processes(timeout_s=5.0)
-        for gp in procs:
-            name = gp.name.split(" (")[0] if not gp.name.startswith("pid ") else gp.name
-            peaks[name] = max(peaks.get(name, 0.0), gp.used_gb)
-        total_peak = max(total_peak, sum(gp.used_gb for gp in procs))
-        time.sleep(args.every_s)
+    with PeakSampler(args.every_s) as sampler:
+        proc = subprocess.Popen(command)
+        proc.wait()
     result = {
         "command": command,
         "exit_code": proc.returncode,
         "seconds": round(time.monotonic() - started, 1),
-        "peak_gb_by_process": {k: round(v, 2) for k, v in sorted(peaks.items())},
-        "peak_gb_all_processes": round(total_peak, 2),
+        "peak_gb_by_process": sampler.rounded(),
+        "peak_gb_all_processes": round(sampler.total_peak, 2),
         **provenance(),
     }
     print(json.dumps(result))

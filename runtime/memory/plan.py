@@ -175,6 +175,17 @@ class Plan:
                     return p.trainer_peak
         return None
 
+    def process_gb(self) -> dict[str, float]:
+        """Each process planned on a GPU: the most it holds there in any phase, with its allocator
+        slack and its context (what nvidia-smi counts for it, `benchmarks/gpu_process_peaks.py`)."""
+        phases = ("always", "step", "update", "awake", "asleep")
+        return {
+            p.name: max(p.held(phase) for phase in phases) + p.allocator_slack_gb + p.context_gb
+            for g in self.gpus
+            for p in g.processes
+            if p.items or p.context_gb
+        }
+
 
 def build_plan(cfg: RunConfig, gpu_gb: float, host_gb: float, *, on_gpus: bool | None = None) -> Plan:
     """The plan of `cfg` on GPUs of `gpu_gb` and hosts of `host_gb` (0: unknown). `on_gpus`:

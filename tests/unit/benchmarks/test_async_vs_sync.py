@@ -19,8 +19,10 @@ from benchmarks.async_vs_sync import (
     summarize_run,
     variant_overrides,
 )
+from benchmarks.gpu_process_peaks import PeakSampler
 from runtime.config.load import load_config
 from runtime.errors import ConfigError
+from runtime.memory.gpu import GpuProcess
 from runtime.preflight.environment import check_launch
 from tests.conftest import ROOT
 
@@ -213,7 +215,9 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
 
     launched: list[str] = []
     monkeypatch.setattr(bench, "launch", lambda config, overrides, log, timeout, env: launched.append(log.stem) or 1.0)
-    monkeypatch.setattr(bench, "memory_figures", lambda cfg, records: {})
+    monkeypatch.setattr(bench, "memory_figures", lambda cfg, records: {"plan_process_gb": {"rollout-0": 20.0}})
+    seen = PeakSampler(sample=lambda: [GpuProcess(7, 21.0, "rollout-0 (VLLM::EngineCore)")])
+    monkeypatch.setattr(bench, "PeakSampler", lambda: seen)  # one reading of a GPU this machine lacks
     policy = bench.Policy(params=10**9, prompt_tokens=10.0, overrides=[])
     args = parse_args(["--config", "configs/tiny_cpu.yaml", "--reuse"])
     for name, steps in (("done", 4), ("short", 3)):
@@ -225,10 +229,13 @@ def test_reuse_summarises_a_finished_variant_instead_of_running_it(tmp_path: Pat
     short = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"],
                               args, policy, reuse=True)  # fmt: skip
     assert launched == ["short"] and short["launch_s"] == 1.0
+    assert short["gpu_process_peak_gb"] == {"rollout-0": 21.0} and short["process_over_plan"] == {"rollout-0": 1.05}
     (tmp_path / "short" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:4]))
     again = bench.run_variant(Path("configs/tiny_cpu.yaml"), [f"run_dir={tmp_path / 'short'}", "trainer.total_steps=4"],
                               args, policy, reuse=True)  # fmt: skip
     assert launched == ["short"] and again["launch_s"] == 1.0  # the launching invocation's figure, read back
+    assert again["gpu_process_peak_gb"] == {"rollout-0": 21.0}  # and its GPU peaks
+    assert done["gpu_process_peak_gb"] is None and done["process_over_plan"] is None  # nothing recorded
 
 
 def test_the_plans_step_time_is_recorded_beside_the_measured_one() -> None:

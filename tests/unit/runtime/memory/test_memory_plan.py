@@ -274,3 +274,20 @@ def test_a_compiled_actor_is_planned_with_the_activations_it_keeps() -> None:
     assert _items(_bench("trainer.compile=true"))["activations"] == pytest.approx(0.70 * eager)
     assert _items(_bench("trainer.compile=auto", "trainer.lora.rank=16"))["activations"] == pytest.approx(eager)
     assert _items(_bench("trainer.compile=auto", "trainer.kernels=liger"))["activations"] == pytest.approx(eager)
+
+
+def test_each_process_is_planned_with_what_nvidia_smi_will_count_for_it() -> None:
+    """`Plan.process_gb`: a vLLM rollout's share, its LoRA extra and its context; a trainer's peak,
+    its allocator slack and its context (what benchmarks/async_vs_sync.py sets beside nvidia-smi's
+    figure for each role)."""
+    from runtime.memory.estimate import CUDA_CONTEXT_GB, VLLM_CONTEXT_GB, VLLM_LORA_GB
+
+    cfg = load_config("configs/bench_7b_lora.yaml", [*PINNED_7B, "trainer.lora.rank=16"])
+    plan = build_plan(cfg, 85.52, 0.0)
+    trainer = next(p for p in plan.gpus[0].processes if p.name == "trainer-0")
+    assert plan.process_gb() == pytest.approx(
+        {
+            "rollout-0": 0.25 * 85.52 + VLLM_LORA_GB + VLLM_CONTEXT_GB,
+            "trainer-0": trainer.trainer_peak + trainer.allocator_slack_gb + CUDA_CONTEXT_GB,
+        }
+    )
