@@ -55,8 +55,11 @@ def _quiet_threads() -> None:
 
 @pytest.fixture
 def restore_gc() -> Iterator[None]:
-    """Undoes a test's `gc.freeze()` and the gc callbacks it added (runtime/gc_pauses.py)."""
+    """Undoes a test's `gc.freeze()`, `gc.disable()` and the gc callbacks it added (runtime/gc_pauses.py)."""
     callbacks = list(gc.callbacks)
+    enabled = gc.isenabled()
     yield
     gc.unfreeze()
     gc.callbacks[:] = callbacks
+    if enabled:
+        gc.enable()
