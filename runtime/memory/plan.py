@@ -177,7 +177,10 @@ class Plan:
 
     def process_gb(self) -> dict[str, float]:
         """Each process planned on a GPU: the most it holds there in any phase, with its allocator
-        slack and its context (what nvidia-smi counts for it, `benchmarks/gpu_process_peaks.py`)."""
+        slack and its context (what nvidia-smi counts for it, `benchmarks/gpu_process_peaks.py`);
+        nothing where the GPUs' size is unknown (no GPU here, `memory.gpu_gb` unset)."""
+        if not self.gpu_gb:
+            return {}
         phases = ("always", "step", "update", "awake", "asleep")
         return {
             p.name: max(p.held(phase) for phase in phases) + p.allocator_slack_gb + p.context_gb

@@ -291,3 +291,4 @@ def test_each_process_is_planned_with_what_nvidia_smi_will_count_for_it() -> Non
             "trainer-0": trainer.trainer_peak + trainer.allocator_slack_gb + CUDA_CONTEXT_GB,
         }
     )
+    assert build_plan(cfg, 0.0, 0.0).process_gb() == {}  # a GPU of unknown size: nothing to compare
