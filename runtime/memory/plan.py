@@ -181,9 +181,10 @@ class Plan:
         nothing where the GPUs' size is unknown (no GPU here, `memory.gpu_gb` unset)."""
         if not self.gpu_gb:
             return {}
-        phases = ("always", "step", "update", "awake", "asleep")
         return {
-            p.name: max(p.held(phase) for phase in phases) + p.allocator_slack_gb + p.context_gb
+            p.name: max((p.held(ph) for i in p.items for ph in i.phase.split(",")), default=0.0)
+            + p.allocator_slack_gb
+            + p.context_gb
             for g in self.gpus
             for p in g.processes
             if p.items or p.context_gb
