@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.launch.env import ROLE_ENV_DEFAULTS
+from tests.helpers.gpu_skip import gpu_skip_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,19 +25,20 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A `gpu` test selected on a machine without CUDA is skipped with the reason."""
+    """A `gpu` test selected on a machine without CUDA, or a `gpus(n)` test on one with fewer
+    than `n` GPUs visible, is skipped with the reason (tests/helpers/gpu_skip.py)."""
+    if not any("gpu" in item.keywords or item.get_closest_marker("gpus") for item in items):
+        return
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:
-        has_cuda = False
-    if has_cuda:
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (marker gpu)")
+        visible = 0
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        reason = gpu_skip_reason(item, visible)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

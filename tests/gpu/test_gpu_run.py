@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2), pytest.mark.slow]
 
 # Engine options for a quick start on GPU: no torch.compile / CUDA graphs for the tiny model.
 GPU_ENGINE = ("rollout.engine.enforce_eager=true", "rollout.engine.gpu_memory_utilization=0.3")

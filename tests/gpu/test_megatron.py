@@ -27,7 +27,7 @@ from tests.gpu.test_gpu_run import GPU_ENGINE, launch
 from tests.helpers.ports import free_port
 from transport import wire
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from runtime.memory.auto import load_settled
 from tests.helpers.harness import RoleHarness, greedy
 from transport import wire
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2), pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TIMEOUT_S = 20.0
 ROLLOUT_GPU, TRAINER_GPU = "0", 1
 # The comparison test starts a fresh vLLM engine inside this process, which blocks the
