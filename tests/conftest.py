@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.launch.env import ROLE_ENV_DEFAULTS
-from tests.helpers.gpu_skip import gpu_skip_reason
+from tests.helpers.gpu_skip import gpu_skip_reason, wants_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `gpu` test selected on a machine without CUDA, or a `gpus(n)` test on one with fewer
     than `n` GPUs visible, is skipped with the reason (tests/helpers/gpu_skip.py)."""
-    if not any("gpu" in item.keywords or item.get_closest_marker("gpus") for item in items):
+    if not any(wants_gpus(item) for item in items):  # no torch import for a CPU-only selection
         return
     try:
         import torch

@@ -10,9 +10,14 @@ from __future__ import annotations
 import pytest
 
 
+def wants_gpus(item: pytest.Item) -> bool:
+    """Whether `item` is a GPU test (marked `gpu` or `gpus(n)`)."""
+    return "gpu" in item.keywords or item.get_closest_marker("gpus") is not None
+
+
 def gpu_skip_reason(item: pytest.Item, visible_gpus: int) -> str | None:
     """The skip reason for `item` on a machine with `visible_gpus` CUDA devices; None if it runs."""
-    if "gpu" not in item.keywords and item.get_closest_marker("gpus") is None:
+    if not wants_gpus(item):
         return None
     if visible_gpus == 0:
         return "needs an NVIDIA GPU (marker gpu)"
