@@ -46,12 +46,9 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, gradient_checkpointing: bo
     return peft_model  # type: ignore[no-any-return]
 
 
-def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
+def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast every frozen floating-point parameter of `model` to `dtype` in place (before FSDP
-    wraps it); trainable ones keep theirs. Returns how many elements were cast."""
-    cast = 0
+    wraps it); trainable ones keep theirs."""
     for p in model.parameters():
         if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
-            cast += p.numel()
-    return cast

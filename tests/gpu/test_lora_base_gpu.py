@@ -54,7 +54,7 @@ def test_the_base_is_stored_in_bfloat16_and_trains_like_a_float32_one(
     assert adapters and all(params[n].dtype == torch.float32 for n in adapters)
     assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" for n, p in params.items() if n not in adapters)
 
-    monkeypatch.setattr("roles.trainer.fsdp_engine.store_frozen_in", lambda model, dtype: 0)
+    monkeypatch.setattr("roles.trainer.fsdp_engine.store_frozen_in", lambda model, dtype: None)
     fp32_base, held_fp32 = _built(model_dir)
     frozen = sum(p.numel() for n, p in fp32_base.model.named_parameters() if not p.requires_grad)
     print(f"allocated after build: bfloat16 base {held_bf16 / 1e6:.1f} MB, float32 base {held_fp32 / 1e6:.1f} MB")

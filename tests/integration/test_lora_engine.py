@@ -117,7 +117,7 @@ def test_under_mixed_precision_the_base_is_stored_in_the_compute_dtype_and_train
 
     # The same engine with its base left in float32: FSDP2 casts it to bfloat16 before every
     # forward, so each step must give the same loss, gradient and adapters.
-    monkeypatch.setattr("roles.trainer.fsdp_engine.store_frozen_in", lambda model, dtype: 0)
+    monkeypatch.setattr("roles.trainer.fsdp_engine.store_frozen_in", lambda model, dtype: None)
     fp32_base = _engine(tiny_model_dir, MIXED)
     assert all(p.dtype == torch.float32 for p in fp32_base.model.parameters())
     for seed in range(3):
